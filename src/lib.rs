@@ -1,0 +1,24 @@
+//! applianced: a signed-bundle local LLM appliance for air-gapped edge boxes.
+//!
+//! One module per concept: [`bundle`] (the `.zlb` format, verify, store), [`trust`] (keys, trust
+//! store, threshold, rollback state), [`import`] (GGUF / Hugging Face → the bundle's model layout),
+//! [`model`] (that layout), [`tokenizer`] (tokenizer and chat templates), [`engine`] (the Llama
+//! forward pass and KV cache) over [`backend`] (one trait, one module per backend), [`sampling`]
+//! (samplers and token masks), [`schema`] (JSON Schema → token automaton), [`policy`] (safety
+//! masks, redaction, presets), [`server`] (the Unix-socket API), [`audit`] (hash-chained log),
+//! [`cli`] (the `applianced` command line).
+#![deny(unsafe_code)]
+
+pub mod audit;
+pub mod backend;
+pub mod bundle;
+pub mod cli;
+pub mod engine;
+pub mod import;
+pub mod model;
+pub mod policy;
+pub mod sampling;
+pub mod schema;
+pub mod server;
+pub mod tokenizer;
+pub mod trust;

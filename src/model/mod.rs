@@ -1,0 +1,274 @@
+//! The bundle's own model layout: what `applianced build` writes (import) and the engine reads.
+//!
+//! An unpacked bundle holds, relative to its root:
+//! - `model/config.json`        — [`ModelConfig`], every field the loader needs (llama2.c's lesson).
+//! - `model/weights.safetensors` — all tensors. Float tensors use native safetensors dtypes (F32, F16,
+//!   BF16). Quantized tensors are stored as safetensors `U8` with shape `[rows, row_bytes]`, keeping
+//!   GGML's block layout byte for byte; their logical type and shape live in the safetensors header
+//!   metadata under the key [`TENSOR_TYPES_KEY`] as a JSON object
+//!   `{ "<tensor name>": { "type": "q4_1", "shape": [rows, cols] } }`.
+//!   Every tensor (float or quantized) is listed there, so the loader needs nothing else.
+//! - `tokenizer/tokenizer.json` — a Hugging Face `tokenizers` file.
+//! - `tokenizer/chat_template.json` — [`crate::tokenizer`]'s template description.
+//!
+//! Tensor names follow GGUF's llama naming (`token_embd.weight`, `blk.N.attn_q.weight`, ...);
+//! Q and K projection rows are in GGUF order (RoPE on adjacent pairs, llama.cpp's "normal" mode);
+//! the Hugging Face importer permutes them into that order.
+#![allow(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// safetensors metadata key holding the logical type and shape of every tensor.
+pub const TENSOR_TYPES_KEY: &str = "applianced.tensors";
+pub const CONFIG_PATH: &str = "model/config.json";
+pub const WEIGHTS_PATH: &str = "model/weights.safetensors";
+pub const TOKENIZER_PATH: &str = "tokenizer/tokenizer.json";
+pub const CHAT_TEMPLATE_PATH: &str = "tokenizer/chat_template.json";
+
+/// Element / block types, with GGML's block layouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorType {
+    F32,
+    F16,
+    Bf16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+impl TensorType {
+    /// Elements per block (1 for float types).
+    pub fn block_elems(self) -> usize {
+        match self {
+            TensorType::F32 | TensorType::F16 | TensorType::Bf16 => 1,
+            TensorType::Q8_0 | TensorType::Q4_0 | TensorType::Q4_1 => 32,
+            TensorType::Q4K | TensorType::Q5K | TensorType::Q6K => 256,
+        }
+    }
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            TensorType::F32 => 4,
+            TensorType::F16 | TensorType::Bf16 => 2,
+            TensorType::Q8_0 => 34,
+            TensorType::Q4_0 => 18,
+            TensorType::Q4_1 => 20,
+            TensorType::Q4K => 144,
+            TensorType::Q5K => 176,
+            TensorType::Q6K => 210,
+        }
+    }
+    /// Bytes of one row of `cols` elements, or None if `cols` is not a whole number of blocks.
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        if cols % self.block_elems() != 0 {
+            return None;
+        }
+        (cols / self.block_elems()).checked_mul(self.block_bytes())
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            TensorType::F32 => "f32",
+            TensorType::F16 => "f16",
+            TensorType::Bf16 => "bf16",
+            TensorType::Q8_0 => "q8_0",
+            TensorType::Q4_0 => "q4_0",
+            TensorType::Q4_1 => "q4_1",
+            TensorType::Q4K => "q4_k",
+            TensorType::Q5K => "q5_k",
+            TensorType::Q6K => "q6_k",
+        }
+    }
+    pub fn is_quantized(self) -> bool {
+        self.block_elems() > 1
+    }
+}
+
+/// RoPE frequency scaling variants.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RopeScaling {
+    None,
+    /// Linear position interpolation: positions divided by `factor`.
+    Linear { factor: f32 },
+    /// Llama 3 style frequency-dependent scaling.
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position_embeddings: u32 },
+}
+
+/// Everything the engine needs to run the model; written to `model/config.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    /// Architecture family; only "llama" (Llama, Mistral, Qwen2-style, SmolLM) for now.
+    pub architecture: String,
+    /// Human-readable model name (from GGUF `general.name` or the HF config).
+    pub name: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub context_length: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    pub rope_scaling: RopeScaling,
+    /// Whether Q/K/V projections carry a bias (Qwen2).
+    pub attention_bias: bool,
+    /// Output head shares the token embedding (no `output.weight`).
+    pub tie_embeddings: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_id: u32,
+    /// All end-of-generation ids (eos, `<|im_end|>`, `<|eot_id|>`, ...).
+    pub eog_token_ids: Vec<u32>,
+    pub add_bos_token: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {msg}")]
+    Format { path: PathBuf, msg: String },
+    #[error("tensor {name}: {msg}")]
+    Tensor { name: String, msg: String },
+}
+
+/// Logical type and shape of a stored tensor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorMeta {
+    #[serde(rename = "type")]
+    pub ty: TensorType,
+    /// Logical shape, outermost first: `[rows, cols]` for matrices, `[n]` for vectors.
+    pub shape: Vec<usize>,
+}
+
+/// A borrowed view of one tensor's bytes inside the memory map.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorView<'a> {
+    pub ty: TensorType,
+    pub shape: &'a [usize],
+    pub data: &'a [u8],
+}
+
+impl<'a> TensorView<'a> {
+    pub fn rows(&self) -> usize {
+        if self.shape.len() >= 2 { self.shape[..self.shape.len() - 1].iter().product() } else { 1 }
+    }
+    pub fn cols(&self) -> usize {
+        *self.shape.last().unwrap_or(&0)
+    }
+}
+
+struct Entry {
+    meta: TensorMeta,
+    start: usize,
+    end: usize,
+}
+
+/// Memory-mapped weights (no copy at load).
+pub struct Weights {
+    map: memmap2::Mmap,
+    tensors: BTreeMap<String, Entry>,
+}
+
+impl Weights {
+    /// Map `model/weights.safetensors` and index its tensors, checking every size.
+    pub fn open(path: &Path) -> Result<Weights, ModelError> {
+        let io = |source| ModelError::Io { path: path.to_path_buf(), source };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: the file lives in the content-addressed store, written once and never modified in
+        // place (entries are renamed into place after verification); we only read it.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        let fmt = |msg: String| ModelError::Format { path: path.to_path_buf(), msg };
+        let (header_len, st_meta) = safetensors::SafeTensors::read_metadata(&map[..])
+            .map_err(|e| fmt(format!("not a safetensors file: {e}")))?;
+        let types: BTreeMap<String, TensorMeta> = match st_meta.metadata().as_ref().and_then(|m| m.get(TENSOR_TYPES_KEY)) {
+            Some(s) => serde_json::from_str(s).map_err(|e| fmt(format!("bad {TENSOR_TYPES_KEY}: {e}")))?,
+            None => return Err(fmt(format!("missing header metadata {TENSOR_TYPES_KEY}"))),
+        };
+        let data_start = 8 + header_len;
+        let mut tensors = BTreeMap::new();
+        for (name, info) in st_meta.tensors() {
+            let meta = types.get(&name).cloned().ok_or_else(|| ModelError::Tensor {
+                name: name.clone(),
+                msg: "no logical type in header metadata".into(),
+            })?;
+            let (s, e) = info.data_offsets;
+            let expect = expected_bytes(&meta).ok_or_else(|| ModelError::Tensor {
+                name: name.clone(),
+                msg: format!("shape {:?} is not whole {} blocks", meta.shape, meta.ty.name()),
+            })?;
+            if e - s != expect {
+                return Err(ModelError::Tensor { name, msg: format!("expected {expect} bytes, got {}", e - s) });
+            }
+            tensors.insert(name, Entry { meta, start: data_start + s, end: data_start + e });
+        }
+        Ok(Weights { map, tensors })
+    }
+
+    pub fn get(&self, name: &str) -> Option<TensorView<'_>> {
+        self.tensors.get(name).map(|e| TensorView { ty: e.meta.ty, shape: &e.meta.shape, data: &self.map[e.start..e.end] })
+    }
+
+    pub fn require(&self, name: &str) -> Result<TensorView<'_>, ModelError> {
+        self.get(name).ok_or_else(|| ModelError::Tensor { name: name.into(), msg: "missing from weights".into() })
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(|s| s.as_str())
+    }
+
+    /// Total mapped bytes.
+    pub fn mapped_bytes(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// Bytes a tensor of this type and logical shape occupies.
+pub fn expected_bytes(meta: &TensorMeta) -> Option<usize> {
+    let cols = *meta.shape.last()?;
+    let rows: usize = meta.shape[..meta.shape.len() - 1].iter().product();
+    meta.ty.row_bytes(cols)?.checked_mul(rows.max(1))
+}
+
+/// Write tensors as safetensors in the layout above. Tensors are written in the given order.
+/// `data` must hold exactly [`expected_bytes`] bytes for each tensor.
+pub fn write_weights(path: &Path, tensors: &[(String, TensorMeta, Vec<u8>)]) -> Result<(), ModelError> {
+    use safetensors::tensor::{Dtype, TensorView as StView};
+    let mut types = BTreeMap::new();
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, meta, data) in tensors {
+        let expect = expected_bytes(meta)
+            .ok_or_else(|| ModelError::Tensor { name: name.clone(), msg: "shape not whole blocks".into() })?;
+        if data.len() != expect {
+            return Err(ModelError::Tensor { name: name.clone(), msg: format!("expected {expect} bytes, got {}", data.len()) });
+        }
+        let (dtype, shape) = match meta.ty {
+            TensorType::F32 => (Dtype::F32, meta.shape.clone()),
+            TensorType::F16 => (Dtype::F16, meta.shape.clone()),
+            TensorType::Bf16 => (Dtype::BF16, meta.shape.clone()),
+            q => {
+                let cols = *meta.shape.last().unwrap_or(&0);
+                let rows: usize = meta.shape[..meta.shape.len().saturating_sub(1)].iter().product();
+                (Dtype::U8, vec![rows.max(1), q.row_bytes(cols).unwrap_or(0)])
+            }
+        };
+        let v = StView::new(dtype, shape, data)
+            .map_err(|e| ModelError::Tensor { name: name.clone(), msg: e.to_string() })?;
+        types.insert(name.clone(), meta.clone());
+        views.push((name.clone(), v));
+    }
+    let mut md = std::collections::HashMap::new();
+    md.insert(TENSOR_TYPES_KEY.to_string(), serde_json::to_string(&types).unwrap_or_default());
+    safetensors::serialize_to_file(views, &Some(md), path)
+        .map_err(|e| ModelError::Format { path: path.to_path_buf(), msg: e.to_string() })
+}
