@@ -1,1 +1,60 @@
-//! cli (in progress)
+//! The `applianced` command line. Flags are documented where they are defined, so `--help` is
+//! generated from them. Library code never prints or exits; this module prints one `error:` line
+//! and [`CliError::exit_code`] maps each failure class to its own exit status (the only place).
+
+mod bundle_cmds;
+mod common;
+
+use clap::{Parser, Subcommand};
+
+pub use common::{CliError, TrustArgs};
+
+/// applianced — a local LLM appliance for air-gapped edge boxes. Everything it runs comes from a
+/// signed bundle (.zlb).
+///
+/// Typical flow: `keygen` a signing key, `build` a bundle from a recipe in bundles/, `verify` it
+/// against trusted public keys, then `run` or `serve` it.
+///
+/// Exit codes: 0 ok, 1 other error, 2 usage, 3 I/O, 4 malformed bundle, 5 signature or trust
+/// failure, 6 revoked key, 7 member integrity (digest, size, missing, extra), 8 expired,
+/// 9 rollback refused, 10 runtime too old, 11 recipe or import error, 12 engine error,
+/// 13 server error, 14 schema error.
+#[derive(Debug, Parser)]
+#[command(name = "applianced", version, about, long_about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate an ed25519 signing key pair: NAME.key (mode 0600) and NAME.pub.
+    Keygen(bundle_cmds::KeygenArgs),
+    /// Build and sign a bundle from a recipe (bundles/*.toml). Deterministic: the same inputs and
+    /// keys give a byte-identical bundle.
+    Build(bundle_cmds::BuildArgs),
+    /// Verify a bundle: signatures against trusted keys (k-of-n), revocations, every member's size
+    /// and SHA-256, no missing or extra members, expiry, and (with --state) no rollback.
+    Verify(bundle_cmds::VerifyArgs),
+    /// Show a bundle's manifest, members and signer key ids WITHOUT verifying anything.
+    Inspect(bundle_cmds::InspectArgs),
+}
+
+/// Parse arguments, run, print errors; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let res = match cli.command {
+        Command::Keygen(a) => bundle_cmds::keygen(a),
+        Command::Build(a) => bundle_cmds::build(a),
+        Command::Verify(a) => bundle_cmds::verify(a),
+        Command::Inspect(a) => bundle_cmds::inspect(a),
+    };
+    match res {
+        Ok(()) => 0,
+        Err(CliError::Reported(code)) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            e.exit_code()
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! `applianced build`: recipe → import the model into the bundle layout → manifest → signatures →
+//! deterministic `.zlb`.
+
+use std::path::{Path, PathBuf};
+
+use sha2::Digest as _;
+
+use super::manifest::{Manifest, Member, FORMAT_V1};
+use super::recipe::ResolvedRecipe;
+use super::{writer, BundleError};
+use crate::trust::{sign_manifest, SecretKey};
+
+/// Progress events for the CLI to print.
+pub enum Progress<'a> {
+    Step(&'a str),
+    Bytes { done: u64, total: u64 },
+}
+
+/// What `build` produced.
+#[derive(Debug, Clone)]
+pub struct BuildOutput {
+    pub identity: String,
+    pub manifest: Manifest,
+    pub bytes: u64,
+}
+
+/// Hash a file (streaming).
+pub fn sha256_file(path: &Path) -> Result<String, BundleError> {
+    let mut f = std::fs::File::open(path).map_err(BundleError::io(path))?;
+    let mut h = sha2::Sha256::new();
+    std::io::copy(&mut f, &mut h).map_err(BundleError::io(path))?;
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Build a bundle from a resolved recipe, signed by every key in `keys`.
+pub fn build(r: &ResolvedRecipe, keys: &[SecretKey], out: &Path, progress: &mut dyn FnMut(Progress<'_>)) -> Result<BuildOutput, BundleError> {
+    if keys.is_empty() {
+        return Err(BundleError::Recipe { path: out.into(), msg: "at least one --key is required".into() });
+    }
+    if !r.source.exists() {
+        return Err(BundleError::Import(format!(
+            "model source {} does not exist (run scripts/fetch-model.sh for the default model, or pass --model PATH)",
+            r.source.display()
+        )));
+    }
+    if let Some(pin) = &r.recipe.model.sha256 {
+        progress(Progress::Step("checking model source sha256"));
+        let got = sha256_file(&r.source)?;
+        if !got.eq_ignore_ascii_case(pin) {
+            return Err(BundleError::Import(format!("model source {}: sha256 {got} does not match the recipe's pin {pin}", r.source.display())));
+        }
+    }
+    let staging_parent = out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(staging_parent).map_err(BundleError::io(staging_parent))?;
+    let staging = tempfile::Builder::new().prefix(".zlb-staging-").tempdir_in(staging_parent).map_err(BundleError::io(staging_parent))?;
+
+    progress(Progress::Step("importing model"));
+    let opts = crate::import::ImportOptions {
+        quantize: match r.recipe.model.quantize.as_deref() {
+            Some("q8_0") => Some(crate::model::TensorType::Q8_0),
+            _ => None,
+        },
+    };
+    let summary = crate::import::import_model(&r.source, &opts, staging.path(), &mut |s| progress(Progress::Step(s)))
+        .map_err(|e| BundleError::Import(e.to_string()))?;
+
+    let meta = BundleMeta {
+        name: r.recipe.bundle.name.clone(),
+        version: r.recipe.bundle.version,
+        created: r.created.clone(),
+        expires: r.expires.clone(),
+        min_runtime: r.min_runtime.clone(),
+        model: serde_json::to_value(&summary).map_err(|e| BundleError::Import(e.to_string()))?,
+    };
+    pack_dir(staging.path(), &meta, keys, out, progress)
+}
+
+/// The manifest fields that do not come from the members.
+#[derive(Debug, Clone)]
+pub struct BundleMeta {
+    pub name: String,
+    pub version: u64,
+    pub created: String,
+    pub expires: String,
+    pub min_runtime: String,
+    pub model: serde_json::Value,
+}
+
+/// Package every file below `dir` (member paths relative to it) into a signed bundle at `out`.
+pub fn pack_dir(dir: &Path, meta: &BundleMeta, keys: &[SecretKey], out: &Path, progress: &mut dyn FnMut(Progress<'_>)) -> Result<BuildOutput, BundleError> {
+    if keys.is_empty() {
+        return Err(BundleError::Recipe { path: out.into(), msg: "at least one --key is required".into() });
+    }
+    progress(Progress::Step("hashing members"));
+    let mut files = Vec::new();
+    collect(dir, dir, &mut files)?;
+    let mut members = Vec::with_capacity(files.len());
+    for rel in &files {
+        let p = dir.join(rel);
+        let path = rel.to_str().ok_or_else(|| BundleError::Import(format!("non-UTF-8 member path {}", rel.display())))?.replace('\\', "/");
+        super::manifest::validate_path(&path).map_err(|msg| BundleError::Import(format!("member {path}: {msg}")))?;
+        let size = std::fs::metadata(&p).map_err(BundleError::io(&p))?.len();
+        members.push((Member { path, size, sha256: sha256_file(&p)? }, p));
+    }
+    members.sort_by(|a, b| a.0.path.as_bytes().cmp(b.0.path.as_bytes()));
+    let manifest = Manifest {
+        format: FORMAT_V1.into(),
+        name: meta.name.clone(),
+        version: meta.version,
+        created: meta.created.clone(),
+        expires: meta.expires.clone(),
+        min_runtime: meta.min_runtime.clone(),
+        model: meta.model.clone(),
+        members: members.iter().map(|(m, _)| m.clone()).collect(),
+        extra: Default::default(),
+    };
+    manifest.validate()?;
+    let manifest_bytes = manifest.to_bytes()?;
+    let mut sigs: Vec<_> = keys.iter().map(|k| sign_manifest(k, &manifest_bytes)).collect();
+    sigs.sort_by(|a, b| a.key_id.cmp(&b.key_id));
+    sigs.dedup_by(|a, b| a.key_id == b.key_id);
+    let sig_value = serde_json::json!({ "signatures": sigs });
+    let signatures_bytes = super::canonical::to_canonical(&sig_value).map_err(super::FormatError::Signatures)?;
+
+    progress(Progress::Step("writing bundle"));
+    let refs: Vec<(Member, &Path)> = members.iter().map(|(m, p)| (m.clone(), p.as_path())).collect();
+    writer::write_bundle(out, &manifest_bytes, &signatures_bytes, &refs, &mut |d, t| progress(Progress::Bytes { done: d, total: t }))?;
+    let bytes = std::fs::metadata(out).map_err(BundleError::io(out))?.len();
+    Ok(BuildOutput { identity: super::identity_of(&manifest_bytes), manifest, bytes })
+}
+
+fn collect(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), BundleError> {
+    for e in std::fs::read_dir(dir).map_err(BundleError::io(dir))? {
+        let e = e.map_err(BundleError::io(dir))?;
+        let ft = e.file_type().map_err(BundleError::io(e.path()))?;
+        if ft.is_dir() {
+            collect(root, &e.path(), out)?;
+        } else if ft.is_file() {
+            out.push(e.path().strip_prefix(root).map(Path::to_path_buf).unwrap_or_else(|_| e.path()));
+        } else {
+            return Err(BundleError::Import(format!("{}: importer produced a non-regular file", e.path().display())));
+        }
+    }
+    Ok(())
+}

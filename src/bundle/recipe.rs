@@ -1,0 +1,114 @@
+//! Bundle recipes (`bundles/*.toml`), the input of `applianced build`. See `bundles/README.md`.
+//!
+//! ```toml
+//! [bundle]
+//! name = "smollm2-135m-instruct"     # [a-z0-9._-], also the rollback-state key
+//! version = 1                        # u64, must grow with every release of this name
+//! created = "2026-11-30T00:00:00Z"   # optional; else SOURCE_DATE_EPOCH; else now (not reproducible)
+//! expires = "2027-11-30T00:00:00Z"   # or: expires_days = 365 (counted from created)
+//! min_runtime = "0.1.0"              # optional; default: this runtime's version
+//!
+//! [model]
+//! source = "../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"   # relative to the recipe file
+//! sha256 = "b179c9..."               # optional pin of the source file
+//! quantize = "q8_0"                  # optional requantization at build
+//! ```
+//! Unknown sections or keys are errors: a recipe option this build does not implement must never
+//! be silently ignored.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::manifest::{format_time, parse_semver, parse_time, valid_name};
+use super::BundleError;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    pub bundle: BundleSection,
+    pub model: ModelSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BundleSection {
+    pub name: String,
+    pub version: u64,
+    pub created: Option<String>,
+    pub expires: Option<String>,
+    pub expires_days: Option<u32>,
+    pub min_runtime: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    pub source: PathBuf,
+    pub sha256: Option<String>,
+    pub quantize: Option<String>,
+}
+
+/// A recipe with paths and times resolved.
+#[derive(Debug, Clone)]
+pub struct ResolvedRecipe {
+    pub recipe: Recipe,
+    pub source: PathBuf,
+    pub created: String,
+    pub expires: String,
+    pub min_runtime: String,
+    /// Whether `created` came from the clock (the bundle will not be reproducible).
+    pub created_from_clock: bool,
+}
+
+impl Recipe {
+    pub fn load(path: &Path) -> Result<Recipe, BundleError> {
+        let text = std::fs::read_to_string(path).map_err(BundleError::io(path))?;
+        toml::from_str(&text).map_err(|e| BundleError::Recipe { path: path.into(), msg: e.to_string().trim().replace('\n', " ") })
+    }
+
+    /// Resolve relative paths against the recipe's directory and fill in times.
+    pub fn resolve(self, path: &Path, model_override: Option<&Path>, now: i64) -> Result<ResolvedRecipe, BundleError> {
+        let bad = |msg: String| BundleError::Recipe { path: path.into(), msg };
+        if !valid_name(&self.bundle.name) {
+            return Err(bad(format!("bundle.name {:?}: use 1-64 of [a-z0-9._-]", self.bundle.name)));
+        }
+        let base = path.parent().unwrap_or(Path::new("."));
+        let source = match model_override {
+            Some(p) => p.to_path_buf(),
+            None if self.model.source.is_absolute() => self.model.source.clone(),
+            None => base.join(&self.model.source),
+        };
+        let (created_unix, from_clock) = match (&self.bundle.created, std::env::var("SOURCE_DATE_EPOCH").ok()) {
+            (Some(c), _) => (parse_time(c).ok_or_else(|| bad(format!("bundle.created {c:?} is not YYYY-MM-DDTHH:MM:SSZ")))?, false),
+            (None, Some(e)) => (e.trim().parse::<i64>().map_err(|_| bad("SOURCE_DATE_EPOCH is not an integer".into()))?, false),
+            (None, None) => (now, true),
+        };
+        let expires_unix = match (&self.bundle.expires, self.bundle.expires_days) {
+            (Some(_), Some(_)) => return Err(bad("give bundle.expires or bundle.expires_days, not both".into())),
+            (Some(e), None) => parse_time(e).ok_or_else(|| bad(format!("bundle.expires {e:?} is not YYYY-MM-DDTHH:MM:SSZ")))?,
+            (None, Some(d)) => created_unix + i64::from(d) * 86_400,
+            (None, None) => return Err(bad("bundle.expires (or expires_days) is required: bundles must expire".into())),
+        };
+        if expires_unix <= created_unix {
+            return Err(bad("bundle.expires must be after bundle.created".into()));
+        }
+        let min_runtime = self.bundle.min_runtime.clone().unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_string());
+        if parse_semver(&min_runtime).is_none() {
+            return Err(bad(format!("bundle.min_runtime {min_runtime:?} is not MAJOR.MINOR.PATCH")));
+        }
+        if let Some(q) = &self.model.quantize {
+            if q != "q8_0" {
+                return Err(bad(format!("model.quantize {q:?}: supported values: \"q8_0\"")));
+            }
+        }
+        Ok(ResolvedRecipe {
+            created: format_time(created_unix),
+            expires: format_time(expires_unix),
+            min_runtime,
+            created_from_clock: from_clock,
+            source,
+            recipe: self,
+        })
+    }
+}

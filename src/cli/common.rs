@@ -1,0 +1,154 @@
+//! Shared CLI pieces: trust options, the top-level error and its exit codes, progress output.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::bundle::{BundleError, FormatError, Store, VerifiedBundle, VerifyOptions};
+use crate::trust::{RollbackState, TrustError, TrustStore, SYSTEM_TRUST_DIR};
+
+/// Options that decide whether a bundle is trusted; shared by verify, run, bench and serve.
+#[derive(Debug, Clone, Args)]
+pub struct TrustArgs {
+    /// Trusted public keys: a directory of *.pub files (with an optional `revoked` list) or a
+    /// single .pub file. Repeatable. Default: /etc/applianced/trusted.d
+    #[arg(long = "trust", value_name = "DIR|FILE")]
+    pub trust: Vec<PathBuf>,
+    /// How many distinct trusted keys must have signed (k of n).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub threshold: usize,
+    /// Rollback-state directory: refuse a version lower than the last accepted one for the same
+    /// bundle name, and record the accepted version atomically.
+    #[arg(long, value_name = "DIR")]
+    pub state: Option<PathBuf>,
+}
+
+impl TrustArgs {
+    pub fn load(&self) -> Result<(TrustStore, Option<RollbackState>), CliError> {
+        let sources = if self.trust.is_empty() { vec![PathBuf::from(SYSTEM_TRUST_DIR)] } else { self.trust.clone() };
+        let ts = TrustStore::load(&sources, self.threshold)?;
+        Ok((ts, self.state.as_deref().map(RollbackState::new)))
+    }
+}
+
+/// Where verified bundles are unpacked.
+#[derive(Debug, Clone, Args)]
+pub struct StoreArgs {
+    /// Content-addressed store for unpacked bundles. Default: /var/lib/applianced/store as root,
+    /// else $XDG_CACHE_HOME/applianced/store.
+    #[arg(long, value_name = "DIR", env = "APPLIANCED_STORE")]
+    pub store: Option<PathBuf>,
+}
+
+/// Verify `bundle` and make sure it is unpacked in the store (what run, bench and serve do first).
+pub fn open_bundle(bundle: &std::path::Path, trust: &TrustArgs, store: &StoreArgs, quiet: bool) -> Result<VerifiedBundle, CliError> {
+    let (ts, state) = trust.load()?;
+    let mut opts = VerifyOptions::new(&ts);
+    opts.state = state.as_ref();
+    let store = Store::new(&store.store.clone().unwrap_or_else(Store::default_root));
+    let mut p = Progress::new("verifying and unpacking", quiet);
+    let vb = store.install(bundle, &opts, &mut |d, t| p.bytes(d, t))?;
+    p.finish();
+    Ok(vb)
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CliError {
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    #[error(transparent)]
+    Trust(#[from] TrustError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Engine(String),
+    #[error("{0}")]
+    Server(String),
+    #[error("{0}")]
+    Schema(String),
+    #[error("{0}")]
+    Other(String),
+    /// Already reported to the user (e.g. as JSON); carries the exit code.
+    #[error("")]
+    Reported(i32),
+}
+
+fn trust_code(e: &TrustError) -> i32 {
+    match e {
+        TrustError::Io { .. } => 3,
+        TrustError::Revoked { .. } => 6,
+        TrustError::Rollback { .. } | TrustError::Equivocation { .. } => 9,
+        _ => 5,
+    }
+}
+
+impl CliError {
+    /// The one place errors become exit codes (documented in `applianced --help`).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Bundle(b) => match b {
+                BundleError::Io { .. } => 3,
+                BundleError::Format(FormatError::Member { .. }) | BundleError::Format(_) => 4,
+                BundleError::Trust(t) => trust_code(t),
+                BundleError::Digest { .. } | BundleError::Size { .. } | BundleError::Missing { .. } | BundleError::Extra { .. } => 7,
+                BundleError::Store { .. } => 7,
+                BundleError::Expired { .. } => 8,
+                BundleError::RuntimeTooOld { .. } => 10,
+                BundleError::Recipe { .. } | BundleError::Import(_) => 11,
+                _ => 1,
+            },
+            CliError::Trust(t) => trust_code(t),
+            CliError::Usage(_) => 2,
+            CliError::Engine(_) => 12,
+            CliError::Server(_) => 13,
+            CliError::Schema(_) => 14,
+            CliError::Other(_) => 1,
+            CliError::Reported(c) => *c,
+        }
+    }
+}
+
+/// Progress on stderr: a live percentage on a terminal, a few lines otherwise.
+pub struct Progress {
+    label: String,
+    quiet: bool,
+    tty: bool,
+    last: u64,
+    started: std::time::Instant,
+    shown: bool,
+}
+
+impl Progress {
+    pub fn new(label: &str, quiet: bool) -> Progress {
+        Progress { label: label.into(), quiet, tty: std::io::stderr().is_terminal(), last: u64::MAX, started: std::time::Instant::now(), shown: false }
+    }
+    pub fn bytes(&mut self, done: u64, total: u64) {
+        if self.quiet || total == 0 {
+            return;
+        }
+        let pct = done * 100 / total;
+        let step = if self.tty { 1 } else { 25 };
+        if self.last != u64::MAX && pct / step == self.last / step {
+            return;
+        }
+        // Only show progress for work that takes a noticeable time.
+        if !self.tty && self.started.elapsed().as_millis() < 500 && pct < 100 {
+            return;
+        }
+        self.last = pct;
+        self.shown = true;
+        let mut e = std::io::stderr();
+        if self.tty {
+            let _ = write!(e, "\r{}: {pct:3}% ({} / {} MB)", self.label, done >> 20, total >> 20);
+        } else {
+            let _ = writeln!(e, "{}: {pct}%", self.label);
+        }
+    }
+    pub fn finish(&mut self) {
+        if self.shown && self.tty && !self.quiet {
+            let _ = writeln!(std::io::stderr());
+        }
+    }
+}
