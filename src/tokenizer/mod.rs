@@ -1,1 +1,481 @@
-//! tokenizer (in progress)
+//! Tokenizer and chat templates.
+//!
+//! At build time ([`crate::import`]) the GGUF tokenizer metadata (`tokenizer.ggml.*`, see the GGUF
+//! spec, github.com/ggml-org/ggml/blob/master/docs/gguf.md#tokenizer) is converted by
+//! [`tokenizer_json_from_gguf`] into a Hugging Face `tokenizer.json` that reproduces llama.cpp's
+//! tokenization: the BPE vocabulary and merges, the pre-tokenizer named by `tokenizer.ggml.pre`
+//! (llama.cpp's `llama_vocab::impl::load` regexes), and control tokens as added special tokens.
+//!
+//! At run time [`Tokenizer`] wraps the `tokenizers` crate for encoding and precomputes the raw bytes
+//! of every token ([`Tokenizer::token_bytes`]) for decoding, streaming ([`StreamDecoder`]), the
+//! schema compiler and the safety masks.
+//!
+//! Special tokens follow llama.cpp: with `parse_special = true` control tokens in the text become
+//! their single ids; with `false` they are tokenized as plain text. User-defined (non-control) added
+//! tokens are always matched, as llama.cpp does.
+
+pub mod template;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value as Json};
+
+pub use template::{ChatMessage, ChatTemplate};
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenizerError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {msg}")]
+    Format { path: PathBuf, msg: String },
+    #[error("tokenizer conversion: {0}")]
+    Convert(String),
+    #[error("encoding failed: {0}")]
+    Encode(String),
+    #[error("chat template: unknown role {0:?}")]
+    UnknownRole(String),
+    #[error("chat template: {0}")]
+    Template(String),
+}
+
+/// GGUF `tokenizer.ggml.token_type` values (llama.cpp `llama_token_type`).
+pub mod token_type {
+    pub const NORMAL: i64 = 1;
+    pub const UNKNOWN: i64 = 2;
+    pub const CONTROL: i64 = 3;
+    pub const USER_DEFINED: i64 = 4;
+    pub const UNUSED: i64 = 5;
+    pub const BYTE: i64 = 6;
+}
+
+/// The GGUF tokenizer metadata needed to build a `tokenizer.json`.
+#[derive(Debug, Clone, Default)]
+pub struct GgufVocab {
+    /// `tokenizer.ggml.model` ("gpt2" for byte-level BPE).
+    pub model: String,
+    /// `tokenizer.ggml.pre`, the pre-tokenizer name.
+    pub pre: Option<String>,
+    pub tokens: Vec<String>,
+    pub token_types: Option<Vec<i64>>,
+    pub merges: Vec<String>,
+}
+
+const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+fn byte_level(use_regex: bool) -> Json {
+    json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex})
+}
+
+fn split(regex: &str) -> Json {
+    json!({"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false})
+}
+
+/// The pre-tokenizer (and BPE `ignore_merges`) for a llama.cpp `tokenizer.ggml.pre` name.
+fn pre_tokenizer(pre: &str) -> Result<(Json, bool), TokenizerError> {
+    Ok(match pre {
+        "default" | "gpt2" | "gpt-2" => (byte_level(true), false),
+        // llama.cpp: "\p{N}" then the GPT-2 regex.
+        "smollm" | "starcoder" | "refact" | "codeshell" => (
+            json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Digits", "individual_digits": true},
+                byte_level(true),
+            ]}),
+            false,
+        ),
+        "llama3" | "llama-bpe" | "llama-v3" => (
+            json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_REGEX), byte_level(false)]}),
+            true,
+        ),
+        "qwen2" => (json!({"type": "Sequence", "pretokenizers": [split(QWEN2_REGEX), byte_level(false)]}), false),
+        other => {
+            return Err(TokenizerError::Convert(format!(
+                "tokenizer.ggml.pre {other:?} is not supported (supported: default, gpt2, smollm, starcoder, llama-bpe, llama3, qwen2)"
+            )))
+        }
+    })
+}
+
+/// Convert GGUF tokenizer metadata to a `tokenizer.json` (deterministic text).
+pub fn tokenizer_json_from_gguf(v: &GgufVocab) -> Result<String, TokenizerError> {
+    if v.model != "gpt2" {
+        return Err(TokenizerError::Convert(format!(
+            "tokenizer.ggml.model {:?} is not supported yet (supported: gpt2 byte-level BPE)",
+            v.model
+        )));
+    }
+    if v.tokens.is_empty() {
+        return Err(TokenizerError::Convert("tokenizer.ggml.tokens is empty".into()));
+    }
+    if let Some(tt) = &v.token_types {
+        if tt.len() != v.tokens.len() {
+            return Err(TokenizerError::Convert(format!(
+                "tokenizer.ggml.token_type has {} entries for {} tokens",
+                tt.len(),
+                v.tokens.len()
+            )));
+        }
+    }
+    let (pre, ignore_merges) = pre_tokenizer(v.pre.as_deref().unwrap_or("default"))?;
+    let mut vocab = Map::new();
+    let mut added = Vec::new();
+    for (id, tok) in v.tokens.iter().enumerate() {
+        if vocab.insert(tok.clone(), json!(id)).is_some() {
+            return Err(TokenizerError::Convert(format!("token {tok:?} (id {id}) appears twice in tokenizer.ggml.tokens")));
+        }
+        let ty = v.token_types.as_ref().map_or(token_type::NORMAL, |t| t[id]);
+        let special = match ty {
+            token_type::CONTROL | token_type::UNKNOWN => true,
+            token_type::USER_DEFINED => false,
+            _ => continue,
+        };
+        added.push(json!({
+            "id": id, "content": tok, "single_word": false, "lstrip": false, "rstrip": false,
+            "normalized": false, "special": special,
+        }));
+    }
+    let vocab_set: HashSet<&str> = v.tokens.iter().map(String::as_str).collect();
+    for (i, m) in v.merges.iter().enumerate() {
+        let ok = m.split_once(' ').is_some_and(|(a, b)| {
+            !b.contains(' ') && vocab_set.contains(a) && vocab_set.contains(b) && vocab_set.contains(format!("{a}{b}").as_str())
+        });
+        if !ok {
+            return Err(TokenizerError::Convert(format!("merge {i} {m:?} is not two known tokens forming a known token")));
+        }
+    }
+    let doc = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre,
+        "post_processor": null,
+        "decoder": byte_level(true),
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+            "ignore_merges": ignore_merges, "vocab": vocab, "merges": v.merges,
+        },
+    });
+    serde_json::to_string(&doc).map_err(|e| TokenizerError::Convert(e.to_string()))
+}
+
+/// GPT-2's byte ↔ unicode table (`bytes_to_unicode`): the char each byte is spelled with.
+pub fn byte_to_char_table() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut n = 0u32;
+    for b in 0..256u32 {
+        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let c = if printable {
+            b
+        } else {
+            n += 1;
+            255 + n
+        };
+        // c < 256 + 256, always a valid scalar value.
+        table[b as usize] = char::from_u32(c).unwrap_or('\0');
+    }
+    table
+}
+
+/// How token strings map to bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Spelling {
+    /// GPT-2 byte-level (`Ġ` = space, ...).
+    ByteLevel,
+    /// SentencePiece (`▁` = space, `<0xAB>` = byte).
+    SentencePiece,
+    /// Token text is the text.
+    Plain,
+}
+
+/// All tokens' bytes in one buffer.
+struct TokenTable {
+    data: Vec<u8>,
+    /// `offsets[id]..offsets[id + 1]`.
+    offsets: Vec<usize>,
+}
+
+impl TokenTable {
+    fn get(&self, id: u32) -> &[u8] {
+        let i = id as usize;
+        if i + 1 >= self.offsets.len() {
+            return &[];
+        }
+        &self.data[self.offsets[i]..self.offsets[i + 1]]
+    }
+}
+
+/// A loaded tokenizer.
+pub struct Tokenizer {
+    /// Splits control tokens out of the text (parse_special = true).
+    parse_special: tokenizers::Tokenizer,
+    /// Treats control tokens as plain text (parse_special = false).
+    plain: tokenizers::Tokenizer,
+    table: Arc<TokenTable>,
+    special: Vec<bool>,
+    special_ids: Vec<u32>,
+    vocab_size: usize,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer").field("vocab_size", &self.vocab_size).finish_non_exhaustive()
+    }
+}
+
+impl Tokenizer {
+    /// Load a `tokenizer.json`.
+    pub fn load(path: &Path) -> Result<Tokenizer, TokenizerError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io { path: path.into(), source })?;
+        Self::from_json(&text).map_err(|e| match e {
+            TokenizerError::Convert(msg) => TokenizerError::Format { path: path.into(), msg },
+            e => e,
+        })
+    }
+
+    /// Build from `tokenizer.json` text.
+    pub fn from_json(text: &str) -> Result<Tokenizer, TokenizerError> {
+        let bad = |m: String| TokenizerError::Convert(m);
+        let parse_special: tokenizers::Tokenizer = text.parse().map_err(|e| bad(format!("not a tokenizer.json: {e}")))?;
+        let mut plain = parse_special.clone();
+        plain.set_encode_special_tokens(true);
+        let doc: Json = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let spelling = detect_spelling(&doc);
+
+        let vocab = parse_special.get_vocab(true);
+        let vocab_size = vocab.values().max().map_or(0, |m| *m as usize + 1);
+        let mut names: Vec<Option<String>> = vec![None; vocab_size];
+        for (tok, id) in vocab {
+            names[id as usize] = Some(tok);
+        }
+        let mut special = vec![false; vocab_size];
+        let mut special_ids = Vec::new();
+        for (id, tok) in parse_special.get_added_tokens_decoder() {
+            if tok.special && (id as usize) < vocab_size {
+                special[id as usize] = true;
+                special_ids.push(id);
+            }
+        }
+        special_ids.sort_unstable();
+        let b2c = byte_to_char_table();
+        let mut c2b = std::collections::HashMap::new();
+        for (b, c) in b2c.iter().enumerate() {
+            c2b.insert(*c, b as u8);
+        }
+        let added: HashSet<u32> = parse_special.get_added_tokens_decoder().keys().copied().collect();
+        let mut data = Vec::new();
+        let mut offsets = Vec::with_capacity(vocab_size + 1);
+        for (id, name) in names.iter().enumerate() {
+            offsets.push(data.len());
+            let Some(name) = name else { continue };
+            if added.contains(&(id as u32)) {
+                data.extend_from_slice(name.as_bytes());
+                continue;
+            }
+            match spelling {
+                Spelling::ByteLevel => {
+                    for ch in name.chars() {
+                        match c2b.get(&ch) {
+                            Some(b) => data.push(*b),
+                            None => data.extend_from_slice(ch.encode_utf8(&mut [0; 4]).as_bytes()),
+                        }
+                    }
+                }
+                Spelling::SentencePiece => {
+                    if let Some(b) = sp_byte_token(name) {
+                        data.push(b);
+                    } else {
+                        data.extend_from_slice(name.replace('\u{2581}', " ").as_bytes());
+                    }
+                }
+                Spelling::Plain => data.extend_from_slice(name.as_bytes()),
+            }
+        }
+        offsets.push(data.len());
+        Ok(Tokenizer {
+            parse_special,
+            plain,
+            table: Arc::new(TokenTable { data, offsets }),
+            special,
+            special_ids,
+            vocab_size,
+        })
+    }
+
+    /// Tokenize `text` (no BOS is added: see `ModelConfig::add_bos_token`). With `parse_special`,
+    /// control tokens written in the text become their ids; without, they are plain text.
+    pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        let tk = if parse_special { &self.parse_special } else { &self.plain };
+        let enc = tk.encode_fast(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Concatenated token bytes, invalid UTF-8 replaced by U+FFFD. Special tokens are spelled out.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            bytes.extend_from_slice(self.token_bytes(id));
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// The raw bytes token `id` spells (a special token's text for special tokens; empty for an
+    /// unknown id).
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.table.get(id)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Whether `id` is a special (control) token.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// All special (control) token ids, ascending.
+    pub fn special_ids(&self) -> &[u32] {
+        &self.special_ids
+    }
+
+    /// The id of a token by its vocabulary string (e.g. `"<|im_end|>"`).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.parse_special.token_to_id(token)
+    }
+
+    /// An incremental decoder sharing this tokenizer's byte table.
+    pub fn stream_decoder(&self) -> StreamDecoder {
+        StreamDecoder { table: Arc::clone(&self.table), pending: Vec::new() }
+    }
+}
+
+fn sp_byte_token(name: &str) -> Option<u8> {
+    let hex = name.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
+}
+
+fn detect_spelling(doc: &Json) -> Spelling {
+    let s = doc.get("decoder").map(|d| d.to_string()).unwrap_or_default()
+        + &doc.get("pre_tokenizer").map(|d| d.to_string()).unwrap_or_default();
+    if s.contains("\"ByteLevel\"") {
+        Spelling::ByteLevel
+    } else if s.contains("Metaspace") || s.contains('\u{2581}') || doc.pointer("/model/byte_fallback") == Some(&Json::Bool(true)) {
+        Spelling::SentencePiece
+    } else {
+        Spelling::Plain
+    }
+}
+
+/// Incremental detokenizer: [`push`](Self::push) returns only text whose UTF-8 is complete, holding
+/// back the bytes of a character split across tokens. Bytes that can never become valid UTF-8 are
+/// emitted as U+FFFD.
+#[derive(Clone)]
+pub struct StreamDecoder {
+    table: Arc<TokenTable>,
+    pending: Vec<u8>,
+}
+
+impl StreamDecoder {
+    /// Add one token; returns the newly complete text (possibly empty).
+    pub fn push(&mut self, id: u32) -> String {
+        self.pending.extend_from_slice(self.table.get(id));
+        let mut out = String::new();
+        let mut rest: &[u8] = &self.pending;
+        loop {
+            match std::str::from_utf8(rest) {
+                Ok(s) => {
+                    out.push_str(s);
+                    rest = &[];
+                    break;
+                }
+                Err(e) => {
+                    let (good, bad) = rest.split_at(e.valid_up_to());
+                    // `good` is valid UTF-8 by `valid_up_to`'s contract.
+                    out.push_str(std::str::from_utf8(good).unwrap_or_default());
+                    match e.error_len() {
+                        // Incomplete character at the end: keep it for the next token.
+                        None => {
+                            rest = bad;
+                            break;
+                        }
+                        Some(n) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            rest = &bad[n..];
+                        }
+                    }
+                }
+            }
+        }
+        self.pending = rest.to_vec();
+        out
+    }
+
+    /// Flush held-back bytes (as U+FFFD if they never completed a character).
+    pub fn finish(&mut self) -> String {
+        let s = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        s
+    }
+
+    /// Bytes held back, waiting for the rest of a character.
+    pub fn pending_bytes(&self) -> &[u8] {
+        &self.pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Tokenizer {
+        let b2c = byte_to_char_table();
+        let mut tokens: Vec<String> = vec!["<|im_start|>".into(), "<|im_end|>".into()];
+        tokens.extend((0..256).map(|b| b2c[b].to_string()));
+        tokens.push("Ġh".into());
+        let mut types = vec![3, 3];
+        types.extend(std::iter::repeat(1).take(257));
+        let v = GgufVocab {
+            model: "gpt2".into(),
+            pre: Some("smollm".into()),
+            tokens,
+            token_types: Some(types),
+            merges: vec!["Ġ h".into()],
+        };
+        Tokenizer::from_json(&tokenizer_json_from_gguf(&v).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn tiny_roundtrip_and_specials() {
+        let t = tiny();
+        let ids = t.encode("<|im_start|> hé", true).unwrap();
+        assert_eq!(ids[0], 0);
+        assert_eq!(ids[1], 258);
+        assert_eq!(t.decode(&ids), "<|im_start|> hé");
+        let plain = t.encode("<|im_start|>", false).unwrap();
+        assert_eq!(plain.len(), "<|im_start|>".len());
+        assert_eq!(t.token_bytes(2 + b'a' as u32), b"a");
+        assert!(t.is_special(1));
+        assert_eq!(t.special_ids(), &[0, 1]);
+    }
+
+    #[test]
+    fn stream_decoder_holds_partial_chars() {
+        let t = tiny();
+        let ids = t.encode("é€", false).unwrap();
+        assert_eq!(ids.len(), 5);
+        let mut d = t.stream_decoder();
+        let parts: Vec<String> = ids.iter().map(|&i| d.push(i)).collect();
+        assert_eq!(parts, vec!["", "é", "", "", "€"]);
+        assert_eq!(d.finish(), "");
+    }
+}

@@ -1,0 +1,271 @@
+//! Hugging Face model directory reader: `config.json`, `*.safetensors` (one or more shards),
+//! `tokenizer.json`, `tokenizer_config.json` (with `chat_template`).
+//!
+//! Tensor names are mapped to GGUF llama names (as llama.cpp's `convert_hf_to_gguf.py` does) and Q/K
+//! projection rows (and biases) are permuted from rotary-halves order to adjacent-pairs order.
+#![allow(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::Path;
+
+use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
+
+use crate::model::{ModelConfig, RopeScaling, TensorType};
+use crate::tokenizer::{self, ChatTemplate};
+
+use super::{check_config, convert_tensor, expected_tensors, permute_rows, ImportError, ImportOptions, Prepared};
+
+fn fmt_err(path: &Path, msg: impl Into<String>) -> ImportError {
+    ImportError::Format { path: path.to_path_buf(), msg: msg.into() }
+}
+
+fn read_json(path: &Path) -> Result<Json, ImportError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ImportError::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| fmt_err(path, format!("invalid JSON: {e}")))
+}
+
+/// GGUF name for a Hugging Face llama-family tensor name.
+fn gguf_name(hf: &str) -> Option<String> {
+    Some(match hf {
+        "model.embed_tokens.weight" => "token_embd.weight".into(),
+        "model.norm.weight" => "output_norm.weight".into(),
+        "lm_head.weight" => "output.weight".into(),
+        _ => {
+            let rest = hf.strip_prefix("model.layers.")?;
+            let (n, tail) = rest.split_once('.')?;
+            let n: usize = n.parse().ok()?;
+            let t = match tail {
+                "input_layernorm.weight" => "attn_norm.weight",
+                "self_attn.q_proj.weight" => "attn_q.weight",
+                "self_attn.k_proj.weight" => "attn_k.weight",
+                "self_attn.v_proj.weight" => "attn_v.weight",
+                "self_attn.q_proj.bias" => "attn_q.bias",
+                "self_attn.k_proj.bias" => "attn_k.bias",
+                "self_attn.v_proj.bias" => "attn_v.bias",
+                "self_attn.o_proj.weight" => "attn_output.weight",
+                "post_attention_layernorm.weight" => "ffn_norm.weight",
+                "mlp.gate_proj.weight" => "ffn_gate.weight",
+                "mlp.up_proj.weight" => "ffn_up.weight",
+                "mlp.down_proj.weight" => "ffn_down.weight",
+                _ => return None,
+            };
+            format!("blk.{n}.{t}")
+        }
+    })
+}
+
+/// `bos_token` / `eos_token` in tokenizer_config.json: a string or `{ "content": ... }`.
+fn token_text(v: Option<&Json>) -> String {
+    match v {
+        Some(Json::String(s)) => s.clone(),
+        Some(Json::Object(o)) => o.get("content").and_then(Json::as_str).unwrap_or_default().to_string(),
+        _ => String::new(),
+    }
+}
+
+pub(crate) fn read(dir: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&str)) -> Result<Prepared, ImportError> {
+    let mut hashed: BTreeMap<String, String> = BTreeMap::new();
+    let mut hash_file = |name: &str, bytes: &[u8]| {
+        hashed.insert(name.to_string(), hex::encode(Sha256::digest(bytes)));
+    };
+
+    let cfg_path = dir.join("config.json");
+    let cfg_bytes = std::fs::read(&cfg_path).map_err(|e| ImportError::io(&cfg_path, e))?;
+    hash_file("config.json", &cfg_bytes);
+    let cfg: Json = serde_json::from_slice(&cfg_bytes).map_err(|e| fmt_err(&cfg_path, format!("invalid JSON: {e}")))?;
+    let archs: Vec<&str> = cfg.get("architectures").and_then(Json::as_array).map_or(Vec::new(), |a| a.iter().filter_map(Json::as_str).collect());
+    let arch = match archs.first().copied().or(cfg.get("model_type").and_then(Json::as_str)) {
+        Some("LlamaForCausalLM" | "llama") => "llama",
+        Some("MistralForCausalLM" | "mistral") => "mistral",
+        Some("Qwen2ForCausalLM" | "qwen2") => "qwen2",
+        Some(other) => return Err(ImportError::UnsupportedArchitecture { arch: other.to_string() }),
+        None => return Err(fmt_err(&cfg_path, "no architectures / model_type")),
+    };
+    let key_err = |key: &str, msg: &str| ImportError::Metadata { path: cfg_path.clone(), key: key.into(), msg: msg.into() };
+    let num = |key: &str| -> Result<usize, ImportError> {
+        cfg.get(key).and_then(Json::as_u64).map(|v| v as usize).ok_or_else(|| key_err(key, "missing or not an integer"))
+    };
+    let opt_num = |key: &str| cfg.get(key).and_then(Json::as_u64).map(|v| v as usize);
+    let hidden = num("hidden_size")?;
+    let n_heads = num("num_attention_heads")?;
+    let n_kv_heads = opt_num("num_key_value_heads").unwrap_or(n_heads);
+    let head_dim = opt_num("head_dim").unwrap_or(hidden.checked_div(n_heads).unwrap_or(0));
+    let rope_scaling = match cfg.get("rope_scaling") {
+        None | Some(Json::Null) => RopeScaling::None,
+        Some(rs) => {
+            let f = |k: &str| rs.get(k).and_then(Json::as_f64).ok_or_else(|| key_err(&format!("rope_scaling.{k}"), "missing"));
+            match rs.get("rope_type").or(rs.get("type")).and_then(Json::as_str) {
+                Some("linear") => RopeScaling::Linear { factor: f("factor")? as f32 },
+                Some("llama3") => RopeScaling::Llama3 {
+                    factor: f("factor")? as f32,
+                    low_freq_factor: f("low_freq_factor")? as f32,
+                    high_freq_factor: f("high_freq_factor")? as f32,
+                    original_max_position_embeddings: f("original_max_position_embeddings")? as u32,
+                },
+                Some("default") | None => RopeScaling::None,
+                Some(other) => return Err(key_err("rope_scaling", &format!("type {other} is not supported (supported: linear, llama3)"))),
+            }
+        }
+    };
+
+    // Tokenizer.
+    let tok_path = dir.join("tokenizer.json");
+    let tok_bytes = std::fs::read(&tok_path).map_err(|e| ImportError::io(&tok_path, e))?;
+    hash_file("tokenizer.json", &tok_bytes);
+    let tokenizer_json = String::from_utf8(tok_bytes).map_err(|_| fmt_err(&tok_path, "not UTF-8"))?;
+    let tok = tokenizer::Tokenizer::from_json(&tokenizer_json)
+        .map_err(|source| ImportError::Tokenizer { path: tok_path.clone(), source })?;
+    let tc_path = dir.join("tokenizer_config.json");
+    let tc_bytes = std::fs::read(&tc_path).map_err(|e| ImportError::io(&tc_path, e))?;
+    hash_file("tokenizer_config.json", &tc_bytes);
+    let tc: Json = serde_json::from_slice(&tc_bytes).map_err(|e| fmt_err(&tc_path, format!("invalid JSON: {e}")))?;
+    let template_src = match tc.get("chat_template") {
+        Some(Json::String(s)) => s.clone(),
+        Some(Json::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
+            .and_then(|t| t.get("template").and_then(Json::as_str))
+            .map(str::to_owned)
+            .ok_or_else(|| fmt_err(&tc_path, "chat_template list has no \"default\" entry"))?,
+        _ => return Err(fmt_err(&tc_path, "no chat_template")),
+    };
+    let bos_text = token_text(tc.get("bos_token"));
+    let eos_text = token_text(tc.get("eos_token"));
+    let template = ChatTemplate::from_jinja(&template_src, &bos_text, &eos_text)
+        .map_err(|source| ImportError::ChatTemplate { path: tc_path.clone(), source })?;
+    let id_of = |key: &str, text: &str| -> Option<u32> {
+        cfg.get(key).and_then(|v| v.as_u64().or_else(|| v.as_array()?.first()?.as_u64())).map(|v| v as u32).or_else(|| tok.token_id(text))
+    };
+    let bos = id_of("bos_token_id", &bos_text);
+    let eos = id_of("eos_token_id", &eos_text).ok_or_else(|| key_err("eos_token_id", "missing"))?;
+    let mut eog = vec![eos];
+    if let Some(Json::Array(ids)) = cfg.get("eos_token_id") {
+        eog.extend(ids.iter().filter_map(Json::as_u64).map(|v| v as u32));
+    }
+    for t in super::EOG_TEXTS {
+        eog.extend(tok.token_id(t));
+    }
+    eog.sort_unstable();
+    eog.dedup();
+
+    let mut config = ModelConfig {
+        architecture: "llama".into(),
+        name: cfg
+            .get("_name_or_path")
+            .and_then(Json::as_str)
+            .map(str::to_owned)
+            .or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "unnamed".into()),
+        vocab_size: num("vocab_size")?,
+        hidden_size: hidden,
+        intermediate_size: num("intermediate_size")?,
+        n_layers: num("num_hidden_layers")?,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        context_length: num("max_position_embeddings")?,
+        rms_norm_eps: cfg.get("rms_norm_eps").and_then(Json::as_f64).unwrap_or(1e-5) as f32,
+        rope_theta: cfg.get("rope_theta").and_then(Json::as_f64).unwrap_or(10000.0) as f32,
+        rope_scaling,
+        attention_bias: cfg.get("attention_bias").and_then(Json::as_bool).unwrap_or(arch == "qwen2"),
+        tie_embeddings: cfg.get("tie_word_embeddings").and_then(Json::as_bool).unwrap_or(false),
+        bos_token_id: bos,
+        eos_token_id: eos,
+        eog_token_ids: eog,
+        add_bos_token: tc.get("add_bos_token").and_then(Json::as_bool).unwrap_or(false),
+    };
+    check_config(&cfg_path, &config)?;
+
+    // Weights: every *.safetensors shard, in name order.
+    let mut shards: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| ImportError::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    shards.sort();
+    if shards.is_empty() {
+        return Err(fmt_err(dir, "no *.safetensors files"));
+    }
+    let mut maps = Vec::new();
+    for p in &shards {
+        let f = File::open(p).map_err(|e| ImportError::io(p, e))?;
+        // SAFETY: read-only map of an input file the operator handed us; we only read it through
+        // safetensors' bounds-checked views. Concurrent truncation would be the usual mmap SIGBUS.
+        let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| ImportError::io(p, e))?;
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        hash_file(&name, &m);
+        maps.push((p.clone(), m));
+    }
+    // (gguf name) → (shard index, hf name)
+    let mut found: BTreeMap<String, (usize, String)> = BTreeMap::new();
+    let mut parsed = Vec::new();
+    for (i, (p, m)) in maps.iter().enumerate() {
+        let st = safetensors::SafeTensors::deserialize(m).map_err(|e| fmt_err(p, format!("not a safetensors file: {e}")))?;
+        for name in st.names() {
+            match gguf_name(name) {
+                Some(g) => {
+                    found.insert(g, (i, name.to_string()));
+                }
+                None => progress(&format!("ignoring tensor {name}")),
+            }
+        }
+        parsed.push(st);
+    }
+    if found.contains_key("output.weight") && config.tie_embeddings {
+        config.tie_embeddings = false;
+    }
+    if !found.contains_key("output.weight") {
+        config.tie_embeddings = true;
+    }
+    let mut out = Vec::new();
+    for (name, shape, _) in expected_tensors(&config) {
+        let (i, hf_name) = found.get(&name).ok_or_else(|| ImportError::Tensor {
+            path: dir.into(),
+            tensor: name.clone(),
+            msg: "missing".into(),
+        })?;
+        let path = &maps[*i].0;
+        let terr = |msg: String| ImportError::Tensor { path: path.clone(), tensor: hf_name.clone(), msg };
+        let view = parsed[*i].tensor(hf_name).map_err(|e| terr(e.to_string()))?;
+        let ty = match view.dtype() {
+            safetensors::Dtype::F32 => TensorType::F32,
+            safetensors::Dtype::F16 => TensorType::F16,
+            safetensors::Dtype::BF16 => TensorType::Bf16,
+            d => return Err(terr(format!("dtype {d:?} is not supported (supported: F32, F16, BF16)"))),
+        };
+        if view.shape() != shape.as_slice() {
+            return Err(terr(format!("shape {:?}, expected {shape:?}", view.shape())));
+        }
+        let mut data = view.data().to_vec();
+        let heads = if name.contains(".attn_q.") {
+            Some(config.n_heads)
+        } else if name.contains(".attn_k.") {
+            Some(config.n_kv_heads)
+        } else {
+            None
+        };
+        if let Some(nh) = heads {
+            let row = ty.block_bytes() * if shape.len() == 2 { shape[1] } else { 1 };
+            data = permute_rows(&data, row, nh).ok_or_else(|| terr("rows cannot be split into RoPE pairs".into()))?;
+        }
+        let (meta, data) = convert_tensor(path, &name, ty, &shape, data, opts)?;
+        out.push((name, meta, data));
+    }
+    let mut listing = Vec::new();
+    for (name, h) in &hashed {
+        listing.extend_from_slice(name.as_bytes());
+        listing.push(0);
+        listing.extend_from_slice(h.as_bytes());
+        listing.push(b'\n');
+    }
+    Ok(Prepared {
+        config,
+        tensors: out,
+        tokenizer_json,
+        template,
+        source_format: "huggingface",
+        source_sha256: hex::encode(Sha256::digest(&listing)),
+    })
+}

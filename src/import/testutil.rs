@@ -1,0 +1,150 @@
+//! A generator for a tiny llama GGUF, for tests across the crate (import, engine, bundle, server).
+//!
+//! [`write_tiny_llama_gguf`] writes a 2-layer model: hidden 64, 4 heads, 2 kv heads (head_dim 16),
+//! ffn 128, context 256, a byte-level BPE vocabulary of 256 byte tokens + a few merges +
+//! `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` (ids 0, 1, 2), SmolLM2's ChatML template, and
+//! Q8_0 / Q4_1 / F32 tensors with random but sane values (deterministic in `seed`).
+
+use std::path::Path;
+
+use crate::model::TensorType;
+use crate::tokenizer::byte_to_char_table;
+
+use super::gguf::{GgufWriter, Value};
+use super::quant;
+
+pub const TINY_HIDDEN: usize = 64;
+pub const TINY_HEADS: usize = 4;
+pub const TINY_KV_HEADS: usize = 2;
+pub const TINY_FFN: usize = 128;
+pub const TINY_LAYERS: usize = 2;
+pub const TINY_CONTEXT: usize = 256;
+
+/// SmolLM2-135M-Instruct's chat template.
+pub const SMOLLM_CHAT_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// Merges of the tiny vocabulary, in rank order (each side and the result are tokens).
+pub const TINY_MERGES: &[(&str, &str)] = &[
+    ("Ġ", "t"),
+    ("h", "e"),
+    ("Ġt", "he"),
+    ("i", "n"),
+    ("Ġ", "a"),
+    ("e", "r"),
+    ("o", "n"),
+    ("Ġ", "Ġ"),
+    ("l", "l"),
+    ("he", "ll"),
+    ("hell", "o"),
+    ("Ġ", "w"),
+];
+
+/// xorshift64*: a tiny deterministic generator.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [-1, 1).
+    fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// The tiny vocabulary: specials, 256 byte tokens, merge results.
+pub fn tiny_vocab() -> (Vec<String>, Vec<i32>, Vec<String>) {
+    let b2c = byte_to_char_table();
+    let mut tokens: Vec<String> = vec!["<|endoftext|>".into(), "<|im_start|>".into(), "<|im_end|>".into()];
+    let mut types = vec![3, 3, 3];
+    for c in b2c {
+        tokens.push(c.to_string());
+        types.push(1);
+    }
+    let mut merges = Vec::new();
+    for (a, b) in TINY_MERGES {
+        tokens.push(format!("{a}{b}"));
+        types.push(1);
+        merges.push(format!("{a} {b}"));
+    }
+    (tokens, types, merges)
+}
+
+/// Write the tiny llama GGUF to `path`. Same seed → same bytes.
+pub fn write_tiny_llama_gguf(path: &Path, seed: u64) -> std::io::Result<()> {
+    std::fs::write(path, tiny_llama_gguf_bytes(seed))
+}
+
+/// The tiny llama GGUF as bytes.
+pub fn tiny_llama_gguf_bytes(seed: u64) -> Vec<u8> {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let (tokens, types, merges) = tiny_vocab();
+    let n_vocab = tokens.len();
+    let mut w = GgufWriter::new();
+    let s = |x: &str| Value::String(x.to_string());
+    let u = |x: usize| Value::U32(x as u32);
+    w.kv("general.architecture", s("llama"))
+        .kv("general.name", s("tiny-llama"))
+        .kv("general.alignment", Value::U32(32))
+        .kv("llama.block_count", u(TINY_LAYERS))
+        .kv("llama.context_length", u(TINY_CONTEXT))
+        .kv("llama.embedding_length", u(TINY_HIDDEN))
+        .kv("llama.feed_forward_length", u(TINY_FFN))
+        .kv("llama.attention.head_count", u(TINY_HEADS))
+        .kv("llama.attention.head_count_kv", u(TINY_KV_HEADS))
+        .kv("llama.rope.freq_base", Value::F32(10000.0))
+        .kv("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5))
+        .kv("llama.vocab_size", u(n_vocab))
+        .kv("tokenizer.ggml.model", s("gpt2"))
+        .kv("tokenizer.ggml.pre", s("smollm"))
+        .kv("tokenizer.ggml.tokens", Value::Array(tokens.iter().map(|t| s(t)).collect()))
+        .kv("tokenizer.ggml.token_type", Value::Array(types.iter().map(|&t| Value::I32(t)).collect()))
+        .kv("tokenizer.ggml.merges", Value::Array(merges.iter().map(|m| s(m)).collect()))
+        .kv("tokenizer.ggml.bos_token_id", Value::U32(1))
+        .kv("tokenizer.ggml.eos_token_id", Value::U32(2))
+        .kv("tokenizer.ggml.padding_token_id", Value::U32(2))
+        .kv("tokenizer.ggml.add_bos_token", Value::Bool(false))
+        .kv("tokenizer.chat_template", s(SMOLLM_CHAT_TEMPLATE));
+
+    // Weights scaled like a trained model's: ~N(0, 1/sqrt(fan_in)).
+    let matrix = |rows: usize, cols: usize, rng: &mut Rng| -> Vec<f32> {
+        let scale = 1.7 / (cols as f32).sqrt();
+        (0..rows * cols).map(|_| rng.uniform() * scale).collect()
+    };
+    let norm = |n: usize, rng: &mut Rng| -> Vec<u8> {
+        quant::f32_bytes(&(0..n).map(|_| 1.0 + 0.1 * rng.uniform()).collect::<Vec<_>>())
+    };
+    let (h, q, kv, f) = (TINY_HIDDEN, TINY_HEADS * 16, TINY_KV_HEADS * 16, TINY_FFN);
+    // Token embedding: Q8_0 (as in SmolLM2's Q4_1 file). Tied output head.
+    let emb = matrix(n_vocab, h, &mut rng).iter().map(|x| x * 8.0).collect::<Vec<_>>();
+    let emb_q = quant::quantize_q8_0(&emb).unwrap_or_default();
+    w.tensor("token_embd.weight", &[h as u64, n_vocab as u64], TensorType::Q8_0, emb_q);
+    w.tensor("output_norm.weight", &[h as u64], TensorType::F32, norm(h, &mut rng));
+    for i in 0..TINY_LAYERS {
+        let name = |s: &str| format!("blk.{i}.{s}");
+        w.tensor(&name("attn_norm.weight"), &[h as u64], TensorType::F32, norm(h, &mut rng));
+        w.tensor(&name("ffn_norm.weight"), &[h as u64], TensorType::F32, norm(h, &mut rng));
+        for (t, rows, cols) in [
+            ("attn_q.weight", q, h),
+            ("attn_k.weight", kv, h),
+            ("attn_v.weight", kv, h),
+            ("attn_output.weight", h, q),
+            ("ffn_gate.weight", f, h),
+            ("ffn_up.weight", f, h),
+            ("ffn_down.weight", h, f),
+        ] {
+            let x = matrix(rows, cols, &mut rng);
+            // Alternate types so both quantized formats (and f32) are exercised.
+            let (ty, data) = match (i + t.len()) % 3 {
+                0 => (TensorType::Q8_0, quant::quantize_q8_0(&x).unwrap_or_default()),
+                1 => (TensorType::Q4_1, quant::quantize_q4_1(&x).unwrap_or_default()),
+                _ => (TensorType::F32, quant::f32_bytes(&x)),
+            };
+            w.tensor(&name(t), &[cols as u64, rows as u64], ty, data);
+        }
+    }
+    w.to_bytes()
+}

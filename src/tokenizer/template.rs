@@ -1,0 +1,310 @@
+//! Chat templates, rendered in Rust.
+//!
+//! Models ship a Jinja chat template (GGUF `tokenizer.chat_template`, HF `tokenizer_config.json`
+//! `chat_template`). We do not run Jinja at serve time: at build, [`ChatTemplate::from_jinja`] maps the
+//! source to one of a few families rendered exactly in Rust, then *verifies* the mapping by rendering
+//! a set of probe conversations with a Jinja engine (minijinja, configured like Hugging Face's:
+//! `trim_blocks`, `lstrip_blocks`) and with the family renderer, requiring identical text (and an
+//! error wherever Jinja raises). A template that no family reproduces is a build error, never a silent
+//! fallback.
+//!
+//! Families: ChatML (`<|im_start|>`, with an optional default system prompt inserted when the first
+//! message is not a system message: SmolLM2, Qwen2/2.5), Llama-3 (`<|start_header_id|>`), Mistral
+//! (`[INST]`), Gemma (`<start_of_turn>`).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::TokenizerError;
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: &str) -> Self {
+        ChatMessage { role: role.into(), content: content.into() }
+    }
+}
+
+/// A chat template family and its parameters; stored as `tokenizer/chat_template.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "family", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ChatTemplate {
+    /// `<|im_start|>{role}\n{content}<|im_end|>\n`; `default_system` is inserted first when the first
+    /// message is not `system` (SmolLM2, Qwen). Generation prompt `<|im_start|>assistant\n`.
+    Chatml { default_system: Option<String> },
+    /// `{bos}<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>` (Llama 3).
+    Llama3 { bos: String },
+    /// `{bos}[INST] {user} [/INST]{assistant}{eos}`, strictly alternating, user first (Mistral v0.1).
+    Mistral { bos: String, eos: String },
+    /// `{bos}<start_of_turn>{user|model}\n{content|trim}<end_of_turn>\n`, alternating, no system.
+    Gemma { bos: String },
+}
+
+fn role_err(role: &str) -> TokenizerError {
+    TokenizerError::UnknownRole(role.to_string())
+}
+
+impl ChatTemplate {
+    /// Load `tokenizer/chat_template.json`.
+    pub fn load(path: &Path) -> Result<ChatTemplate, TokenizerError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io { path: path.into(), source })?;
+        serde_json::from_str(&text).map_err(|e| TokenizerError::Format { path: path.into(), msg: e.to_string() })
+    }
+
+    /// Deterministic JSON text of this template description.
+    pub fn to_json(&self) -> String {
+        // Serializing a plain enum of strings cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Family name ("chatml", "llama3", "mistral", "gemma").
+    pub fn family(&self) -> &'static str {
+        match self {
+            ChatTemplate::Chatml { .. } => "chatml",
+            ChatTemplate::Llama3 { .. } => "llama3",
+            ChatTemplate::Mistral { .. } => "mistral",
+            ChatTemplate::Gemma { .. } => "gemma",
+        }
+    }
+
+    /// Render a conversation. Roles: system, user, assistant (Mistral/Gemma: user and assistant,
+    /// alternating, user first). Any other role is an error.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
+        let mut out = String::new();
+        match self {
+            ChatTemplate::Chatml { default_system } => {
+                for (i, m) in messages.iter().enumerate() {
+                    if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
+                        return Err(role_err(&m.role));
+                    }
+                    if i == 0 && m.role != "system" {
+                        if let Some(sys) = default_system {
+                            out.push_str(&format!("<|im_start|>system\n{sys}<|im_end|>\n"));
+                        }
+                    }
+                    out.push_str(&format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content));
+                }
+                if add_generation_prompt {
+                    out.push_str("<|im_start|>assistant\n");
+                }
+            }
+            ChatTemplate::Llama3 { bos } => {
+                for (i, m) in messages.iter().enumerate() {
+                    if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
+                        return Err(role_err(&m.role));
+                    }
+                    if i == 0 {
+                        out.push_str(bos);
+                    }
+                    out.push_str(&format!(
+                        "<|start_header_id|>{}<|end_header_id|>\n\n{}<|eot_id|>",
+                        m.role,
+                        m.content.trim()
+                    ));
+                }
+                if add_generation_prompt {
+                    out.push_str("<|start_header_id|>assistant<|end_header_id|>\n\n");
+                }
+            }
+            ChatTemplate::Mistral { bos, eos } => {
+                out.push_str(bos);
+                for (i, m) in messages.iter().enumerate() {
+                    check_alternation(i, &m.role)?;
+                    if m.role == "user" {
+                        out.push_str(&format!("[INST] {} [/INST]", m.content));
+                    } else {
+                        out.push_str(&m.content);
+                        out.push_str(eos);
+                    }
+                }
+            }
+            ChatTemplate::Gemma { bos } => {
+                out.push_str(bos);
+                for (i, m) in messages.iter().enumerate() {
+                    check_alternation(i, &m.role)?;
+                    let role = if m.role == "assistant" { "model" } else { "user" };
+                    out.push_str(&format!("<start_of_turn>{role}\n{}<end_of_turn>\n", m.content.trim()));
+                }
+                if add_generation_prompt {
+                    out.push_str("<start_of_turn>model\n");
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Recognise a Jinja chat template and verify that a family reproduces it exactly.
+    /// `bos_token`/`eos_token` are the texts the template sees as `bos_token`/`eos_token`.
+    pub fn from_jinja(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, TokenizerError> {
+        let jinja = JinjaProbe::new(source, bos_token, eos_token);
+        let mut candidates = Vec::new();
+        if source.contains("<|im_start|>") {
+            // The default system prompt, if any, is what the template puts before a lone user turn.
+            let first = jinja.render(&[ChatMessage::new("user", "Hello")], false);
+            let default_system = first
+                .ok()
+                .and_then(|s| s.strip_prefix("<|im_start|>system\n").map(str::to_owned))
+                .and_then(|s| s.split_once("<|im_end|>").map(|(sys, _)| sys.to_owned()));
+            candidates.push(ChatTemplate::Chatml { default_system });
+        }
+        if source.contains("<|start_header_id|>") {
+            candidates.push(ChatTemplate::Llama3 { bos: bos_token.into() });
+        }
+        if source.contains("[INST]") {
+            candidates.push(ChatTemplate::Mistral { bos: bos_token.into(), eos: eos_token.into() });
+        }
+        if source.contains("<start_of_turn>") {
+            candidates.push(ChatTemplate::Gemma { bos: bos_token.into() });
+        }
+        if candidates.is_empty() {
+            return Err(TokenizerError::Template(
+                "chat template not recognised (no ChatML, Llama-3, Mistral or Gemma markers)".into(),
+            ));
+        }
+        let mut why = Vec::new();
+        for c in candidates {
+            match jinja.verify(&c) {
+                Ok(()) => return Ok(c),
+                Err(e) => why.push(format!("{}: {e}", c.family())),
+            }
+        }
+        Err(TokenizerError::Template(format!(
+            "chat template not reproduced by any supported family ({})",
+            why.join("; ")
+        )))
+    }
+}
+
+fn check_alternation(i: usize, role: &str) -> Result<(), TokenizerError> {
+    match role {
+        "user" | "assistant" => {}
+        other => return Err(role_err(other)),
+    }
+    if (role == "user") != (i % 2 == 0) {
+        return Err(TokenizerError::Template(format!(
+            "conversation roles must alternate user/assistant/user/... (message {i} is {role})"
+        )));
+    }
+    Ok(())
+}
+
+/// The Jinja side of verification.
+struct JinjaProbe<'a> {
+    env: minijinja::Environment<'a>,
+    bos: &'a str,
+    eos: &'a str,
+}
+
+impl<'a> JinjaProbe<'a> {
+    fn new(source: &'a str, bos: &'a str, eos: &'a str) -> Self {
+        let mut env = minijinja::Environment::new();
+        // Hugging Face renders chat templates with trim_blocks and lstrip_blocks.
+        if let Ok(syntax) = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build() {
+            env.set_syntax(syntax);
+        }
+        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
+        // A template that does not compile fails every probe (reported by `verify`).
+        let _ = env.add_template("chat", source);
+        JinjaProbe { env, bos, eos }
+    }
+
+    fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, String> {
+        let t = self.env.get_template("chat").map_err(|e| format!("template does not compile: {e}"))?;
+        let messages: Vec<minijinja::Value> = messages
+            .iter()
+            .map(|m| minijinja::context! { role => m.role.clone(), content => m.content.clone() })
+            .collect();
+        t.render(minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos,
+            eos_token => self.eos,
+        })
+        .map_err(|e| e.to_string())
+    }
+
+    fn verify(&self, family: &ChatTemplate) -> Result<(), String> {
+        let m = ChatMessage::new;
+        let probes: Vec<(Vec<ChatMessage>, bool)> = vec![
+            (vec![m("user", "Hello")], true),
+            (vec![m("user", "Hello")], false),
+            (vec![m("system", "Be brief."), m("user", "Hi there")], true),
+            (vec![m("user", "Hi"), m("assistant", "Hello! How can I help?"), m("user", "Tell me more.")], true),
+            (vec![m("user", "Hi"), m("assistant", "Hello!")], false),
+            (vec![m("system", "S"), m("user", "a"), m("assistant", "b"), m("user", "c")], true),
+            (vec![m("user", "  spaced out \n"), m("assistant", "\n ok ")], true),
+            (vec![m("user", "ünïcödé 中文 😀")], true),
+        ];
+        for (i, (msgs, gen)) in probes.iter().enumerate() {
+            let want = self.render(msgs, *gen);
+            let got = family.render(msgs, *gen);
+            match (want, got) {
+                (Ok(w), Ok(g)) if w == g => {}
+                (Ok(w), Ok(g)) => return Err(format!("probe {i} renders {g:?}, Jinja renders {w:?}")),
+                (Err(_), Err(_)) => {}
+                (Ok(w), Err(e)) => return Err(format!("probe {i}: family errors ({e}) where Jinja renders {w:?}")),
+                (Err(e), Ok(_)) => {
+                    if e.contains("does not compile") {
+                        return Err(e);
+                    }
+                    return Err(format!("probe {i}: Jinja raises ({e}) where the family renders"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMOLLM: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+    const LLAMA3: &str = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+    const MISTRAL: &str = "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
+    const GEMMA: &str = "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}";
+    const QWEN2: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn recognises_families() {
+        let t = ChatTemplate::from_jinja(SMOLLM, "<|im_start|>", "<|im_end|>").unwrap();
+        assert_eq!(
+            t,
+            ChatTemplate::Chatml {
+                default_system: Some("You are a helpful AI assistant named SmolLM, trained by Hugging Face".into())
+            }
+        );
+        let t = ChatTemplate::from_jinja(QWEN2, "", "<|im_end|>").unwrap();
+        assert_eq!(t, ChatTemplate::Chatml { default_system: Some("You are a helpful assistant.".into()) });
+        let t = ChatTemplate::from_jinja(LLAMA3, "<|begin_of_text|>", "<|eot_id|>").unwrap();
+        assert_eq!(t.family(), "llama3");
+        let t = ChatTemplate::from_jinja(MISTRAL, "<s>", "</s>").unwrap();
+        assert_eq!(t.family(), "mistral");
+        let t = ChatTemplate::from_jinja(GEMMA, "<bos>", "<eos>").unwrap();
+        assert_eq!(t.family(), "gemma");
+    }
+
+    #[test]
+    fn rejects_unknown_and_near_miss() {
+        assert!(ChatTemplate::from_jinja("{{ messages[0]['content'] }}", "", "").is_err());
+        // ChatML marker but a different layout: must not silently become ChatML.
+        let odd = SMOLLM.replace("'\\n' + message['content']", "': ' + message['content']");
+        let odd = odd.replace("+ '\n' + message['content']", "+ ': ' + message['content']");
+        assert!(ChatTemplate::from_jinja(&odd, "", "").is_err());
+    }
+
+    #[test]
+    fn unknown_role_is_an_error() {
+        let t = ChatTemplate::Chatml { default_system: None };
+        assert!(matches!(t.render(&[ChatMessage::new("tool", "x")], true), Err(TokenizerError::UnknownRole(_))));
+    }
+}
