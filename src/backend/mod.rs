@@ -1,1 +1,194 @@
-//! backend (in progress)
+//! Compute backends: one trait ([`Backend`]), one module per backend.
+//!
+//! The engine ([`crate::engine`]) is written once against [`Backend`] and instantiated per backend;
+//! the choice is made once, at load, by [`BackendKind`] (the engine keeps one enum variant per
+//! backend and dispatches a whole forward pass through it, never per op).
+//!
+//! Design points that keep the trait usable for GPUs later (CUDA via precompiled PTX, WGSL via wgpu):
+//! - Weights are registered once ([`Backend::weight`]) and referred to by a [`WeightId`] handle. The
+//!   CPU backend maps them straight from the bundle's memory map (no copy); a GPU backend uploads them.
+//! - Activations live in backend-owned buffers ([`Backend::Buf`]), row-major `(rows, cols)` f32;
+//!   only [`Backend::read`] / [`Backend::write`] cross the host boundary.
+//! - The KV cache of one sequence is backend storage too ([`Backend::Kv`]).
+//! - Every op is batched over rows: one pass over a weight matrix serves every row of the batch
+//!   (prefill chunks and several decoding sequences alike).
+//!
+//! `cpu` is always compiled; `cuda` and `wgpu` are stubs ([`disabled`]) that say "not compiled in".
+
+pub mod cpu;
+pub mod disabled;
+
+use crate::model::{ModelError, RopeScaling, TensorType};
+
+/// Errors from a backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    #[error("backend {backend} not compiled in; rebuild with `--features {backend}` or use the cpu backend")]
+    NotCompiledIn { backend: &'static str },
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("tensor {name}: {msg}")]
+    Tensor { name: String, msg: String },
+    #[error("backend setup: {0}")]
+    Setup(String),
+}
+
+/// Which backend to run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendKind {
+    #[default]
+    Cpu,
+    Cuda,
+    Wgpu,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Wgpu => "wgpu",
+        }
+    }
+}
+
+/// Handle to a weight tensor registered with a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WeightId(pub(crate) u32);
+
+/// Logical description of a registered weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WeightInfo {
+    pub ty: TensorType,
+    /// Rows (output features) for matrices, 1 for vectors.
+    pub rows: usize,
+    /// Columns (input features) for matrices, length for vectors.
+    pub cols: usize,
+}
+
+/// Rotary embedding parameters (llama.cpp "normal" mode: rotate adjacent pairs `(2i, 2i+1)`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeParams {
+    /// Rotated dimensions per head (= head_dim for Llama).
+    pub n_dims: usize,
+    pub theta: f32,
+    pub scaling: RopeScaling,
+}
+
+/// What the rope kernels need, computed like llama.cpp (`ggml_rope_cache_init`): for pair `i`,
+/// `angle = freq_scale * (pos · theta_scale^i) / factors[i]`, the power built up by repeated f32
+/// multiplication starting from `pos`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeTable {
+    pub n_dims: usize,
+    /// `base^(-2/n_dims)`.
+    pub theta_scale: f32,
+    /// `1/factor` for linear scaling, else 1.
+    pub freq_scale: f32,
+    /// Per-pair divisors `(n_dims/2)` (llama3 scaling; all 1 otherwise).
+    pub factors: Vec<f32>,
+}
+
+impl RopeParams {
+    pub fn table(&self) -> RopeTable {
+        let half = self.n_dims / 2;
+        let theta_scale = self.theta.powf(-2.0 / self.n_dims as f32);
+        let mut freq_scale = 1.0;
+        let mut factors = vec![1.0f32; half];
+        match &self.scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => freq_scale = 1.0 / factor,
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                // As llama.cpp's converter writes `rope_freqs.weight` (and Meta's reference): long
+                // wavelengths divided by `factor`, short ones kept, the band between interpolated.
+                let old = *original_max_position_embeddings as f32;
+                let low_wavelen = old / low_freq_factor;
+                let high_wavelen = old / high_freq_factor;
+                for (i, f) in factors.iter_mut().enumerate() {
+                    let freq = 1.0 / self.theta.powf((2 * i) as f32 / self.n_dims as f32);
+                    let wavelen = 2.0 * std::f32::consts::PI / freq;
+                    *f = if wavelen < high_wavelen {
+                        1.0
+                    } else if wavelen > low_wavelen {
+                        *factor
+                    } else {
+                        let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        1.0 / ((1.0 - smooth) / factor + smooth)
+                    };
+                }
+            }
+        }
+        RopeTable { n_dims: self.n_dims, theta_scale, freq_scale, factors }
+    }
+}
+
+/// One sequence's part of a batched attention call: query rows `row0..row0+n_rows` of the batch sit
+/// at positions `pos0..pos0+n_rows` of the sequence, whose KV cache (already holding these rows)
+/// is `kv`.
+pub struct AttnSeg<'a, K> {
+    pub kv: &'a K,
+    pub row0: usize,
+    pub n_rows: usize,
+    pub pos0: usize,
+}
+
+/// Shape of the attention for one layer.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// The ops the Llama forward pass needs. All buffers are row-major f32 `(rows, cols)`.
+pub trait Backend: Send {
+    /// An activation buffer in backend memory.
+    type Buf: Send;
+    /// One sequence's KV cache (all layers).
+    type Kv: Send;
+
+    fn name(&self) -> &'static str;
+    /// Register (map or upload) the named tensor once; later ops refer to it by id.
+    fn weight(&mut self, name: &str) -> Result<WeightId, BackendError>;
+    fn weight_info(&self, w: WeightId) -> WeightInfo;
+
+    /// A zeroed buffer of `len` f32.
+    fn alloc(&self, len: usize) -> Self::Buf;
+    /// Copy `len` values from the start of `buf` to the host.
+    fn read(&self, buf: &Self::Buf, len: usize) -> Vec<f32>;
+    /// Copy host values to the start of `buf`.
+    fn write(&self, buf: &mut Self::Buf, data: &[f32]);
+
+    /// `out (tokens, cols) = table[tokens]`, dequantized rows of an embedding table.
+    fn embed(&self, table: WeightId, tokens: &[u32], out: &mut Self::Buf);
+    /// For each `(w, out)`: `out (n, w.rows) = x (n, w.cols) · wᵀ`. Several matrices sharing one input
+    /// (Q/K/V, gate/up) go in one call so the input is prepared (quantized) once.
+    fn matmul(&self, x: &Self::Buf, n: usize, outs: &mut [(WeightId, &mut Self::Buf)]);
+    /// `x (n, b.cols) += b` broadcast over rows.
+    fn add_bias(&self, x: &mut Self::Buf, n: usize, b: WeightId);
+    /// `out (n, w.cols) = x / rms(x) * w` per row.
+    fn rms_norm(&self, x: &Self::Buf, n: usize, w: WeightId, eps: f32, out: &mut Self::Buf);
+    /// `out (positions.len(), n_dims)`: interleaved `(cos, sin)` per pair, computed once per forward.
+    fn rope_cache(&self, positions: &[u32], table: &RopeTable, out: &mut Self::Buf);
+    /// Rotate the first `n_dims` of each head of `x (n, n_heads*head_dim)` in place, row i with
+    /// row i of `cache`.
+    fn rope(&self, x: &mut Self::Buf, n: usize, n_heads: usize, head_dim: usize, cache: &Self::Buf, n_dims: usize);
+    /// `x (n, cols) += y`.
+    fn add(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
+    /// `gate = silu(gate) * up`, first `len` values.
+    fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize);
+    /// `out (idx.len(), cols) = x[idx]`.
+    fn gather_rows(&self, x: &Self::Buf, cols: usize, idx: &[usize], out: &mut Self::Buf);
+
+    /// A new, empty KV cache for `n_layers` layers of `kv_dim` keys and values per position.
+    fn kv_new(&self, n_layers: usize, kv_dim: usize) -> Self::Kv;
+    /// Write rows `row0..row0+n` of `k` and `v` `(·, kv_dim)` at positions `pos0..pos0+n` of layer
+    /// `layer`, growing the cache as needed.
+    #[allow(clippy::too_many_arguments)]
+    fn kv_write(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, row0: usize, n: usize, pos0: usize);
+    /// Drop positions from `len` on (keeps allocation).
+    fn kv_truncate(&self, kv: &mut Self::Kv, len: usize);
+    /// Causal grouped-query attention for every segment: `out (rows, n_heads*head_dim)`.
+    fn attention(&self, layer: usize, q: &Self::Buf, segs: &[AttnSeg<'_, Self::Kv>], shape: AttnShape, out: &mut Self::Buf);
+}

@@ -1,1 +1,378 @@
-//! sampling (in progress)
+//! Samplers and token masks.
+//!
+//! Order of operations (llama.cpp's common default chain, restricted to what we support):
+//! mask → penalties (repetition, frequency, presence) → greedy if `temperature == 0`, else
+//! top-k → top-p → min-p → temperature → seeded draw. Greedy ties break to the lowest id.
+//! Same params and seed, same inputs → same output.
+
+use serde::Deserialize;
+
+/// Sampling settings. `Default` is greedy with no penalties.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// Keep the k most likely tokens; 0 = off.
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches `top_p`; 1 = off.
+    pub top_p: f32,
+    /// Drop tokens whose probability is below `min_p` × the top probability; 0 = off.
+    pub min_p: f32,
+    /// CTRL-style: logits of tokens in the history divided (if > 0) or multiplied (if < 0); 1 = off.
+    pub repetition_penalty: f32,
+    /// Subtract `frequency_penalty × count` of each token in the history; 0 = off.
+    pub frequency_penalty: f32,
+    /// Subtract `presence_penalty` once for each token present in the history; 0 = off.
+    pub presence_penalty: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+/// Allowed-token bitset over a vocabulary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenMask {
+    bits: Vec<u64>,
+    vocab: usize,
+}
+
+impl TokenMask {
+    /// Every token allowed.
+    pub fn new_all(vocab: usize) -> Self {
+        let mut bits = vec![u64::MAX; vocab.div_ceil(64)];
+        if vocab % 64 != 0 {
+            if let Some(last) = bits.last_mut() {
+                *last = (1u64 << (vocab % 64)) - 1;
+            }
+        }
+        TokenMask { bits, vocab }
+    }
+
+    /// No token allowed.
+    pub fn new_none(vocab: usize) -> Self {
+        TokenMask { bits: vec![0; vocab.div_ceil(64)], vocab }
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Allow `token` (ignored when out of range).
+    pub fn allow(&mut self, token: u32) {
+        let t = token as usize;
+        if t < self.vocab {
+            self.bits[t / 64] |= 1 << (t % 64);
+        }
+    }
+
+    /// Disallow `token` (ignored when out of range).
+    pub fn disallow(&mut self, token: u32) {
+        let t = token as usize;
+        if t < self.vocab {
+            self.bits[t / 64] &= !(1 << (t % 64));
+        }
+    }
+
+    pub fn is_allowed(&self, token: u32) -> bool {
+        let t = token as usize;
+        t < self.vocab && self.bits[t / 64] >> (t % 64) & 1 == 1
+    }
+
+    /// Keep only tokens allowed by both (vocabularies may differ: the result has ours).
+    pub fn intersect_with(&mut self, other: &TokenMask) {
+        for (i, b) in self.bits.iter_mut().enumerate() {
+            *b &= other.bits.get(i).copied().unwrap_or(0);
+        }
+    }
+
+    /// Number of allowed tokens.
+    pub fn count(&self) -> usize {
+        self.bits.iter().map(|b| b.count_ones() as usize).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bits.iter().all(|&b| b == 0)
+    }
+
+    /// Set the logits of disallowed tokens to -inf (logits beyond the mask's vocab too).
+    pub fn apply(&self, logits: &mut [f32]) {
+        for (i, chunk) in logits.chunks_mut(64).enumerate() {
+            let word = self.bits.get(i).copied().unwrap_or(0);
+            if word == u64::MAX {
+                continue;
+            }
+            for (j, l) in chunk.iter_mut().enumerate() {
+                if word >> j & 1 == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+}
+
+/// A small, seedable PRNG (xoshiro256**, seeded through splitmix64).
+#[derive(Debug, Clone)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        let mut z = seed;
+        let mut next = || {
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^ (x >> 31)
+        };
+        Rng { s: [next(), next(), next(), next()] }
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let r = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = self.s[1] << 17;
+        self.s[2] ^= self.s[0];
+        self.s[3] ^= self.s[1];
+        self.s[1] ^= self.s[2];
+        self.s[0] ^= self.s[3];
+        self.s[2] ^= t;
+        self.s[3] = self.s[3].rotate_left(45);
+        r
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A sampler: its parameters plus the RNG state.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    p: SamplingParams,
+    rng: Rng,
+    /// Scratch: (token, logit) candidates.
+    cand: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    pub fn new(p: SamplingParams) -> Self {
+        let rng = Rng::new(p.seed);
+        Sampler { p, rng, cand: Vec::new() }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.p
+    }
+
+    /// Pick the next token. `logits` are modified in place (mask, penalties). `history` holds the
+    /// tokens penalties look at (prompt and generated so far). None when the mask allows nothing.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32], mask: Option<&TokenMask>) -> Option<u32> {
+        if let Some(m) = mask {
+            m.apply(logits);
+        }
+        self.apply_penalties(logits, history);
+        if self.p.temperature <= 0.0 {
+            return greedy(logits);
+        }
+        // Candidates: every finite logit, sorted by logit descending, ties to the lower id.
+        let cand = &mut self.cand;
+        cand.clear();
+        cand.extend(logits.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(i, &l)| (i as u32, l)));
+        if cand.is_empty() {
+            return None;
+        }
+        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let k = if self.p.top_k > 0 { self.p.top_k.min(cand.len()) } else { cand.len() };
+        if k < cand.len() {
+            cand.select_nth_unstable_by(k - 1, by_logit);
+            cand.truncate(k);
+        }
+        cand.sort_unstable_by(by_logit);
+        // Probabilities at temperature 1 for top-p / min-p (as llama.cpp, which filters before
+        // temperature in its default chain).
+        let max = cand[0].1;
+        let mut probs: Vec<f64> = cand.iter().map(|&(_, l)| ((l - max) as f64).exp()).collect();
+        let sum: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= sum);
+        let mut keep = cand.len();
+        if self.p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (i, p) in probs.iter().enumerate() {
+                acc += p;
+                if acc >= self.p.top_p as f64 {
+                    keep = keep.min(i + 1);
+                    break;
+                }
+            }
+        }
+        if self.p.min_p > 0.0 {
+            let thr = probs[0] * self.p.min_p as f64;
+            let n = probs.iter().take_while(|&&p| p >= thr).count().max(1);
+            keep = keep.min(n);
+        }
+        cand.truncate(keep);
+        // Temperature, then draw.
+        let t = self.p.temperature;
+        let w: Vec<f64> = cand.iter().map(|&(_, l)| (((l - max) / t) as f64).exp()).collect();
+        let total: f64 = w.iter().sum();
+        let mut r = self.rng.next_f64() * total;
+        for (&(id, _), wi) in cand.iter().zip(&w) {
+            if r < *wi {
+                return Some(id);
+            }
+            r -= wi;
+        }
+        cand.last().map(|c| c.0)
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
+        let p = &self.p;
+        if history.is_empty() || (p.repetition_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0) {
+            return;
+        }
+        let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+        for &t in history {
+            *counts.entry(t).or_insert(0) += 1;
+        }
+        for (&t, &n) in &counts {
+            let Some(l) = logits.get_mut(t as usize) else { continue };
+            if !l.is_finite() {
+                continue;
+            }
+            if p.repetition_penalty != 1.0 && p.repetition_penalty > 0.0 {
+                *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+            }
+            *l -= n as f32 * p.frequency_penalty + if n > 0 { p.presence_penalty } else { 0.0 };
+        }
+    }
+}
+
+/// Index of the largest finite logit, ties to the lowest id; None if none is finite.
+pub fn greedy(logits: &[f32]) -> Option<u32> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() || l == f32::NEG_INFINITY {
+            continue;
+        }
+        if best.is_none_or(|(_, b)| l > b) {
+            best = Some((i, l));
+        }
+    }
+    best.map(|(i, _)| i as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(t: f32) -> SamplingParams {
+        SamplingParams { temperature: t, ..Default::default() }
+    }
+
+    #[test]
+    fn greedy_ties_break_low() {
+        let mut l = vec![1.0, 3.0, 3.0, 2.0];
+        assert_eq!(Sampler::new(params(0.0)).sample(&mut l, &[], None), Some(1));
+    }
+
+    #[test]
+    fn mask_restricts_and_empty_mask_gives_none() {
+        let mut m = TokenMask::new_none(70);
+        m.allow(66);
+        m.allow(3);
+        let mut l: Vec<f32> = (0..70).map(|i| i as f32).collect();
+        assert_eq!(Sampler::new(params(0.0)).sample(&mut l.clone(), &[], Some(&m)), Some(66));
+        let mut other = TokenMask::new_all(70);
+        other.disallow(66);
+        m.intersect_with(&other);
+        assert!(m.is_allowed(3) && !m.is_allowed(66) && m.count() == 1);
+        assert_eq!(Sampler::new(params(0.7)).sample(&mut l, &[], Some(&m)), Some(3));
+        let none = TokenMask::new_none(70);
+        let mut l2 = vec![0.0; 70];
+        assert_eq!(Sampler::new(params(1.0)).sample(&mut l2, &[], Some(&none)), None);
+        assert_eq!(Sampler::new(params(0.0)).sample(&mut vec![0.0; 70], &[], Some(&none)), None);
+    }
+
+    #[test]
+    fn new_all_covers_exactly_vocab() {
+        let m = TokenMask::new_all(65);
+        assert_eq!(m.count(), 65);
+        assert!(m.is_allowed(64) && !m.is_allowed(65));
+        let mut l = vec![0.0f32; 66];
+        m.apply(&mut l);
+        assert_eq!(l[65], f32::NEG_INFINITY);
+        assert_eq!(l[64], 0.0);
+    }
+
+    #[test]
+    fn same_seed_same_draws_and_distribution_follows_probs() {
+        let logits: Vec<f32> = vec![0.0, (2.0f32).ln(), (3.0f32).ln(), f32::NEG_INFINITY];
+        let p = SamplingParams { temperature: 1.0, seed: 42, ..Default::default() };
+        let run = |p: &SamplingParams| {
+            let mut s = Sampler::new(p.clone());
+            (0..3000).map(|_| s.sample(&mut logits.clone(), &[], None).unwrap_or(99)).collect::<Vec<_>>()
+        };
+        let a = run(&p);
+        assert_eq!(a, run(&p));
+        let mut counts = [0usize; 4];
+        a.iter().for_each(|&t| counts[t as usize] += 1);
+        assert_eq!(counts[3], 0);
+        let f = |i: usize| counts[i] as f64 / 3000.0;
+        assert!((f(0) - 1.0 / 6.0).abs() < 0.03 && (f(2) - 0.5).abs() < 0.03, "{counts:?}");
+        let other = run(&SamplingParams { seed: 43, ..p });
+        assert_ne!(a, other);
+    }
+
+    #[test]
+    fn top_k_top_p_min_p_cut_the_tail() {
+        let logits: Vec<f32> = vec![5.0, 4.0, 3.0, 0.0, -1.0];
+        let draws = |p: SamplingParams| {
+            let mut s = Sampler::new(p);
+            let mut seen = std::collections::BTreeSet::new();
+            for _ in 0..500 {
+                seen.insert(s.sample(&mut logits.clone(), &[], None).unwrap_or(99));
+            }
+            seen.into_iter().collect::<Vec<_>>()
+        };
+        assert_eq!(draws(SamplingParams { temperature: 5.0, top_k: 2, ..Default::default() }), vec![0, 1]);
+        // p(0) ≈ 0.66, p(0)+p(1) ≈ 0.90
+        assert_eq!(draws(SamplingParams { temperature: 5.0, top_p: 0.8, ..Default::default() }), vec![0, 1]);
+        // min_p 0.2: p(2)/p(0) = e^-2 ≈ 0.135 is cut
+        assert_eq!(draws(SamplingParams { temperature: 5.0, min_p: 0.2, ..Default::default() }), vec![0, 1]);
+    }
+
+    #[test]
+    fn penalties() {
+        let p = SamplingParams { repetition_penalty: 2.0, frequency_penalty: 0.5, presence_penalty: 0.25, ..Default::default() };
+        let s = Sampler::new(p);
+        let mut l = vec![4.0, -2.0, 1.0];
+        s.apply_penalties(&mut l, &[0, 0, 1]);
+        assert_eq!(l, vec![4.0 / 2.0 - 1.0 - 0.25, -4.0 - 0.5 - 0.25, 1.0]);
+        // greedy honours penalties: token 0 would win without them
+        let mut s = Sampler::new(SamplingParams { presence_penalty: 10.0, ..Default::default() });
+        assert_eq!(s.sample(&mut vec![4.0, 3.0], &[0], None), Some(1));
+    }
+
+    #[test]
+    fn params_deserialize_with_defaults() {
+        let p: SamplingParams = serde_json::from_str(r#"{"temperature":0.7,"top_k":40}"#).unwrap_or_default();
+        assert_eq!(p.temperature, 0.7);
+        assert_eq!(p.top_p, 1.0);
+    }
+}

@@ -1,0 +1,326 @@
+//! The CPU backend: weights read straight from the bundle's memory map, activations in `Vec<f32>`,
+//! a private rayon pool (persistent threads; one parallel region per op, work split along output
+//! rows), dot kernels picked once at start-up by runtime CPU feature detection ([`kernels`]).
+//!
+//! The plain reference kernels live in [`quant`]; SIMD variants in `x86.rs` / `neon.rs` are tested
+//! against them.
+
+pub mod kernels;
+mod ops;
+pub mod quant;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+
+use std::cell::RefCell;
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use super::{AttnSeg, AttnShape, Backend, BackendError, RopeTable, WeightId, WeightInfo};
+use crate::model::{TensorType, TensorView, Weights};
+use kernels::Kernels;
+use quant::Q8Act;
+
+/// One sequence's KV cache: per layer, `(positions, kv_dim)` keys and values.
+///
+/// Stored as f32 holding f16-rounded values: the same numbers as llama.cpp's default f16 cache,
+/// at twice the memory (deviation, see engine docs; an f16 store is a later optimisation).
+#[derive(Debug, Default)]
+pub struct CpuKv {
+    kv_dim: usize,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+impl CpuKv {
+    /// Positions held in `layer`.
+    pub fn len(&self, layer: usize) -> usize {
+        self.k.get(layer).map_or(0, |k| k.len() / self.kv_dim.max(1))
+    }
+}
+
+struct Registered {
+    name: String,
+    info: WeightInfo,
+}
+
+#[derive(Default)]
+struct Scratch {
+    q8: Q8Act,
+    /// Per-output staging for batched (n > 1) matmuls, `(chunks, n, chunk_rows)`.
+    stage: Vec<Vec<f32>>,
+}
+
+pub struct CpuBackend {
+    weights: Weights,
+    registered: Vec<Registered>,
+    pool: std::sync::Arc<rayon::ThreadPool>,
+    threads: usize,
+    kernels: Kernels,
+    scratch: RefCell<Scratch>,
+}
+
+impl CpuBackend {
+    /// Map `weights_path` and start `threads` workers (0 = one per available core).
+    pub fn open(weights_path: &Path, threads: usize) -> Result<CpuBackend, BackendError> {
+        let weights = Weights::open(weights_path)?;
+        let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("applianced-cpu-{i}"))
+            .build()
+            .map_err(|e| BackendError::Setup(format!("cannot start {threads} CPU threads: {e}")))?;
+        Ok(CpuBackend {
+            weights,
+            registered: Vec::new(),
+            pool: std::sync::Arc::new(pool),
+            threads,
+            kernels: Kernels::detect(),
+            scratch: RefCell::new(Scratch::default()),
+        })
+    }
+
+    /// Name of the dot-kernel set in use (`avx512vnni`, `avx2`, `neon`, `scalar`).
+    pub fn kernel_name(&self) -> &'static str {
+        self.kernels.name
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// This backend's thread pool: run a whole forward step inside it (`pool.install`) so each op's
+    /// parallel region starts on a worker.
+    pub fn pool(&self) -> std::sync::Arc<rayon::ThreadPool> {
+        self.pool.clone()
+    }
+
+    /// Force the plain reference kernels (tests).
+    pub fn use_reference_kernels(&mut self) {
+        self.kernels = Kernels::reference();
+    }
+
+    fn view(&self, w: WeightId) -> TensorView<'_> {
+        let r = &self.registered[w.0 as usize];
+        // Invariant: only names that resolved in `weight()` are registered, and the map is immutable.
+        match self.weights.get(&r.name) {
+            Some(v) => v,
+            None => unreachable!("registered weight {} vanished from the map", r.name),
+        }
+    }
+
+    /// Output rows per parallel task: enough tasks to balance the pool, few enough to keep the
+    /// per-task overhead small.
+    fn chunk_rows(&self, rows: usize, total_rows: usize) -> usize {
+        let tasks = (self.threads * 4).max(1);
+        let per = total_rows.div_ceil(tasks).max(16);
+        per.min(rows).max(1)
+    }
+}
+
+/// Compute `out[t*len + r] = w_row(r0 + r) · x_t` for `r < len`, `t < n` into `out`.
+fn matmul_rows(k: &Kernels, view: &TensorView<'_>, info: &WeightInfo, xf: &[f32], q8: &Q8Act, n: usize, r0: usize, out: &mut [f32]) {
+    let len = out.len() / n.max(1);
+    let rb = info.ty.row_bytes(info.cols).unwrap_or(0);
+    let data = &view.data[r0 * rb..(r0 + len) * rb];
+    let dot = match info.ty {
+        TensorType::Q4_0 => Some(k.q4_0),
+        TensorType::Q4_1 => Some(k.q4_1),
+        TensorType::Q8_0 => Some(k.q8_0),
+        _ => None,
+    };
+    if let Some(dot) = dot {
+        for (r, wrow) in data.chunks_exact(rb).enumerate() {
+            for t in 0..n {
+                let (qs, d, s) = q8.row(t);
+                out[t * len + r] = dot(wrow, qs, d, s);
+            }
+        }
+    } else {
+        let cols = info.cols;
+        let mut tmp = vec![0.0f32; cols];
+        for (r, wrow) in data.chunks_exact(rb).enumerate() {
+            quant::dequantize_row(info.ty, wrow, &mut tmp);
+            for t in 0..n {
+                out[t * len + r] = (k.dot_f32)(&tmp, &xf[t * cols..(t + 1) * cols]);
+            }
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    type Buf = Vec<f32>;
+    type Kv = CpuKv;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn weight(&mut self, name: &str) -> Result<WeightId, BackendError> {
+        if let Some(i) = self.registered.iter().position(|r| r.name == name) {
+            return Ok(WeightId(i as u32));
+        }
+        let v = self.weights.require(name)?;
+        let (rows, cols) = (v.rows(), v.cols());
+        if v.ty.row_bytes(cols).is_none() {
+            return Err(BackendError::Tensor { name: name.into(), msg: format!("{cols} columns are not whole {} blocks", v.ty.name()) });
+        }
+        let info = WeightInfo { ty: v.ty, rows, cols };
+        self.registered.push(Registered { name: name.into(), info });
+        Ok(WeightId(self.registered.len() as u32 - 1))
+    }
+
+    fn weight_info(&self, w: WeightId) -> WeightInfo {
+        self.registered[w.0 as usize].info
+    }
+
+    fn alloc(&self, len: usize) -> Vec<f32> {
+        vec![0.0; len]
+    }
+
+    fn read(&self, buf: &Vec<f32>, len: usize) -> Vec<f32> {
+        buf[..len].to_vec()
+    }
+
+    fn write(&self, buf: &mut Vec<f32>, data: &[f32]) {
+        buf[..data.len()].copy_from_slice(data);
+    }
+
+    fn embed(&self, table: WeightId, tokens: &[u32], out: &mut Vec<f32>) {
+        let info = self.weight_info(table);
+        let view = self.view(table);
+        let rb = info.ty.row_bytes(info.cols).unwrap_or(0);
+        for (o, &t) in out.chunks_exact_mut(info.cols).zip(tokens) {
+            let t = t as usize;
+            quant::dequantize_row(info.ty, &view.data[t * rb..(t + 1) * rb], o);
+        }
+    }
+
+    fn matmul(&self, x: &Vec<f32>, n: usize, outs: &mut [(WeightId, &mut Vec<f32>)]) {
+        if outs.is_empty() || n == 0 {
+            return;
+        }
+        let cols = self.weight_info(outs[0].0).cols;
+        let mut scratch = self.scratch.borrow_mut();
+        let Scratch { q8, stage } = &mut *scratch;
+        if outs.iter().any(|(w, _)| matches!(self.weight_info(*w).ty, TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q8_0)) {
+            q8.quantize(x, n, cols);
+        }
+        let q8 = &*q8;
+        let total_rows: usize = outs.iter().map(|(w, _)| self.weight_info(*w).rows).sum();
+        if stage.len() < outs.len() {
+            stage.resize_with(outs.len(), Vec::new);
+        }
+        // Task list: (output index, first row, destination chunk). With n == 1 the destination is the
+        // output itself; otherwise a staging buffer laid out chunk-major, scattered afterwards.
+        let views: Vec<(TensorView<'_>, WeightInfo)> = outs.iter().map(|(w, _)| (self.view(*w), self.weight_info(*w))).collect();
+        let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
+        let mut chunks = Vec::with_capacity(outs.len());
+        for ((i, (w, out)), st) in outs.iter_mut().enumerate().zip(stage.iter_mut()) {
+            let info = self.weight_info(*w);
+            debug_assert_eq!(info.cols, cols, "matmul outputs must share the input width");
+            let chunk = self.chunk_rows(info.rows, total_rows);
+            chunks.push(chunk);
+            let dst: &mut [f32] = if n == 1 {
+                &mut out[..info.rows]
+            } else {
+                st.resize(n * info.rows, 0.0);
+                &mut st[..]
+            };
+            for (c, d) in dst.chunks_mut(chunk * n).enumerate() {
+                tasks.push((i, c * chunk, d));
+            }
+        }
+        let k = &self.kernels;
+        self.pool.install(|| {
+            tasks.into_par_iter().for_each(|(i, r0, dst)| {
+                let (view, info) = &views[i];
+                matmul_rows(k, view, info, x, q8, n, r0, dst);
+            });
+        });
+        if n > 1 {
+            for (i, (w, out)) in outs.iter_mut().enumerate() {
+                let rows = self.weight_info(*w).rows;
+                let chunk = chunks[i];
+                let st = &stage[i];
+                for (c, src) in st[..n * rows].chunks(chunk * n).enumerate() {
+                    let len = src.len() / n;
+                    for t in 0..n {
+                        out[t * rows + c * chunk..t * rows + c * chunk + len].copy_from_slice(&src[t * len..(t + 1) * len]);
+                    }
+                }
+            }
+        }
+    }
+
+    fn add_bias(&self, x: &mut Vec<f32>, n: usize, b: WeightId) {
+        let info = self.weight_info(b);
+        let mut bias = vec![0.0; info.cols];
+        quant::dequantize_row(info.ty, self.view(b).data, &mut bias);
+        for row in x[..n * info.cols].chunks_exact_mut(info.cols) {
+            for (v, b) in row.iter_mut().zip(&bias) {
+                *v += b;
+            }
+        }
+    }
+
+    fn rms_norm(&self, x: &Vec<f32>, n: usize, w: WeightId, eps: f32, out: &mut Vec<f32>) {
+        let info = self.weight_info(w);
+        let mut weight = vec![0.0; info.cols];
+        quant::dequantize_row(info.ty, self.view(w).data, &mut weight);
+        ops::rms_norm(&x[..n * info.cols], &weight, eps, &mut out[..n * info.cols]);
+    }
+
+    fn rope_cache(&self, positions: &[u32], table: &RopeTable, out: &mut Vec<f32>) {
+        ops::rope_cache(positions, table, &mut out[..positions.len() * table.n_dims]);
+    }
+
+    fn rope(&self, x: &mut Vec<f32>, n: usize, n_heads: usize, head_dim: usize, cache: &Vec<f32>, n_dims: usize) {
+        ops::rope(&mut x[..n * n_heads * head_dim], n_heads, head_dim, &cache[..n * n_dims], n_dims);
+    }
+
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
+        for (a, b) in x[..len].iter_mut().zip(&y[..len]) {
+            *a += b;
+        }
+    }
+
+    fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
+        ops::silu_mul(&mut gate[..len], &up[..len]);
+    }
+
+    fn gather_rows(&self, x: &Vec<f32>, cols: usize, idx: &[usize], out: &mut Vec<f32>) {
+        for (o, &i) in out.chunks_exact_mut(cols).zip(idx) {
+            o.copy_from_slice(&x[i * cols..(i + 1) * cols]);
+        }
+    }
+
+    fn kv_new(&self, n_layers: usize, kv_dim: usize) -> CpuKv {
+        CpuKv { kv_dim, k: vec![Vec::new(); n_layers], v: vec![Vec::new(); n_layers] }
+    }
+
+    fn kv_write(&self, kv: &mut CpuKv, layer: usize, k: &Vec<f32>, v: &Vec<f32>, row0: usize, n: usize, pos0: usize) {
+        let d = kv.kv_dim;
+        for (cache, src) in [(&mut kv.k[layer], k), (&mut kv.v[layer], v)] {
+            if cache.len() < (pos0 + n) * d {
+                cache.resize((pos0 + n) * d, 0.0);
+            }
+            for (c, s) in cache[pos0 * d..(pos0 + n) * d].iter_mut().zip(&src[row0 * d..(row0 + n) * d]) {
+                *c = quant::round_f16(*s);
+            }
+        }
+    }
+
+    fn kv_truncate(&self, kv: &mut CpuKv, len: usize) {
+        let d = kv.kv_dim;
+        for c in kv.k.iter_mut().chain(kv.v.iter_mut()) {
+            c.truncate(len * d);
+        }
+    }
+
+    fn attention(&self, layer: usize, q: &Vec<f32>, segs: &[AttnSeg<'_, CpuKv>], shape: AttnShape, out: &mut Vec<f32>) {
+        ops::attention(&self.pool, &self.kernels, layer, q, segs, shape, out);
+    }
+}

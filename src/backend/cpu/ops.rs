@@ -1,0 +1,158 @@
+//! Element-wise and attention ops of the CPU backend, written to match ggml-cpu's arithmetic.
+
+use rayon::prelude::*;
+
+use super::kernels::Kernels;
+use super::quant::round_f16;
+use super::CpuKv;
+use crate::backend::{AttnSeg, AttnShape, RopeTable};
+
+/// `out = x / sqrt(mean(x²) + eps) * w` per row (`w.len()` columns). As ggml: the sum of squares is
+/// accumulated in f64, the scale applied before the weight.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let cols = w.len();
+    for (xr, or) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
+        let sum: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
+        let mean = (sum / cols as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = (v * scale) * g;
+        }
+    }
+}
+
+/// `out (positions, n_dims)`: `(cos, sin)` per pair, angles as `ggml_rope_cache_init`.
+pub fn rope_cache(positions: &[u32], t: &RopeTable, out: &mut [f32]) {
+    for (o, &p) in out.chunks_exact_mut(t.n_dims).zip(positions) {
+        let mut theta = p as f32;
+        for (pair, &ff) in o.chunks_exact_mut(2).zip(&t.factors) {
+            let a = t.freq_scale * (theta / ff);
+            pair[0] = a.cos();
+            pair[1] = a.sin();
+            theta *= t.theta_scale;
+        }
+    }
+}
+
+/// Rotate adjacent pairs of the first `n_dims` of each head, row i with cache row i.
+pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, cache: &[f32], n_dims: usize) {
+    for (row, cs) in x.chunks_exact_mut(n_heads * head_dim).zip(cache.chunks_exact(n_dims)) {
+        for head in row.chunks_exact_mut(head_dim) {
+            for (p, c) in head[..n_dims].chunks_exact_mut(2).zip(cs.chunks_exact(2)) {
+                let (x0, x1) = (p[0], p[1]);
+                p[0] = x0 * c[0] - x1 * c[1];
+                p[1] = x0 * c[1] + x1 * c[0];
+            }
+        }
+    }
+}
+
+/// `gate = silu(gate) * up`.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// Causal GQA attention over each segment's KV cache. Work items are (segment, head, block of
+/// queries), run on `pool`; each writes its own staging block, scattered into `out` afterwards.
+///
+/// As llama.cpp with its default f16 cache: K and V hold f16-rounded values, the query is rounded
+/// to f16 before `q·k`; scores are scaled by `1/sqrt(head_dim)`, softmax in f32 with an f64 sum.
+pub fn attention(pool: &rayon::ThreadPool, k: &Kernels, layer: usize, q: &[f32], segs: &[AttnSeg<'_, CpuKv>], shape: AttnShape, out: &mut [f32]) {
+    let AttnShape { n_heads, n_kv_heads, head_dim: hd } = shape;
+    let group = n_heads / n_kv_heads.max(1);
+    let q_dim = n_heads * hd;
+    let kv_dim = n_kv_heads * hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    const QBLOCK: usize = 16;
+    let mut tasks = Vec::new();
+    for (si, s) in segs.iter().enumerate() {
+        for h in 0..n_heads {
+            for i0 in (0..s.n_rows).step_by(QBLOCK) {
+                tasks.push((si, h, i0, (i0 + QBLOCK).min(s.n_rows)));
+            }
+        }
+    }
+    let results: Vec<Vec<f32>> = pool.install(|| {
+        tasks
+            .par_iter()
+            .map(|&(si, h, i0, i1)| {
+                let s = &segs[si];
+                let kvh = h / group;
+                let kc = &s.kv.k[layer];
+                let vc = &s.kv.v[layer];
+                let mut res = vec![0.0f32; (i1 - i0) * hd];
+                let mut scores = Vec::with_capacity(s.pos0 + i1);
+                let mut qh = vec![0.0f32; hd];
+                for i in i0..i1 {
+                    let row = s.row0 + i;
+                    for (d, &v) in qh.iter_mut().zip(&q[row * q_dim + h * hd..row * q_dim + (h + 1) * hd]) {
+                        *d = round_f16(v);
+                    }
+                    let n_keys = s.pos0 + i + 1;
+                    scores.clear();
+                    let mut max = f32::NEG_INFINITY;
+                    for j in 0..n_keys {
+                        let kj = &kc[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
+                        let sc = (k.dot_f32)(&qh, kj) * scale;
+                        max = max.max(sc);
+                        scores.push(sc);
+                    }
+                    let mut sum = 0.0f64;
+                    for sc in scores.iter_mut() {
+                        *sc = (*sc - max).exp();
+                        sum += *sc as f64;
+                    }
+                    let inv = (1.0 / sum) as f32;
+                    let o = &mut res[(i - i0) * hd..(i - i0 + 1) * hd];
+                    for (j, &p) in scores.iter().enumerate() {
+                        let p = p * inv;
+                        let vj = &vc[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
+                        for (a, &b) in o.iter_mut().zip(vj) {
+                            *a += p * b;
+                        }
+                    }
+                }
+                res
+            })
+            .collect()
+    });
+    for (&(si, h, i0, i1), res) in tasks.iter().zip(&results) {
+        let s = &segs[si];
+        for i in i0..i1 {
+            let row = s.row0 + i;
+            out[row * q_dim + h * hd..row * q_dim + (h + 1) * hd].copy_from_slice(&res[(i - i0) * hd..(i - i0 + 1) * hd]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_rows() {
+        let x = [3.0f32, 4.0, 0.0, 0.0];
+        let mut out = [0.0; 4];
+        rms_norm(&x, &[1.0, 1.0, 2.0, 2.0], 0.0, &mut out);
+        let r = (25.0f32 / 4.0).sqrt();
+        assert!((out[0] - 3.0 / r).abs() < 1e-6 && (out[1] - 4.0 / r).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity_and_preserves_norm() {
+        let t = crate::backend::RopeParams { n_dims: 8, theta: 10000.0, scaling: crate::model::RopeScaling::None }.table();
+        let mut cache = vec![0.0; 16];
+        rope_cache(&[0, 7], &t, &mut cache);
+        let x0: Vec<f32> = (0..16).map(|i| i as f32 * 0.1 - 0.3).collect();
+        let mut x = x0.clone();
+        rope(&mut x, 1, 8, &cache, 8);
+        assert_eq!(&x[..8], &x0[..8]);
+        let n = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
+        assert!((n(&x[8..]) - n(&x0[8..])).abs() < 1e-5);
+        // pair 0 at pos 7 rotates by exactly 7 radians
+        let (c, s) = (7.0f32.cos(), 7.0f32.sin());
+        assert!((x[8] - (x0[8] * c - x0[9] * s)).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,16 @@
+//! Per-sequence KV cache bookkeeping; the storage itself is the backend's ([`Backend::Kv`]).
+
+use crate::backend::Backend;
+
+/// One sequence: its KV storage and how many positions it holds.
+pub struct SeqCache<B: Backend> {
+    pub kv: B::Kv,
+    /// Positions written (the next token goes at `len`).
+    pub len: usize,
+}
+
+impl<B: Backend> SeqCache<B> {
+    pub fn new(backend: &B, n_layers: usize, kv_dim: usize) -> Self {
+        SeqCache { kv: backend.kv_new(n_layers, kv_dim), len: 0 }
+    }
+}

@@ -1,0 +1,329 @@
+//! The Llama decoder, plain and top to bottom (llama2.c style), generic over the backend.
+//!
+//! Per layer: RMSNorm → Q/K/V (+bias) → RoPE (adjacent pairs) → KV append → causal GQA attention →
+//! output projection → residual → RMSNorm → SwiGLU FFN → residual. Then the final norm and the
+//! output head (`output.weight`, or `token_embd.weight` when tied). Shapes: `T` = rows in this
+//! micro-batch (all sequences' new tokens together), `B` = sequences in it.
+
+use std::collections::HashMap;
+
+use super::kv_cache::SeqCache;
+use super::{EngineError, EngineOptions, SeqId};
+use crate::backend::{AttnSeg, AttnShape, Backend, RopeParams, RopeTable, WeightId};
+use crate::model::ModelConfig;
+
+/// Rows per internal micro-batch: longer batches are split (causality makes that exact).
+const MAX_ROWS: usize = 512;
+
+/// Sanity checks on the blueprint before touching weights.
+pub fn check_config(c: &ModelConfig) -> Result<(), String> {
+    if c.architecture != "llama" {
+        return Err(format!("architecture {:?} is not supported (only \"llama\")", c.architecture));
+    }
+    let nz = [("vocab_size", c.vocab_size), ("hidden_size", c.hidden_size), ("intermediate_size", c.intermediate_size),
+        ("n_layers", c.n_layers), ("n_heads", c.n_heads), ("n_kv_heads", c.n_kv_heads), ("head_dim", c.head_dim),
+        ("context_length", c.context_length)];
+    for (k, v) in nz {
+        if v == 0 {
+            return Err(format!("{k} must be > 0"));
+        }
+    }
+    if c.n_heads % c.n_kv_heads != 0 {
+        return Err(format!("n_heads {} is not a multiple of n_kv_heads {}", c.n_heads, c.n_kv_heads));
+    }
+    if c.head_dim % 2 != 0 {
+        return Err(format!("head_dim {} must be even for RoPE", c.head_dim));
+    }
+    Ok(())
+}
+
+struct Layer {
+    attn_norm: WeightId, // (dim)
+    wq: WeightId,        // (n_heads*head_dim, dim)
+    wk: WeightId,        // (n_kv_heads*head_dim, dim)
+    wv: WeightId,        // (n_kv_heads*head_dim, dim)
+    bq: Option<WeightId>,
+    bk: Option<WeightId>,
+    bv: Option<WeightId>,
+    wo: WeightId,        // (dim, n_heads*head_dim)
+    ffn_norm: WeightId,  // (dim)
+    w_gate: WeightId,    // (hidden, dim)
+    w_up: WeightId,      // (hidden, dim)
+    w_down: WeightId,    // (dim, hidden)
+}
+
+/// Activations of one micro-batch, grown on demand.
+struct RunState<B: Backend> {
+    rows: usize,     // T capacity
+    seqs: usize,     // B capacity
+    x: B::Buf,       // (T, dim) residual stream
+    xb: B::Buf,      // (T, dim) normed input of a block
+    xb2: B::Buf,     // (T, dim) block output
+    q: B::Buf,       // (T, n_heads*head_dim)
+    k: B::Buf,       // (T, n_kv_heads*head_dim)
+    v: B::Buf,       // (T, n_kv_heads*head_dim)
+    att: B::Buf,     // (T, n_heads*head_dim)
+    hb: B::Buf,      // (T, hidden)
+    hb2: B::Buf,     // (T, hidden)
+    rope: B::Buf,    // (T, head_dim) cos/sin pairs
+    last: B::Buf,    // (B, dim) last row of each sequence
+    last_n: B::Buf,  // (B, dim)
+    logits: B::Buf,  // (B, vocab)
+}
+
+pub struct Llama<B: Backend> {
+    b: B,
+    c: ModelConfig,
+    max_context: usize,
+    max_seqs: usize,
+    tok_embd: WeightId, // (vocab, dim)
+    out_norm: WeightId, // (dim)
+    output: WeightId,   // (vocab, dim), maybe == tok_embd
+    layers: Vec<Layer>,
+    rope: RopeTable,
+    seqs: HashMap<SeqId, SeqCache<B>>,
+    next_id: SeqId,
+    st: Option<RunState<B>>,
+}
+
+impl<B: Backend> Llama<B> {
+    pub fn new(mut b: B, c: ModelConfig, opts: &EngineOptions) -> Result<Self, EngineError> {
+        let (dim, hd) = (c.hidden_size, c.head_dim);
+        let q_dim = c.n_heads * hd;
+        let kv_dim = c.n_kv_heads * hd;
+        let mut get = |name: String, rows: usize, cols: usize| -> Result<WeightId, EngineError> {
+            let w = b.weight(&name)?;
+            let i = b.weight_info(w);
+            if (i.rows, i.cols) != (rows, cols) {
+                return Err(EngineError::Unsupported(format!(
+                    "tensor {name}: expected shape [{rows}, {cols}], got [{}, {}]",
+                    i.rows, i.cols
+                )));
+            }
+            Ok(w)
+        };
+        let tok_embd = get("token_embd.weight".into(), c.vocab_size, dim)?;
+        let out_norm = get("output_norm.weight".into(), 1, dim)?;
+        let output = if c.tie_embeddings { tok_embd } else { get("output.weight".into(), c.vocab_size, dim)? };
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for l in 0..c.n_layers {
+            let n = |s: &str| format!("blk.{l}.{s}");
+            let bias = c.attention_bias;
+            layers.push(Layer {
+                attn_norm: get(n("attn_norm.weight"), 1, dim)?,
+                wq: get(n("attn_q.weight"), q_dim, dim)?,
+                wk: get(n("attn_k.weight"), kv_dim, dim)?,
+                wv: get(n("attn_v.weight"), kv_dim, dim)?,
+                bq: if bias { Some(get(n("attn_q.bias"), 1, q_dim)?) } else { None },
+                bk: if bias { Some(get(n("attn_k.bias"), 1, kv_dim)?) } else { None },
+                bv: if bias { Some(get(n("attn_v.bias"), 1, kv_dim)?) } else { None },
+                wo: get(n("attn_output.weight"), dim, q_dim)?,
+                ffn_norm: get(n("ffn_norm.weight"), 1, dim)?,
+                w_gate: get(n("ffn_gate.weight"), c.intermediate_size, dim)?,
+                w_up: get(n("ffn_up.weight"), c.intermediate_size, dim)?,
+                w_down: get(n("ffn_down.weight"), dim, c.intermediate_size)?,
+            });
+        }
+        let rope = RopeParams { n_dims: hd, theta: c.rope_theta, scaling: c.rope_scaling.clone() }.table();
+        let max_context = if opts.max_context == 0 { c.context_length } else { opts.max_context.min(c.context_length) };
+        Ok(Llama {
+            b,
+            max_context,
+            max_seqs: opts.max_seqs.max(1),
+            tok_embd,
+            out_norm,
+            output,
+            layers,
+            rope,
+            seqs: HashMap::new(),
+            next_id: 0,
+            st: None,
+            c,
+        })
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.b
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    pub fn new_seq(&mut self) -> Result<SeqId, EngineError> {
+        if self.seqs.len() >= self.max_seqs {
+            return Err(EngineError::NoFreeSeq { max: self.max_seqs });
+        }
+        // Ids are never reused (until u32 wraps), so a stale id cannot reach a new sequence.
+        while self.seqs.contains_key(&self.next_id) {
+            self.next_id = self.next_id.wrapping_add(1);
+        }
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        self.seqs.insert(id, SeqCache::new(&self.b, self.c.n_layers, self.c.n_kv_heads * self.c.head_dim));
+        Ok(id)
+    }
+
+    pub fn free_seq(&mut self, seq: SeqId) {
+        self.seqs.remove(&seq);
+    }
+
+    pub fn seq_len(&self, seq: SeqId) -> usize {
+        self.seqs.get(&seq).map_or(0, |s| s.len)
+    }
+
+    pub fn truncate_seq(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
+        let s = self.seqs.get_mut(&seq).ok_or(EngineError::UnknownSeq(seq))?;
+        if len < s.len {
+            self.b.kv_truncate(&mut s.kv, len);
+            s.len = len;
+        }
+        Ok(())
+    }
+
+    /// See [`super::Engine::forward`].
+    pub fn forward(&mut self, batch: &[(SeqId, &[u32])]) -> Result<Vec<Vec<f32>>, EngineError> {
+        // Validate everything first: on error nothing is appended.
+        for (i, &(seq, toks)) in batch.iter().enumerate() {
+            let s = self.seqs.get(&seq).ok_or(EngineError::UnknownSeq(seq))?;
+            if toks.is_empty() {
+                return Err(EngineError::BadBatch(format!("entry {i} (sequence {seq}) has no tokens")));
+            }
+            if batch[..i].iter().any(|(o, _)| *o == seq) {
+                return Err(EngineError::BadBatch(format!("sequence {seq} appears twice in one batch")));
+            }
+            if let Some(&t) = toks.iter().find(|&&t| t as usize >= self.c.vocab_size) {
+                return Err(EngineError::BadToken { token: t, vocab: self.c.vocab_size });
+            }
+            if s.len + toks.len() > self.max_context {
+                return Err(EngineError::ContextFull { seq, len: s.len, add: toks.len(), max: self.max_context });
+            }
+        }
+        // Split into micro-batches of at most MAX_ROWS rows; entry pieces keep their order.
+        let mut logits = vec![Vec::new(); batch.len()];
+        let mut pending: Vec<(usize, usize)> = batch.iter().enumerate().map(|(i, _)| (i, 0)).collect(); // (entry, offset)
+        while !pending.is_empty() {
+            let mut rows = 0;
+            let mut pieces = Vec::new(); // (entry, start, end)
+            for (e, off) in pending.iter_mut() {
+                if rows == MAX_ROWS {
+                    break;
+                }
+                let toks = batch[*e].1;
+                let take = (toks.len() - *off).min(MAX_ROWS - rows);
+                pieces.push((*e, *off, *off + take));
+                *off += take;
+                rows += take;
+            }
+            let mb: Vec<(SeqId, &[u32])> = pieces.iter().map(|&(e, s, t)| (batch[e].0, &batch[e].1[s..t])).collect();
+            let out = self.forward_micro(&mb);
+            for (&(e, _, end), l) in pieces.iter().zip(out) {
+                if end == batch[e].1.len() {
+                    logits[e] = l;
+                }
+            }
+            pending.retain(|&(e, off)| off < batch[e].1.len());
+        }
+        Ok(logits)
+    }
+
+    fn ensure_state(&mut self, rows: usize, seqs: usize) {
+        if self.st.as_ref().is_some_and(|s| s.rows >= rows && s.seqs >= seqs) {
+            return;
+        }
+        let rows = rows.max(self.st.as_ref().map_or(0, |s| s.rows));
+        let seqs = seqs.max(self.st.as_ref().map_or(0, |s| s.seqs));
+        let c = &self.c;
+        let b = &self.b;
+        let (dim, q_dim, kv_dim) = (c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        self.st = Some(RunState {
+            rows,
+            seqs,
+            x: b.alloc(rows * dim),
+            xb: b.alloc(rows * dim),
+            xb2: b.alloc(rows * dim),
+            q: b.alloc(rows * q_dim),
+            k: b.alloc(rows * kv_dim),
+            v: b.alloc(rows * kv_dim),
+            att: b.alloc(rows * q_dim),
+            hb: b.alloc(rows * c.intermediate_size),
+            hb2: b.alloc(rows * c.intermediate_size),
+            rope: b.alloc(rows * c.head_dim),
+            last: b.alloc(seqs * dim),
+            last_n: b.alloc(seqs * dim),
+            logits: b.alloc(seqs * c.vocab_size),
+        });
+    }
+
+    /// One validated micro-batch (each sequence at most once, total rows ≤ MAX_ROWS).
+    fn forward_micro(&mut self, batch: &[(SeqId, &[u32])]) -> Vec<Vec<f32>> {
+        let t_rows: usize = batch.iter().map(|(_, t)| t.len()).sum();
+        self.ensure_state(t_rows, batch.len());
+        let Some(st) = self.st.as_mut() else { unreachable!("ensure_state just set it") };
+        let (b, c) = (&self.b, &self.c);
+        let (dim, hd, hidden) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (q_dim, kv_dim) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd };
+
+        // Take the sequences' caches out for the step (mutable writes, then shared reads).
+        let mut caches: Vec<SeqCache<B>> = Vec::with_capacity(batch.len());
+        let mut tokens = Vec::with_capacity(t_rows); // (T)
+        let mut positions = Vec::with_capacity(t_rows); // (T)
+        let mut seg_rows = Vec::with_capacity(batch.len()); // (row0, n, pos0) per sequence
+        for &(seq, toks) in batch {
+            let Some(cache) = self.seqs.remove(&seq) else { unreachable!("validated by forward") };
+            seg_rows.push((tokens.len(), toks.len(), cache.len));
+            positions.extend((cache.len..cache.len + toks.len()).map(|p| p as u32));
+            tokens.extend_from_slice(toks);
+            caches.push(cache);
+        }
+
+        b.embed(self.tok_embd, &tokens, &mut st.x); // x (T, dim)
+        b.rope_cache(&positions, &self.rope, &mut st.rope); // rope (T, head_dim)
+        for (l, w) in self.layers.iter().enumerate() {
+            // attention block
+            b.rms_norm(&st.x, t_rows, w.attn_norm, c.rms_norm_eps, &mut st.xb); // xb (T, dim)
+            b.matmul(&st.xb, t_rows, &mut [(w.wq, &mut st.q), (w.wk, &mut st.k), (w.wv, &mut st.v)]); // q (T, q_dim), k/v (T, kv_dim)
+            if let (Some(bq), Some(bk), Some(bv)) = (w.bq, w.bk, w.bv) {
+                b.add_bias(&mut st.q, t_rows, bq);
+                b.add_bias(&mut st.k, t_rows, bk);
+                b.add_bias(&mut st.v, t_rows, bv);
+            }
+            b.rope(&mut st.q, t_rows, c.n_heads, hd, &st.rope, hd);
+            b.rope(&mut st.k, t_rows, c.n_kv_heads, hd, &st.rope, hd);
+            for (cache, &(row0, n, pos0)) in caches.iter_mut().zip(&seg_rows) {
+                b.kv_write(&mut cache.kv, l, &st.k, &st.v, row0, n, pos0); // cache (pos0+n, kv_dim)
+            }
+            let segs: Vec<AttnSeg<'_, B::Kv>> = caches
+                .iter()
+                .zip(&seg_rows)
+                .map(|(cache, &(row0, n_rows, pos0))| AttnSeg { kv: &cache.kv, row0, n_rows, pos0 })
+                .collect();
+            b.attention(l, &st.q, &segs, shape, &mut st.att); // att (T, q_dim)
+            b.matmul(&st.att, t_rows, &mut [(w.wo, &mut st.xb2)]); // xb2 (T, dim)
+            b.add(&mut st.x, &st.xb2, t_rows * dim); // x += attn
+
+            // feed-forward block
+            b.rms_norm(&st.x, t_rows, w.ffn_norm, c.rms_norm_eps, &mut st.xb); // xb (T, dim)
+            b.matmul(&st.xb, t_rows, &mut [(w.w_gate, &mut st.hb), (w.w_up, &mut st.hb2)]); // hb, hb2 (T, hidden)
+            b.silu_mul(&mut st.hb, &st.hb2, t_rows * hidden); // hb = silu(gate) * up
+            b.matmul(&st.hb, t_rows, &mut [(w.w_down, &mut st.xb2)]); // xb2 (T, dim)
+            b.add(&mut st.x, &st.xb2, t_rows * dim); // x += ffn
+        }
+        let _ = (q_dim, kv_dim);
+
+        // Only each sequence's last row needs logits.
+        let n_seqs = batch.len();
+        let last_rows: Vec<usize> = seg_rows.iter().map(|&(row0, n, _)| row0 + n - 1).collect();
+        b.gather_rows(&st.x, dim, &last_rows, &mut st.last); // last (B, dim)
+        b.rms_norm(&st.last, n_seqs, self.out_norm, c.rms_norm_eps, &mut st.last_n); // last_n (B, dim)
+        b.matmul(&st.last_n, n_seqs, &mut [(self.output, &mut st.logits)]); // logits (B, vocab)
+        let all = b.read(&st.logits, n_seqs * c.vocab_size);
+
+        for ((&(seq, toks), mut cache), _) in batch.iter().zip(caches).zip(&seg_rows) {
+            cache.len += toks.len();
+            self.seqs.insert(seq, cache);
+        }
+        all.chunks_exact(c.vocab_size).map(|r| r.to_vec()).collect()
+    }
+}
