@@ -21,11 +21,6 @@ fn fmt_err(path: &Path, msg: impl Into<String>) -> ImportError {
     ImportError::Format { path: path.to_path_buf(), msg: msg.into() }
 }
 
-fn read_json(path: &Path) -> Result<Json, ImportError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ImportError::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| fmt_err(path, format!("invalid JSON: {e}")))
-}
-
 /// GGUF name for a Hugging Face llama-family tensor name.
 fn gguf_name(hf: &str) -> Option<String> {
     Some(match hf {

@@ -1,0 +1,371 @@
+//! GGUF import: a tiny generated model, hostile files, determinism, requantization, and (with
+//! `APPLIANCED_TEST_GGUF`) the default SmolLM2 model.
+
+use std::path::Path;
+
+use applianced::import::gguf::{GgufFile, GgufWriter, Value};
+use applianced::import::testutil::{tiny_llama_gguf_bytes, write_tiny_llama_gguf};
+use applianced::import::{import_model, ImportError, ImportOptions, ModelSummary};
+use applianced::model::{self, ModelConfig, TensorType, Weights};
+use applianced::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+
+const OUTPUTS: [&str; 4] = [model::CONFIG_PATH, model::WEIGHTS_PATH, model::TOKENIZER_PATH, model::CHAT_TEMPLATE_PATH];
+
+fn import(src: &Path, opts: &ImportOptions, out: &Path) -> Result<ModelSummary, ImportError> {
+    import_model(src, opts, out, &mut |_| {})
+}
+
+fn import_bytes(bytes: &[u8]) -> Result<ModelSummary, ImportError> {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("m.gguf");
+    std::fs::write(&src, bytes).unwrap();
+    import(&src, &ImportOptions::default(), &dir.path().join("out"))
+}
+
+fn err_text(r: Result<ModelSummary, ImportError>) -> String {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn tiny_model_imports() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("tiny.gguf");
+    write_tiny_llama_gguf(&src, 7).unwrap();
+    let out = dir.path().join("out");
+    let s = import(&src, &ImportOptions::default(), &out).unwrap();
+    assert_eq!(s.architecture, "llama");
+    assert_eq!(s.source_format, "gguf");
+    assert_eq!(s.vocab_size, 3 + 256 + 12);
+    assert_eq!(s.chat_template, "chatml");
+    assert_eq!(s.tensor_types.values().sum::<usize>(), 2 + 2 * 9);
+    assert!(s.tensor_types.contains_key("q8_0") && s.tensor_types.contains_key("q4_1") && s.tensor_types.contains_key("f32"));
+    for f in OUTPUTS {
+        assert!(out.join(f).is_file(), "{f}");
+    }
+    let cfg: ModelConfig = serde_json::from_str(&std::fs::read_to_string(out.join(model::CONFIG_PATH)).unwrap()).unwrap();
+    assert_eq!((cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.n_layers), (64, 4, 2, 16, 2));
+    assert!(cfg.tie_embeddings && !cfg.attention_bias && !cfg.add_bos_token);
+    assert_eq!(cfg.eos_token_id, 2);
+    assert_eq!(cfg.eog_token_ids, vec![0, 2]);
+    let w = Weights::open(&out.join(model::WEIGHTS_PATH)).unwrap();
+    assert_eq!(w.require("token_embd.weight").unwrap().shape, &[271, 64]);
+    assert_eq!(w.require("blk.1.ffn_down.weight").unwrap().shape, &[64, 128]);
+    assert!(w.get("output.weight").is_none());
+
+    let tok = Tokenizer::load(&out.join(model::TOKENIZER_PATH)).unwrap();
+    let ids = tok.encode("<|im_start|>hello the", true).unwrap();
+    assert_eq!(ids[0], 1);
+    assert_eq!(tok.decode(&ids), "<|im_start|>hello the");
+    assert_eq!(ids.len(), 3, "{ids:?}: hello and Ġthe are single merged tokens");
+    let tmpl = ChatTemplate::load(&out.join(model::CHAT_TEMPLATE_PATH)).unwrap();
+    let r = tmpl.render(&[ChatMessage::new("user", "hi")], true).unwrap();
+    assert!(r.starts_with("<|im_start|>system\nYou are a helpful AI assistant named SmolLM"));
+}
+
+#[test]
+fn import_is_deterministic() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("tiny.gguf");
+    write_tiny_llama_gguf(&src, 3).unwrap();
+    assert_eq!(std::fs::read(&src).unwrap(), tiny_llama_gguf_bytes(3), "generator is deterministic");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let sa = import(&src, &ImportOptions::default(), &a).unwrap();
+    let sb = import(&src, &ImportOptions::default(), &b).unwrap();
+    assert_eq!(sa, sb);
+    for f in OUTPUTS {
+        assert_eq!(std::fs::read(a.join(f)).unwrap(), std::fs::read(b.join(f)).unwrap(), "{f} differs");
+    }
+}
+
+#[test]
+fn requantize_to_q8_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("tiny.gguf");
+    write_tiny_llama_gguf(&src, 5).unwrap();
+    let out = dir.path().join("q");
+    let s = import(&src, &ImportOptions { quantize: Some(TensorType::Q8_0) }, &out).unwrap();
+    assert_eq!(s.tensor_types.len(), 2, "{:?}", s.tensor_types);
+    assert_eq!(s.tensor_types["f32"], 1 + 2 * 2);
+    let w = Weights::open(&out.join(model::WEIGHTS_PATH)).unwrap();
+    assert_eq!(w.require("blk.0.attn_q.weight").unwrap().ty, TensorType::Q8_0);
+    assert_eq!(w.require("blk.0.attn_norm.weight").unwrap().ty, TensorType::F32);
+    let bad = import(&src, &ImportOptions { quantize: Some(TensorType::Q4K) }, &dir.path().join("x"));
+    assert!(matches!(bad, Err(ImportError::Options(_))));
+}
+
+// ---- hostile files ------------------------------------------------------------------------------
+
+/// A GGUF header by hand: version 3, the given counts, then raw body bytes.
+fn header(n_tensors: u64, n_kv: u64, body: &[u8]) -> Vec<u8> {
+    let mut v = b"GGUF".to_vec();
+    v.extend_from_slice(&3u32.to_le_bytes());
+    v.extend_from_slice(&n_tensors.to_le_bytes());
+    v.extend_from_slice(&n_kv.to_le_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
+fn gstr(s: &str) -> Vec<u8> {
+    let mut v = (s.len() as u64).to_le_bytes().to_vec();
+    v.extend_from_slice(s.as_bytes());
+    v
+}
+
+/// A tensor info entry.
+fn tinfo(name: &str, ne: &[u64], ty: u32, offset: u64) -> Vec<u8> {
+    let mut v = gstr(name);
+    v.extend_from_slice(&(ne.len() as u32).to_le_bytes());
+    for d in ne {
+        v.extend_from_slice(&d.to_le_bytes());
+    }
+    v.extend_from_slice(&ty.to_le_bytes());
+    v.extend_from_slice(&offset.to_le_bytes());
+    v
+}
+
+fn open_bytes(bytes: &[u8]) -> Result<GgufFile, ImportError> {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("h.gguf");
+    std::fs::write(&p, bytes).unwrap();
+    GgufFile::open(&p)
+}
+
+fn open_err(bytes: &[u8]) -> String {
+    match open_bytes(bytes) {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_magic() {
+    let e = open_err(b"GGML\x03\0\0\0");
+    assert!(e.contains("bad magic"), "{e}");
+    assert!(open_err(b"").contains("truncated"));
+}
+
+#[test]
+fn unsupported_version() {
+    let mut v = header(0, 0, &[]);
+    v[4] = 1;
+    assert!(open_err(&v).contains("unsupported GGUF version 1"));
+}
+
+#[test]
+fn every_truncation_fails_cleanly() {
+    let full = tiny_llama_gguf_bytes(1);
+    assert!(open_bytes(&full).is_ok());
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.gguf");
+    let mut checked = 0;
+    let mut len = 0;
+    while len < full.len() {
+        std::fs::write(&p, &full[..len]).unwrap();
+        let r = GgufFile::open(&p);
+        assert!(r.is_err(), "truncated to {len} bytes parsed");
+        checked += 1;
+        len += if len < 4096 { 7 } else { 997 };
+    }
+    assert!(checked > 500);
+}
+
+#[test]
+fn huge_counts_are_rejected_before_allocating() {
+    let e = open_err(&header(u64::MAX, 0, &[]));
+    assert!(e.contains("tensor count") && e.contains("cap"), "{e}");
+    let e = open_err(&header(0, u64::MAX, &[]));
+    assert!(e.contains("metadata count"), "{e}");
+    let e = open_err(&header(1000, 0, &[0; 64]));
+    assert!(e.contains("cannot fit"), "{e}");
+    // A string length of 2^62.
+    let mut body = (1u64 << 62).to_le_bytes().to_vec();
+    body.extend_from_slice(b"key");
+    body.extend_from_slice(&[0; 16]);
+    let e = open_err(&header(0, 1, &body));
+    assert!(e.contains("metadata key length"), "{e}");
+    // An array of 2^40 u32s.
+    let mut body = gstr("big");
+    body.extend_from_slice(&9u32.to_le_bytes());
+    body.extend_from_slice(&4u32.to_le_bytes());
+    body.extend_from_slice(&(1u64 << 40).to_le_bytes());
+    let e = open_err(&header(0, 1, &body));
+    assert!(e.contains("metadata big array length"), "{e}");
+    // An array that claims 1000 u32s but holds 2.
+    let mut body = gstr("short");
+    body.extend_from_slice(&9u32.to_le_bytes());
+    body.extend_from_slice(&4u32.to_le_bytes());
+    body.extend_from_slice(&1000u64.to_le_bytes());
+    body.extend_from_slice(&[0; 8]);
+    let e = open_err(&header(0, 1, &body));
+    assert!(e.contains("cannot fit"), "{e}");
+    // Arrays nested too deep.
+    let mut body = gstr("deep");
+    body.extend_from_slice(&9u32.to_le_bytes());
+    for _ in 0..5 {
+        body.extend_from_slice(&9u32.to_le_bytes());
+        body.extend_from_slice(&1u64.to_le_bytes());
+    }
+    body.extend_from_slice(&[0; 64]);
+    let e = open_err(&header(0, 1, &body));
+    assert!(e.contains("nested"), "{e}");
+    // Unknown value type.
+    let mut body = gstr("k");
+    body.extend_from_slice(&77u32.to_le_bytes());
+    body.extend_from_slice(&[0; 16]);
+    assert!(open_err(&header(0, 1, &body)).contains("unknown value type 77"));
+}
+
+#[test]
+fn tensor_extents_are_checked() {
+    // Offset past the end.
+    let body = tinfo("t", &[32], 0, 1 << 20);
+    let mut f = header(1, 0, &body);
+    f.resize(f.len().div_ceil(32) * 32 + 128, 0);
+    let e = open_err(&f);
+    assert!(e.contains("tensor t") && e.contains("past the end"), "{e}");
+    // Size overflowing u64.
+    let body = tinfo("big", &[u64::MAX / 2, 4], 0, 0);
+    let mut f = header(1, 0, &body);
+    f.resize(f.len().div_ceil(32) * 32 + 64, 0);
+    let e = open_err(&f);
+    assert!(e.contains("tensor big"), "{e}");
+    // Misaligned offset.
+    let body = tinfo("m", &[4], 0, 3);
+    let mut f = header(1, 0, &body);
+    f.resize(f.len().div_ceil(32) * 32 + 64, 0);
+    assert!(open_err(&f).contains("alignment"));
+    // Quantized row not a whole number of blocks.
+    let body = tinfo("q", &[33, 2], 8, 0);
+    let mut f = header(1, 0, &body);
+    f.resize(f.len().div_ceil(32) * 32 + 256, 0);
+    assert!(open_err(&f).contains("block size"));
+    // Too many dimensions.
+    let body = tinfo("d", &[1, 1, 1, 1, 1], 0, 0);
+    assert!(open_err(&header(1, 0, &body)).contains("dimensions"));
+}
+
+#[test]
+fn unsupported_tensor_types_are_named() {
+    for (ty, name) in [(6u32, "q5_0"), (99, "unknown ggml type 99"), (16, "iq2_xxs")] {
+        let body = tinfo("blk.0.attn_q.weight", &[256, 1], ty, 0);
+        let mut f = header(1, 0, &body);
+        f.resize(f.len().div_ceil(32) * 32 + 1024, 0);
+        match open_bytes(&f) {
+            Err(e @ ImportError::UnsupportedTensorType { .. }) => {
+                let s = e.to_string();
+                assert!(s.contains(name) && s.contains("blk.0.attn_q.weight"), "{s}");
+            }
+            Err(e) => panic!("wrong error {e}"),
+            Ok(_) => panic!("accepted type {ty}"),
+        }
+    }
+}
+
+#[test]
+fn alignment_and_all_value_types_roundtrip() {
+    let mut w = GgufWriter::new();
+    let vals = vec![
+        ("a.u8", Value::U8(7)),
+        ("a.i8", Value::I8(-7)),
+        ("a.u16", Value::U16(700)),
+        ("a.i16", Value::I16(-700)),
+        ("a.u32", Value::U32(70000)),
+        ("a.i32", Value::I32(-70000)),
+        ("a.f32", Value::F32(1.5)),
+        ("a.bool", Value::Bool(true)),
+        ("a.str", Value::String("héllo".into())),
+        ("a.arr", Value::Array(vec![Value::String("x".into()), Value::String("y".into())])),
+        ("a.nested", Value::Array(vec![Value::Array(vec![Value::I32(1)]), Value::Array(vec![Value::I32(2)])])),
+        ("a.u64", Value::U64(1 << 40)),
+        ("a.i64", Value::I64(-(1 << 40))),
+        ("a.f64", Value::F64(2.25)),
+        ("general.alignment", Value::U32(64)),
+    ];
+    for (k, v) in &vals {
+        w.kv(k, v.clone());
+    }
+    w.tensor("x", &[3], TensorType::F32, vec![1; 12]);
+    w.tensor("y", &[2], TensorType::F16, vec![2; 4]);
+    let f = open_bytes(&w.to_bytes()).unwrap();
+    for (k, v) in &vals {
+        assert_eq!(f.get(k), Some(v), "{k}");
+    }
+    assert_eq!(f.alignment, 64);
+    let y = f.tensor("y").unwrap();
+    assert_eq!(y.offset % 64, 0);
+    assert_eq!(f.tensor_data(y), &[2, 2, 2, 2]);
+    // A non-power-of-two alignment is rejected.
+    let mut w = GgufWriter::new();
+    w.kv("general.alignment", Value::U32(48));
+    assert!(open_err(&w.to_bytes()).contains("alignment"));
+}
+
+/// Rewrite one string metadata value of the tiny model.
+fn tiny_with(key: &str, value: Value) -> Vec<u8> {
+    let f = open_bytes(&tiny_llama_gguf_bytes(1)).unwrap();
+    let mut w = GgufWriter::new();
+    // Keep the writer's order: general.* first as in the generator is not required by the reader.
+    for (k, v) in &f.metadata {
+        w.kv(k, if k == key { value.clone() } else { v.clone() });
+    }
+    for t in &f.tensors {
+        w.tensor(&t.name, &t.ne, t.ty, f.tensor_data(t).to_vec());
+    }
+    w.to_bytes()
+}
+
+#[test]
+fn unsupported_architecture_is_a_clear_error() {
+    let e = err_text(import_bytes(&tiny_with("general.architecture", Value::String("gemma3".into()))));
+    assert_eq!(e, "architecture gemma3 is not supported yet (supported: llama, qwen2, mistral)");
+}
+
+#[test]
+fn unknown_chat_template_is_a_build_error() {
+    let r = import_bytes(&tiny_with("tokenizer.chat_template", Value::String("{{ messages[0]['content'] }}".into())));
+    assert!(matches!(r, Err(ImportError::ChatTemplate { .. })), "{r:?}");
+}
+
+#[test]
+fn wrong_shapes_and_bad_token_ids_are_rejected() {
+    let e = err_text(import_bytes(&tiny_with("llama.embedding_length", Value::U32(32))));
+    assert!(e.contains("token_embd.weight") && e.contains("shape"), "{e}");
+    let e = err_text(import_bytes(&tiny_with("tokenizer.ggml.eos_token_id", Value::U32(100_000))));
+    assert!(e.contains("eos_token_id") && e.contains("outside"), "{e}");
+    let e = err_text(import_bytes(&tiny_with("llama.attention.head_count_kv", Value::U32(3))));
+    assert!(e.contains("kv heads"), "{e}");
+    let e = err_text(import_bytes(&tiny_with("tokenizer.ggml.pre", Value::String("mystery".into()))));
+    assert!(e.contains("mystery"), "{e}");
+}
+
+// ---- the default model --------------------------------------------------------------------------
+
+#[test]
+fn default_model_imports_deterministically() {
+    let Some(gguf) = std::env::var_os("APPLIANCED_TEST_GGUF") else {
+        println!("skipped: set APPLIANCED_TEST_GGUF");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let sa = import(Path::new(&gguf), &ImportOptions::default(), &a).unwrap();
+    let sb = import(Path::new(&gguf), &ImportOptions::default(), &b).unwrap();
+    assert_eq!(sa, sb);
+    for f in OUTPUTS {
+        assert_eq!(std::fs::read(a.join(f)).unwrap(), std::fs::read(b.join(f)).unwrap(), "{f} differs");
+    }
+    assert_eq!(sa.source_sha256, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53");
+    assert_eq!((sa.vocab_size, sa.context_length), (49152, 8192));
+    assert_eq!(sa.tensor_types.get("q4_1"), Some(&210));
+    assert_eq!(sa.tensor_types.get("q8_0"), Some(&1));
+    assert_eq!(sa.tensor_types.get("f32"), Some(&61));
+    assert!((134_000_000..136_000_000).contains(&sa.parameter_count), "{}", sa.parameter_count);
+    let cfg: ModelConfig = serde_json::from_str(&std::fs::read_to_string(a.join(model::CONFIG_PATH)).unwrap()).unwrap();
+    assert_eq!((cfg.hidden_size, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim), (576, 30, 9, 3, 64));
+    assert!(cfg.tie_embeddings && !cfg.add_bos_token);
+    assert_eq!(cfg.eos_token_id, 2);
+    assert_eq!(cfg.rope_theta, 100000.0);
+}
