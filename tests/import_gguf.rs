@@ -369,3 +369,110 @@ fn default_model_imports_deterministically() {
     assert_eq!(cfg.eos_token_id, 2);
     assert_eq!(cfg.rope_theta, 100000.0);
 }
+
+// ---- Hugging Face directory ---------------------------------------------------------------------
+
+/// Turn the tiny GGUF into a Hugging Face directory (f32 weights, HF names, Q/K rows un-permuted
+/// back to rotary-halves order), then check that importing it gives the same weights as importing
+/// the GGUF with f32 output.
+#[test]
+fn hf_directory_imports_like_the_equivalent_gguf() {
+    use applianced::import::quant::dequantize;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("tiny.gguf");
+    write_tiny_llama_gguf(&src, 9).unwrap();
+    let f32_opts = ImportOptions { quantize: Some(TensorType::F32) };
+    let from_gguf = dir.path().join("g");
+    import(&src, &f32_opts, &from_gguf).unwrap();
+
+    let hf = dir.path().join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    let g = GgufFile::open(&src).unwrap();
+    let unpermute = |data: Vec<f32>, rows: usize, cols: usize, n_head: usize| -> Vec<f32> {
+        // GGUF row h*hd + 2i + j came from HF row h*hd + j*hd/2 + i.
+        let hd = rows / n_head;
+        let mut out = vec![0f32; data.len()];
+        for h in 0..n_head {
+            for i in 0..hd / 2 {
+                for j in 0..2 {
+                    let (src, dst) = (h * hd + 2 * i + j, h * hd + j * hd / 2 + i);
+                    out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
+                }
+            }
+        }
+        out
+    };
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for t in &g.tensors {
+        let shape = t.shape();
+        let mut x = dequantize(t.ty, g.tensor_data(t)).unwrap();
+        let hf_name = match t.name.as_str() {
+            "token_embd.weight" => "model.embed_tokens.weight".to_string(),
+            "output_norm.weight" => "model.norm.weight".to_string(),
+            n => {
+                let rest = n.strip_prefix("blk.").unwrap();
+                let (i, tail) = rest.split_once('.').unwrap();
+                let m = match tail {
+                    "attn_norm.weight" => "input_layernorm.weight",
+                    "attn_q.weight" => "self_attn.q_proj.weight",
+                    "attn_k.weight" => "self_attn.k_proj.weight",
+                    "attn_v.weight" => "self_attn.v_proj.weight",
+                    "attn_output.weight" => "self_attn.o_proj.weight",
+                    "ffn_norm.weight" => "post_attention_layernorm.weight",
+                    "ffn_gate.weight" => "mlp.gate_proj.weight",
+                    "ffn_up.weight" => "mlp.up_proj.weight",
+                    "ffn_down.weight" => "mlp.down_proj.weight",
+                    other => panic!("{other}"),
+                };
+                format!("model.layers.{i}.{m}")
+            }
+        };
+        if t.name.ends_with("attn_q.weight") {
+            x = unpermute(x, shape[0], shape[1], 4);
+        } else if t.name.ends_with("attn_k.weight") {
+            x = unpermute(x, shape[0], shape[1], 2);
+        }
+        tensors.push((hf_name, shape, x.iter().flat_map(|v| v.to_le_bytes()).collect()));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, s, d)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, &None, &hf.join("model.safetensors")).unwrap();
+    std::fs::copy(from_gguf.join(model::TOKENIZER_PATH), hf.join("tokenizer.json")).unwrap();
+    let cfg = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 271, "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": true,
+        "bos_token_id": 1, "eos_token_id": 2, "_name_or_path": "tiny-llama",
+        "rope_scaling": null
+    });
+    std::fs::write(hf.join("config.json"), cfg.to_string()).unwrap();
+    let tc = serde_json::json!({
+        "chat_template": applianced::import::testutil::SMOLLM_CHAT_TEMPLATE,
+        "bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"}, "add_bos_token": false
+    });
+    std::fs::write(hf.join("tokenizer_config.json"), tc.to_string()).unwrap();
+
+    let from_hf = dir.path().join("h");
+    let s = import(&hf, &f32_opts, &from_hf).unwrap();
+    assert_eq!(s.source_format, "huggingface");
+    for f in OUTPUTS {
+        assert_eq!(std::fs::read(from_gguf.join(f)).unwrap(), std::fs::read(from_hf.join(f)).unwrap(), "{f} differs");
+    }
+    // HF rope_scaling llama3 lands in the config.
+    let mut cfg3 = cfg.clone();
+    cfg3["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+    std::fs::write(hf.join("config.json"), cfg3.to_string()).unwrap();
+    import(&hf, &ImportOptions::default(), &dir.path().join("h3")).unwrap();
+    let c: ModelConfig = serde_json::from_str(&std::fs::read_to_string(dir.path().join("h3").join(model::CONFIG_PATH)).unwrap()).unwrap();
+    assert!(matches!(c.rope_scaling, model::RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+    // An unsupported HF architecture.
+    let mut cfg4 = cfg.clone();
+    cfg4["architectures"] = serde_json::json!(["Phi3ForCausalLM"]);
+    std::fs::write(hf.join("config.json"), cfg4.to_string()).unwrap();
+    let e = err_text(import(&hf, &ImportOptions::default(), &dir.path().join("h4")));
+    assert!(e.contains("Phi3ForCausalLM is not supported yet"), "{e}");
+}
