@@ -476,3 +476,47 @@ fn hf_directory_imports_like_the_equivalent_gguf() {
     let e = err_text(import(&hf, &ImportOptions::default(), &dir.path().join("h4")));
     assert!(e.contains("Phi3ForCausalLM is not supported yet"), "{e}");
 }
+
+/// A Qwen2 GGUF (keys under `qwen2.`, Q/K/V biases, NeoX row order) is imported into the llama
+/// block with its Q/K rows and biases permuted to adjacent-pair order.
+#[test]
+fn qwen2_gguf_gets_biases_and_permuted_rows() {
+    let f = open_bytes(&tiny_llama_gguf_bytes(4)).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in &f.metadata {
+        let k = k.strip_prefix("llama.").map_or(k.clone(), |r| format!("qwen2.{r}"));
+        let v = if k == "general.architecture" { Value::String("qwen2".into()) } else { v.clone() };
+        w.kv(&k, v);
+    }
+    for t in &f.tensors {
+        w.tensor(&t.name, &t.ne, t.ty, f.tensor_data(t).to_vec());
+    }
+    let f32s = |n: usize| (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect::<Vec<u8>>();
+    for i in 0..2 {
+        w.tensor(&format!("blk.{i}.attn_q.bias"), &[64], TensorType::F32, f32s(64));
+        w.tensor(&format!("blk.{i}.attn_k.bias"), &[32], TensorType::F32, f32s(32));
+        w.tensor(&format!("blk.{i}.attn_v.bias"), &[32], TensorType::F32, f32s(32));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("q.gguf");
+    std::fs::write(&src, w.to_bytes()).unwrap();
+    let out = dir.path().join("out");
+    let s = import(&src, &ImportOptions::default(), &out).unwrap();
+    assert_eq!(s.architecture, "llama");
+    let cfg: ModelConfig = serde_json::from_str(&std::fs::read_to_string(out.join(model::CONFIG_PATH)).unwrap()).unwrap();
+    assert!(cfg.attention_bias);
+    let wts = Weights::open(&out.join(model::WEIGHTS_PATH)).unwrap();
+    let vals = |name: &str| -> Vec<f32> {
+        wts.require(name).unwrap().data.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    };
+    // head_dim 16: head 0 becomes [0, 8, 1, 9, ..., 7, 15], head 1 [16, 24, ...].
+    let q = vals("blk.0.attn_q.bias");
+    assert_eq!(&q[..4], &[0.0, 8.0, 1.0, 9.0]);
+    assert_eq!(&q[16..18], &[16.0, 24.0]);
+    assert_eq!(vals("blk.1.attn_v.bias"), (0..32).map(|i| i as f32).collect::<Vec<_>>(), "V is not permuted");
+    // Q rows are permuted the same way: GGUF row 8 of head 0 is our row 1.
+    let src_q = f.tensor("blk.0.attn_q.weight").unwrap();
+    let row = src_q.ty.row_bytes(64).unwrap();
+    let ours = wts.require("blk.0.attn_q.weight").unwrap().data;
+    assert_eq!(&ours[row..2 * row], &f.tensor_data(src_q)[8 * row..9 * row]);
+}
