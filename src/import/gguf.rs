@@ -333,7 +333,7 @@ fn value_min_bytes(ty: u32) -> Option<u64> {
     Some(match ty {
         0 | 1 | 7 => 1,
         2 | 3 => 2,
-        4 | 5 | 6 => 4,
+        4..=6 => 4,
         8 => 8,
         9 => 12,
         10..=12 => 8,
@@ -430,15 +430,15 @@ impl GgufFile {
                     })
                 }
             };
-            if ne.iter().any(|&d| d == 0) {
+            if ne.contains(&0) {
                 return Err(terr(format!("zero dimension in {ne:?}")));
             }
             let n_el = ne.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-            let n_el = match n_el {
-                Some(n) if n <= data_len.saturating_mul(8) && usize::try_from(n).is_ok() => n,
+            match n_el {
+                // No supported type packs more than 8 elements per byte.
+                Some(n) if n <= data_len.saturating_mul(8) && usize::try_from(n).is_ok() => {}
                 _ => return Err(terr(format!("dimensions {ne:?} are impossibly large for the file"))),
-            };
-            let _ = n_el;
+            }
             let ne0 = ne[0] as usize; // <= n_el which fits usize
             let row = ty.row_bytes(ne0).ok_or_else(|| {
                 terr(format!("ne0 = {ne0} is not a multiple of the {} block size {}", ty.name(), ty.block_elems()))

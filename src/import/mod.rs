@@ -287,7 +287,9 @@ pub(crate) fn check_config(path: &Path, c: &ModelConfig) -> Result<(), ImportErr
     if c.head_dim % 2 != 0 {
         return Err(bad("head_dim", format!("{} is odd (RoPE needs pairs)", c.head_dim)));
     }
-    if !(c.rms_norm_eps > 0.0 && c.rms_norm_eps < 1.0) || !(c.rope_theta > 0.0 && c.rope_theta.is_finite()) {
+    let eps_ok = c.rms_norm_eps > 0.0 && c.rms_norm_eps < 1.0;
+    let theta_ok = c.rope_theta > 0.0 && c.rope_theta.is_finite();
+    if !eps_ok || !theta_ok {
         return Err(bad("rms_norm_eps/rope_theta", "out of range".into()));
     }
     Ok(())
