@@ -1,1 +1,639 @@
-//! schema (in progress)
+//! JSON Schema → token automaton for structured output.
+//!
+//! [`CompiledSchema::compile`] lowers a JSON Schema (Draft 2020-12, Draft 7 spellings accepted) to
+//! a minimal byte-level DFA over the schema's JSON texts, then precomputes for every DFA state the
+//! set of vocabulary tokens whose bytes keep the automaton alive (a bitset, deduplicated across
+//! states). At generation time a mask lookup is one index operation, and advancing by a token is a
+//! walk over its bytes.
+//!
+//! What is enforced, the whitespace and key-order policy and the nesting bound for recursion are
+//! documented in `docs/schemas.md`. In short: keywords the compiler cannot enforce exactly are
+//! refused with [`SchemaError::Unsupported`], never dropped; texts are compact JSON with at most
+//! one optional space after `,` and `:`; object keys appear in schema order (optional ones may be
+//! skipped; undeclared keys after the declared ones); recursion (`$ref` cycles and unconstrained
+//! values) is expanded to a bounded depth (a finite automaton, no stack).
+
+mod automata;
+mod lower;
+mod numbers;
+mod strings;
+mod tokens;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+pub use tokens::Vocabulary;
+
+use automata::{Dfa, DEAD};
+
+/// Everything that can go wrong compiling or loading a schema. Every schema-related variant names
+/// the JSON pointer (into the schema) where it arose.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SchemaError {
+    /// A keyword the compiler cannot enforce exactly.
+    #[error("unsupported schema keyword `{keyword}` at `{pointer}`: structured output cannot enforce it exactly; remove it or rewrite the schema (see docs/schemas.md)")]
+    Unsupported { keyword: String, pointer: String },
+    /// A `pattern` outside the supported ECMA-262 subset (look-around, back-references, …).
+    #[error("unsupported `pattern` {pattern:?} at `{pointer}`: {reason}; use a regular pattern without look-around or back-references")]
+    UnsupportedPattern { pattern: String, pointer: String, reason: String },
+    /// The schema is malformed.
+    #[error("invalid schema at `{pointer}` (keyword `{keyword}`): {reason}")]
+    Invalid { keyword: String, pointer: String, reason: String },
+    /// A `$ref` that does not resolve inside the document (remote references are not fetched).
+    #[error("unresolved `$ref` {reference:?} at `{pointer}`: inline the referenced schema under `$defs`")]
+    UnresolvedRef { reference: String, pointer: String },
+    /// The automaton grew past a cap.
+    #[error("schema at `{pointer}` is too large to compile: {what} exceeds the limit {limit}; simplify the schema or raise the limit in CompileOptions")]
+    TooLarge { pointer: String, what: String, limit: usize },
+    /// No JSON text satisfies the schema (within the nesting bound).
+    #[error("schema at `{pointer}` accepts no value (within the nesting bound of CompileOptions)")]
+    Unsatisfiable { pointer: String },
+    /// Vocabulary / EOS ids inconsistent.
+    #[error("bad vocabulary: {reason}")]
+    Vocabulary { reason: String },
+    /// `from_bytes` input malformed.
+    #[error("malformed compiled schema: {reason}")]
+    Decode { reason: String },
+}
+
+impl SchemaError {
+    /// The keyword at fault, where there is one.
+    pub fn keyword(&self) -> Option<&str> {
+        match self {
+            SchemaError::Unsupported { keyword, .. } | SchemaError::Invalid { keyword, .. } => Some(keyword),
+            SchemaError::UnsupportedPattern { .. } => Some("pattern"),
+            SchemaError::UnresolvedRef { .. } => Some("$ref"),
+            _ => None,
+        }
+    }
+
+    /// The JSON pointer into the schema, where there is one.
+    pub fn pointer(&self) -> Option<&str> {
+        match self {
+            SchemaError::Unsupported { pointer, .. }
+            | SchemaError::UnsupportedPattern { pointer, .. }
+            | SchemaError::Invalid { pointer, .. }
+            | SchemaError::UnresolvedRef { pointer, .. }
+            | SchemaError::TooLarge { pointer, .. }
+            | SchemaError::Unsatisfiable { pointer } => Some(pointer),
+            _ => None,
+        }
+    }
+}
+
+/// Whitespace the automaton allows between JSON tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Whitespace {
+    /// No whitespace at all: `{"a":1,"b":[1,2]}`.
+    Compact,
+    /// Compact, plus one optional space after each `,` and `:` (Python's `json.dumps` default).
+    Flexible,
+}
+
+/// Compiler knobs. The defaults suit ad-hoc API schemas.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CompileOptions {
+    pub whitespace: Whitespace,
+    /// How many times one `$ref` target may be expanded inside itself (recursion depth bound).
+    pub max_recursion: u32,
+    /// Nesting depth of unconstrained values (`{}`, `true`, undeclared properties' values).
+    pub max_any_depth: u32,
+    /// Cap on the states of any intermediate or final automaton.
+    pub max_states: usize,
+    /// Wall-clock cap on the schema lowering.
+    pub max_compile_time: Duration,
+    /// Enforce the supported `format`s (date-time, date, time, email, uuid, uri, ipv4, ipv6).
+    pub enforce_formats: bool,
+    /// Refuse unknown formats instead of treating them as annotations (2020-12's default).
+    pub unknown_formats_are_errors: bool,
+    /// Allow keys a schema does not declare when `additionalProperties` is absent (JSON Schema's
+    /// default). With `false`, such objects only get their declared keys.
+    pub allow_undeclared_properties: bool,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            whitespace: Whitespace::Flexible,
+            max_recursion: 3,
+            max_any_depth: 3,
+            max_states: 200_000,
+            max_compile_time: Duration::from_secs(10),
+            enforce_formats: true,
+            unknown_formats_are_errors: false,
+            allow_undeclared_properties: true,
+        }
+    }
+}
+
+/// A state of a compiled schema's automaton.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StateId(pub u32);
+
+/// Sizes and timings of a compilation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SchemaStats {
+    /// Live DFA states (the dead state excluded).
+    pub states: usize,
+    /// Distinct token masks.
+    pub distinct_masks: usize,
+    /// Bytes of mask storage.
+    pub mask_bytes: usize,
+    /// Bytes of the whole in-memory structure (masks, transitions, vocabulary not counted).
+    pub bytes: usize,
+    /// Schema → DFA time.
+    pub lower_time: Duration,
+    /// DFA → token masks time.
+    pub mask_time: Duration,
+    /// Whole compilation (vocabulary trie excluded when a prebuilt [`Vocabulary`] was used).
+    pub compile_time: Duration,
+}
+
+/// A schema compiled against one vocabulary.
+///
+/// # Byte encoding (`to_bytes` / `from_bytes`), version 1, all integers little-endian
+/// ```text
+/// magic      8  b"ZLSCHM\0\x01"
+/// n_tokens   u32            ≤ 2^21
+/// n_eos      u32            ≤ 64, then n_eos × u32 (each < n_bits)
+/// tokens     n_tokens × (u16 len ≤ 1024, len bytes)
+/// n_cls      u16            1..=256
+/// classes    256 × u8       each < n_cls
+/// n_states   u32            2..=2^22 (state 0 dead, all its transitions 0)
+/// start      u32            < n_states
+/// accept     ceil(n_states/8) bytes, bit i = state i accepts (bit 0 clear)
+/// trans      n_states × n_cls × u32, each < n_states
+/// n_masks    u32            ≤ n_states
+/// words      u32            = ceil(n_bits / 64), n_bits = max(n_tokens, max eos + 1)
+/// masks      n_masks × words × u64
+/// state_mask n_states × u32, each < n_masks
+/// stats      5 × u64        states, distinct_masks, lower µs, mask µs, compile µs
+/// ```
+/// Nothing may follow. Readers check every count against its cap and the remaining input before
+/// allocating, and every index against its table.
+#[derive(Debug, Clone)]
+pub struct CompiledSchema {
+    vocab: Arc<Vocabulary>,
+    dfa: Dfa,
+    words: usize,
+    masks: Vec<u64>,
+    state_mask: Vec<u32>,
+    stats: SchemaStats,
+}
+
+const MAGIC: &[u8; 8] = b"ZLSCHM\0\x01";
+
+impl CompiledSchema {
+    /// Compiles `schema` against the vocabulary `vocab` (raw bytes per token id).
+    pub fn compile(schema: &Value, vocab: &[Vec<u8>], eos_ids: &[u32], opts: &CompileOptions) -> Result<CompiledSchema, SchemaError> {
+        let t0 = Instant::now();
+        let v = Arc::new(Vocabulary::new(vocab, eos_ids));
+        let mut c = Self::compile_with(schema, &v, opts)?;
+        c.stats.compile_time = t0.elapsed();
+        Ok(c)
+    }
+
+    /// Compiles against a prebuilt (shared) vocabulary.
+    pub fn compile_with(schema: &Value, vocab: &Arc<Vocabulary>, opts: &CompileOptions) -> Result<CompiledSchema, SchemaError> {
+        let t0 = Instant::now();
+        if vocab.eos.is_empty() {
+            return Err(SchemaError::Vocabulary { reason: "no end-of-sequence id".into() });
+        }
+        let mut lw = lower::Lowerer::new(schema, opts);
+        let dfa = lw.lower_root()?;
+        if dfa.is_empty() {
+            return Err(SchemaError::Unsatisfiable { pointer: String::new() });
+        }
+        let lower_time = t0.elapsed();
+        let t1 = Instant::now();
+        let words = vocab.words();
+        let n = dfa.n_states();
+        let mut masks: Vec<u64> = vec![0; words]; // mask 0: the dead state's (empty)
+        let mut state_mask = vec![0u32; n];
+        let mut seen: HashMap<Vec<u64>, u32> = HashMap::new();
+        seen.insert(vec![0; words], 0);
+        let mut buf = vec![0u64; words];
+        let mut stack = Vec::new();
+        for s in 1..n {
+            vocab.mask(&dfa, s as u32, &mut buf, &mut stack);
+            let id = match seen.get(&buf) {
+                Some(&id) => id,
+                None => {
+                    let id = seen.len() as u32;
+                    seen.insert(buf.clone(), id);
+                    masks.extend_from_slice(&buf);
+                    id
+                }
+            };
+            state_mask[s] = id;
+        }
+        let mask_time = t1.elapsed();
+        let distinct = masks.len() / words.max(1);
+        let mask_bytes = masks.len() * 8;
+        let bytes = mask_bytes + state_mask.len() * 4 + dfa.trans.len() * 4 + dfa.accept.len() + 256;
+        let stats = SchemaStats {
+            states: n - 1,
+            distinct_masks: distinct,
+            mask_bytes,
+            bytes,
+            lower_time,
+            mask_time,
+            compile_time: t0.elapsed(),
+        };
+        Ok(CompiledSchema { vocab: vocab.clone(), dfa, words, masks, state_mask, stats })
+    }
+
+    /// The start state.
+    pub fn start(&self) -> StateId {
+        StateId(self.dfa.start)
+    }
+
+    /// Bitset over token ids (bit `id % 64` of word `id / 64`) of the tokens allowed in `s`;
+    /// EOS ids are set exactly in accepting states. Out-of-range states get the empty mask.
+    #[inline]
+    pub fn allowed(&self, s: StateId) -> &[u64] {
+        let m = self.state_mask.get(s.0 as usize).copied().unwrap_or(0) as usize;
+        &self.masks[m * self.words..(m + 1) * self.words]
+    }
+
+    /// The state after `token`, or `None` if the token is not allowed in `s` (EOS included: after
+    /// EOS there is no state; check [`CompiledSchema::is_accepting`]).
+    pub fn advance(&self, s: StateId, token: u32) -> Option<StateId> {
+        let bytes = self.vocab.tokens.get(token as usize)?;
+        if bytes.is_empty() || self.vocab.eos.contains(&token) || s.0 as usize >= self.dfa.n_states() {
+            return None;
+        }
+        let mut q = s.0;
+        for &b in bytes {
+            if q == DEAD {
+                return None;
+            }
+            q = self.dfa.next(q, b);
+        }
+        (q != DEAD).then_some(StateId(q))
+    }
+
+    /// Advances by raw bytes (for tests and for prompts that force text).
+    pub fn advance_bytes(&self, s: StateId, bytes: &[u8]) -> Option<StateId> {
+        let mut q = s.0;
+        if q as usize >= self.dfa.n_states() {
+            return None;
+        }
+        for &b in bytes {
+            if q == DEAD {
+                return None;
+            }
+            q = self.dfa.next(q, b);
+        }
+        (q != DEAD).then_some(StateId(q))
+    }
+
+    /// Whether the text so far is a complete valid document (EOS allowed).
+    pub fn is_accepting(&self, s: StateId) -> bool {
+        self.dfa.accept.get(s.0 as usize).copied().unwrap_or(false)
+    }
+
+    pub fn stats(&self) -> SchemaStats {
+        self.stats
+    }
+
+    /// The vocabulary this schema was compiled against.
+    pub fn vocabulary(&self) -> &Arc<Vocabulary> {
+        &self.vocab
+    }
+
+    /// Number of tokens (bits) a mask covers.
+    pub fn mask_bits(&self) -> usize {
+        self.vocab.n_bits
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.stats.bytes + 64);
+        out.extend_from_slice(MAGIC);
+        let v = &self.vocab;
+        out.extend_from_slice(&(v.tokens.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(v.eos.len() as u32).to_le_bytes());
+        for e in &v.eos {
+            out.extend_from_slice(&e.to_le_bytes());
+        }
+        for t in &v.tokens {
+            out.extend_from_slice(&(t.len() as u16).to_le_bytes());
+            out.extend_from_slice(t);
+        }
+        let d = &self.dfa;
+        out.extend_from_slice(&(d.ncls as u16).to_le_bytes());
+        out.extend_from_slice(&d.classes);
+        let n = d.n_states();
+        out.extend_from_slice(&(n as u32).to_le_bytes());
+        out.extend_from_slice(&d.start.to_le_bytes());
+        let mut acc = vec![0u8; n.div_ceil(8)];
+        for (i, &a) in d.accept.iter().enumerate() {
+            if a {
+                acc[i / 8] |= 1 << (i % 8);
+            }
+        }
+        out.extend_from_slice(&acc);
+        for t in &d.trans {
+            out.extend_from_slice(&t.to_le_bytes());
+        }
+        let n_masks = self.masks.len() / self.words.max(1);
+        out.extend_from_slice(&(n_masks as u32).to_le_bytes());
+        out.extend_from_slice(&(self.words as u32).to_le_bytes());
+        for w in &self.masks {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        for m in &self.state_mask {
+            out.extend_from_slice(&m.to_le_bytes());
+        }
+        let s = &self.stats;
+        for x in [s.states as u64, s.distinct_masks as u64, s.lower_time.as_micros() as u64, s.mask_time.as_micros() as u64, s.compile_time.as_micros() as u64] {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        out
+    }
+
+    /// Decodes [`CompiledSchema::to_bytes`] output; bounded and panic-free on any input.
+    pub fn from_bytes(b: &[u8]) -> Result<CompiledSchema, SchemaError> {
+        let mut r = Reader { b, pos: 0 };
+        if r.take(8)? != MAGIC {
+            return Err(dec_err("bad magic or version"));
+        }
+        let n_tokens = r.u32()? as usize;
+        if n_tokens > 1 << 21 {
+            return Err(dec_err("too many tokens"));
+        }
+        let n_eos = r.u32()? as usize;
+        if n_eos == 0 || n_eos > 64 {
+            return Err(dec_err("bad EOS count"));
+        }
+        let mut eos = Vec::with_capacity(n_eos);
+        for _ in 0..n_eos {
+            eos.push(r.u32()?);
+        }
+        if n_tokens * 2 > r.remaining() {
+            return Err(dec_err("truncated vocabulary"));
+        }
+        let mut tokens = Vec::with_capacity(n_tokens);
+        for _ in 0..n_tokens {
+            let len = r.u16()? as usize;
+            if len > 1024 {
+                return Err(dec_err("token too long"));
+            }
+            tokens.push(r.take(len)?.to_vec());
+        }
+        let max_eos = eos.iter().map(|&e| e as usize + 1).max().unwrap_or(0);
+        let n_bits = n_tokens.max(max_eos);
+        if max_eos > (1 << 21) {
+            return Err(dec_err("EOS id out of range"));
+        }
+        let ncls = r.u16()? as usize;
+        if ncls == 0 || ncls > 256 {
+            return Err(dec_err("bad class count"));
+        }
+        let mut classes = [0u8; 256];
+        classes.copy_from_slice(r.take(256)?);
+        if classes.iter().any(|&c| c as usize >= ncls) {
+            return Err(dec_err("class out of range"));
+        }
+        let n = r.u32()? as usize;
+        if !(2..=1 << 22).contains(&n) {
+            return Err(dec_err("bad state count"));
+        }
+        let start = r.u32()?;
+        if start as usize >= n || start == DEAD {
+            return Err(dec_err("bad start state"));
+        }
+        let accb = r.take(n.div_ceil(8))?;
+        let accept: Vec<bool> = (0..n).map(|i| accb[i / 8] & (1 << (i % 8)) != 0).collect();
+        if accept[0] {
+            return Err(dec_err("dead state accepts"));
+        }
+        if n.checked_mul(ncls).and_then(|x| x.checked_mul(4)).is_none_or(|x| x > r.remaining()) {
+            return Err(dec_err("truncated transitions"));
+        }
+        let mut trans = Vec::with_capacity(n * ncls);
+        for i in 0..n * ncls {
+            let t = r.u32()?;
+            if t as usize >= n || (i < ncls && t != DEAD) {
+                return Err(dec_err("transition out of range"));
+            }
+            trans.push(t);
+        }
+        let n_masks = r.u32()? as usize;
+        let words = r.u32()? as usize;
+        if words != n_bits.div_ceil(64) || n_masks == 0 || n_masks > n {
+            return Err(dec_err("bad mask table shape"));
+        }
+        if n_masks.checked_mul(words).and_then(|x| x.checked_mul(8)).is_none_or(|x| x > r.remaining()) {
+            return Err(dec_err("truncated masks"));
+        }
+        let mut masks = Vec::with_capacity(n_masks * words);
+        for _ in 0..n_masks * words {
+            masks.push(r.u64()?);
+        }
+        let mut state_mask = Vec::with_capacity(n);
+        for _ in 0..n {
+            let m = r.u32()?;
+            if m as usize >= n_masks {
+                return Err(dec_err("mask index out of range"));
+            }
+            state_mask.push(m);
+        }
+        let st: Vec<u64> = (0..5).map(|_| r.u64()).collect::<Result<_, _>>()?;
+        if r.remaining() != 0 {
+            return Err(dec_err("trailing bytes"));
+        }
+        let vocab = Arc::new(Vocabulary::new(&tokens, &eos));
+        let dfa = Dfa { classes, ncls, trans, accept, start };
+        let stats = SchemaStats {
+            states: st[0] as usize,
+            distinct_masks: st[1] as usize,
+            mask_bytes: masks.len() * 8,
+            bytes: masks.len() * 8 + n * 4 + n * ncls * 4 + n + 256,
+            lower_time: Duration::from_micros(st[2]),
+            mask_time: Duration::from_micros(st[3]),
+            compile_time: Duration::from_micros(st[4]),
+        };
+        Ok(CompiledSchema { vocab, dfa, words, masks, state_mask, stats })
+    }
+}
+
+fn dec_err(why: &str) -> SchemaError {
+    SchemaError::Decode { reason: why.to_string() }
+}
+
+struct Reader<'b> {
+    b: &'b [u8],
+    pos: usize,
+}
+
+impl<'b> Reader<'b> {
+    fn remaining(&self) -> usize {
+        self.b.len() - self.pos
+    }
+    fn take(&mut self, n: usize) -> Result<&'b [u8], SchemaError> {
+        if n > self.remaining() {
+            return Err(dec_err("truncated input"));
+        }
+        let s = &self.b[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    fn u16(&mut self) -> Result<u16, SchemaError> {
+        let s = self.take(2)?;
+        Ok(u16::from_le_bytes([s[0], s[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, SchemaError> {
+        let s = self.take(4)?;
+        Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, SchemaError> {
+        let s = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(s);
+        Ok(u64::from_le_bytes(a))
+    }
+}
+
+/// Bounded LRU of compiled ad-hoc schemas for one vocabulary, keyed by the SHA-256 of the
+/// schema's compact JSON text (key order preserved: it is part of the output policy) and the
+/// compile options.
+pub struct SchemaCache {
+    vocab: Arc<Vocabulary>,
+    cap_bytes: usize,
+    used: usize,
+    tick: u64,
+    map: HashMap<[u8; 32], (Arc<CompiledSchema>, u64)>,
+}
+
+impl SchemaCache {
+    pub fn new(vocab: Arc<Vocabulary>, cap_bytes: usize) -> SchemaCache {
+        SchemaCache { vocab, cap_bytes, used: 0, tick: 0, map: HashMap::new() }
+    }
+
+    /// The cache key of a schema under `opts`.
+    pub fn key(schema: &Value, opts: &CompileOptions) -> [u8; 32] {
+        let mut h = Sha256::new();
+        h.update(serde_json::to_vec(schema).unwrap_or_default());
+        h.update(format!("{opts:?}").as_bytes());
+        h.finalize().into()
+    }
+
+    /// Returns the cached compilation or compiles (and caches) it.
+    pub fn get_or_compile(&mut self, schema: &Value, opts: &CompileOptions) -> Result<Arc<CompiledSchema>, SchemaError> {
+        let key = Self::key(schema, opts);
+        self.tick += 1;
+        if let Some((c, t)) = self.map.get_mut(&key) {
+            *t = self.tick;
+            return Ok(c.clone());
+        }
+        let c = Arc::new(CompiledSchema::compile_with(schema, &self.vocab, opts)?);
+        let size = c.stats.bytes;
+        if size <= self.cap_bytes {
+            while self.used + size > self.cap_bytes {
+                let Some(oldest) = self.map.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k) else { break };
+                if let Some((old, _)) = self.map.remove(&oldest) {
+                    self.used -= old.stats.bytes;
+                }
+            }
+            self.used += size;
+            self.map.insert(key, (c.clone(), self.tick));
+        }
+        Ok(c)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.used
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    pub(crate) fn byte_vocab() -> Vec<Vec<u8>> {
+        let mut v: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        for s in ["{\"", "\":", "\": ", "\",", "\", \"", "true", "false", "null", "12", "00", "ab", "\"}", "}}", "]}", "\\\"", "é"] {
+            v.push(s.as_bytes().to_vec());
+        }
+        v.push(Vec::new()); // EOS
+        v
+    }
+
+    fn accepts(c: &CompiledSchema, text: &str) -> bool {
+        match c.advance_bytes(c.start(), text.as_bytes()) {
+            Some(s) => c.is_accepting(s),
+            None => false,
+        }
+    }
+
+    fn compile(s: Value) -> CompiledSchema {
+        let v = byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap()
+    }
+
+    #[test]
+    fn object_basic() {
+        let c = compile(json!({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},"required":["a"],"additionalProperties":false}));
+        assert!(accepts(&c, r#"{"a":1}"#));
+        assert!(accepts(&c, r#"{"a": 1, "b": "x"}"#));
+        assert!(!accepts(&c, r#"{"b":"x"}"#));
+        assert!(!accepts(&c, r#"{"a":1,"c":2}"#));
+        assert!(!accepts(&c, r#"{"a":1.5}"#));
+        // masks: in start state only '{' tokens
+        let m = c.allowed(c.start());
+        assert!(m[(b'{' as usize) / 64] & (1 << (b'{' % 64)) != 0);
+        assert!(m[(b'[' as usize) / 64] & (1 << (b'[' % 64)) == 0);
+        let bytes = c.to_bytes();
+        let d = CompiledSchema::from_bytes(&bytes).unwrap();
+        assert_eq!(d.to_bytes(), bytes);
+        for cut in [0, 5, bytes.len() / 2, bytes.len() - 1] {
+            assert!(CompiledSchema::from_bytes(&bytes[..cut]).is_err());
+        }
+    }
+
+    #[test]
+    fn anyof_refs_enums() {
+        let c = compile(json!({"$defs":{"n":{"anyOf":[{"type":"null"},{"$ref":"#"}]}},"type":"array","items":{"$ref":"#/$defs/n"},"maxItems":2}));
+        assert!(accepts(&c, "[]") && accepts(&c, "[null,[]]") && accepts(&c, "[[null]]"));
+        assert!(!accepts(&c, "[1]") && !accepts(&c, "[null,null,null]"));
+        let c = compile(json!({"enum":["a", 1, null, {"x":[1,2]}]}));
+        for t in ["\"a\"", "1", "1.0", "null", "{\"x\":[1,2]}", "{\"x\": [1, 2]}"] {
+            assert!(accepts(&c, t), "{t}");
+        }
+        assert!(!accepts(&c, "\"b\""));
+    }
+}
+
+#[cfg(test)]
+mod debug_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn dbg_obj() {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        for (s, t) in [(json!({"enum":[{"x":[1,2]}]}), "{\"x\":[1,2]}"), (json!({"enum":[{"x":1}]}), "{\"x\":1}"), (json!({"enum":[[1]]}), "[1]"), (json!({"enum":[{"x":"a"}]}), "{\"x\":\"a\"}"), (json!({"type":"array"}), "[1,2]"), (json!({"type":"array"}), "[[1]]"), (json!(true), "1"), (json!({"type":"object"}), "{\"x\":1}"), (json!({"type":"object"}), "{}")] {
+            let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
+            let ok = c.advance_bytes(c.start(), t.as_bytes()).is_some_and(|x| c.is_accepting(x));
+            eprintln!("{s} {t} {ok} states={}", c.stats().states);
+        }
+    }
+}

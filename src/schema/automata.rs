@@ -1,0 +1,617 @@
+//! Byte-level finite automata: a Thompson-style NFA builder, subset construction, minimisation and
+//! product (intersection / difference) of DFAs.
+//!
+//! Every schema node is lowered to a minimised [`Dfa`]; composite nodes embed their children's DFAs
+//! into an [`Nfa`] and determinise again. State 0 of every DFA is the dead state.
+
+use std::collections::HashMap;
+
+/// The dead state of every [`Dfa`].
+pub(crate) const DEAD: u32 = 0;
+
+/// The construction ran past its state cap.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Overflow {
+    pub states: usize,
+}
+
+/// Nondeterministic automaton with byte-range edges and epsilon moves.
+#[derive(Default, Clone)]
+pub(crate) struct Nfa {
+    eps: Vec<Vec<u32>>,
+    edges: Vec<Vec<(u8, u8, u32)>>,
+}
+
+impl Nfa {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.eps.len()
+    }
+
+    pub fn state(&mut self) -> u32 {
+        self.eps.push(Vec::new());
+        self.edges.push(Vec::new());
+        (self.eps.len() - 1) as u32
+    }
+
+    pub fn eps(&mut self, from: u32, to: u32) {
+        self.eps[from as usize].push(to);
+    }
+
+    pub fn range(&mut self, from: u32, lo: u8, hi: u8, to: u32) {
+        self.edges[from as usize].push((lo, hi, to));
+    }
+
+    pub fn byte(&mut self, from: u32, b: u8, to: u32) {
+        self.range(from, b, b, to);
+    }
+
+    /// Adds a chain spelling `bytes` from `from`; returns the chain's end.
+    pub fn lit(&mut self, from: u32, bytes: &[u8]) -> u32 {
+        let mut cur = from;
+        for &b in bytes {
+            let n = self.state();
+            self.byte(cur, b, n);
+            cur = n;
+        }
+        cur
+    }
+
+    /// Adds a chain spelling `bytes` from `from` to the existing state `to`.
+    pub fn lit_to(&mut self, from: u32, bytes: &[u8], to: u32) {
+        if bytes.is_empty() {
+            self.eps(from, to);
+            return;
+        }
+        let mut cur = from;
+        for (i, &b) in bytes.iter().enumerate() {
+            let n = if i + 1 == bytes.len() { to } else { self.state() };
+            self.byte(cur, b, n);
+            cur = n;
+        }
+    }
+
+    /// Copies `dfa` in, with its start reached by epsilon from `from`; returns a fresh state
+    /// reached by epsilon from every accepting state of the copy.
+    pub fn embed(&mut self, from: u32, dfa: &Dfa) -> u32 {
+        let end = self.state();
+        self.embed_to(from, dfa, end);
+        end
+    }
+
+    /// Like [`Nfa::embed`] but into the existing state `to`.
+    pub fn embed_to(&mut self, from: u32, dfa: &Dfa, to: u32) {
+        if dfa.start == DEAD {
+            return;
+        }
+        let n = dfa.n_states();
+        let base = self.len() as u32;
+        for _ in 0..n {
+            self.state();
+        }
+        self.eps(from, base + dfa.start);
+        for s in 1..n {
+            let row = dfa.row(s as u32);
+            let mut b = 0usize;
+            while b < 256 {
+                let t = row[dfa.classes[b] as usize];
+                let mut e = b;
+                while e + 1 < 256 && row[dfa.classes[e + 1] as usize] == t {
+                    e += 1;
+                }
+                if t != DEAD {
+                    self.range(base + s as u32, b as u8, e as u8, base + t);
+                }
+                b = e + 1;
+            }
+            if dfa.accept[s] {
+                self.eps(base + s as u32, to);
+            }
+        }
+    }
+
+    /// Subset construction from `start`, accepting where `accept` is in the subset; the result is
+    /// minimised. Fails past `cap` DFA states.
+    pub fn determinize(&self, start: u32, accept: u32, cap: usize) -> Result<Dfa, Overflow> {
+        // Byte classes: boundaries of every edge range.
+        let mut boundary = [false; 257];
+        for es in &self.edges {
+            for &(lo, hi, _) in es {
+                boundary[lo as usize] = true;
+                boundary[hi as usize + 1] = true;
+            }
+        }
+        let mut classes = [0u8; 256];
+        let mut reps: Vec<u8> = Vec::new();
+        let mut c: i32 = -1;
+        for b in 0..256usize {
+            if b == 0 || boundary[b] {
+                c += 1;
+                reps.push(b as u8);
+            }
+            classes[b] = c as u8;
+        }
+        let ncls = reps.len();
+        let n = self.len();
+        // Keep only "important" states (with edges, or the accept state) in subsets.
+        let important: Vec<bool> =
+            (0..n).map(|s| !self.edges[s].is_empty() || s as u32 == accept).collect();
+        let mut mark = vec![0u32; n];
+        let mut gen = 0u32;
+        let mut stack: Vec<u32> = Vec::new();
+        let mut closure = |seeds: &mut Vec<u32>, mark: &mut Vec<u32>, gen: &mut u32| -> Vec<u32> {
+            *gen += 1;
+            let g = *gen;
+            stack.clear();
+            let mut out = Vec::new();
+            for &s in seeds.iter() {
+                if mark[s as usize] != g {
+                    mark[s as usize] = g;
+                    stack.push(s);
+                }
+            }
+            while let Some(s) = stack.pop() {
+                if important[s as usize] {
+                    out.push(s);
+                }
+                for &t in &self.eps[s as usize] {
+                    if mark[t as usize] != g {
+                        mark[t as usize] = g;
+                        stack.push(t);
+                    }
+                }
+            }
+            out.sort_unstable();
+            out
+        };
+        let mut map: HashMap<Vec<u32>, u32> = HashMap::new();
+        let mut sets: Vec<Vec<u32>> = vec![Vec::new()];
+        let mut trans: Vec<u32> = vec![DEAD; ncls];
+        let mut acc = vec![false];
+        map.insert(Vec::new(), DEAD);
+        let s0 = closure(&mut vec![start], &mut mark, &mut gen);
+        let start_id = if s0.is_empty() {
+            DEAD
+        } else {
+            map.insert(s0.clone(), 1);
+            acc.push(s0.binary_search(&accept).is_ok());
+            sets.push(s0);
+            trans.extend(std::iter::repeat(DEAD).take(ncls));
+            1
+        };
+        let mut buckets: Vec<Vec<u32>> = vec![Vec::new(); ncls];
+        let mut i = 1;
+        while i < sets.len() {
+            for bkt in buckets.iter_mut() {
+                bkt.clear();
+            }
+            for &s in &sets[i] {
+                for &(lo, hi, t) in &self.edges[s as usize] {
+                    for cl in classes[lo as usize]..=classes[hi as usize] {
+                        buckets[cl as usize].push(t);
+                    }
+                }
+            }
+            for cl in 0..ncls {
+                if buckets[cl].is_empty() {
+                    continue;
+                }
+                let mut seeds = std::mem::take(&mut buckets[cl]);
+                let set = closure(&mut seeds, &mut mark, &mut gen);
+                seeds.clear();
+                buckets[cl] = seeds;
+                let id = match map.get(&set) {
+                    Some(&id) => id,
+                    None => {
+                        let id = sets.len() as u32;
+                        if sets.len() >= cap {
+                            return Err(Overflow { states: sets.len() });
+                        }
+                        map.insert(set.clone(), id);
+                        acc.push(set.binary_search(&accept).is_ok());
+                        sets.push(set);
+                        trans.extend(std::iter::repeat(DEAD).take(ncls));
+                        id
+                    }
+                };
+                trans[i * ncls + cl] = id;
+            }
+            i += 1;
+        }
+        let d = Dfa { classes, ncls, trans, accept: acc, start: start_id };
+        Ok(d.minimize())
+    }
+}
+
+/// Deterministic automaton over bytes with byte classes. State 0 is dead.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Dfa {
+    pub classes: [u8; 256],
+    pub ncls: usize,
+    /// `state * ncls + class` → next state.
+    pub trans: Vec<u32>,
+    pub accept: Vec<bool>,
+    pub start: u32,
+}
+
+impl Dfa {
+    /// The empty language.
+    pub fn empty() -> Dfa {
+        Dfa { classes: [0; 256], ncls: 1, trans: vec![DEAD], accept: vec![false], start: DEAD }
+    }
+
+    /// The language of exactly the strings in `lits`.
+    pub fn literals<'a>(lits: impl IntoIterator<Item = &'a [u8]>, cap: usize) -> Result<Dfa, Overflow> {
+        let mut nfa = Nfa::new();
+        let s = nfa.state();
+        let e = nfa.state();
+        for l in lits {
+            nfa.lit_to(s, l, e);
+        }
+        nfa.determinize(s, e, cap)
+    }
+
+    pub fn n_states(&self) -> usize {
+        self.accept.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.start == DEAD
+    }
+
+    pub fn row(&self, s: u32) -> &[u32] {
+        let i = s as usize * self.ncls;
+        &self.trans[i..i + self.ncls]
+    }
+
+    #[inline]
+    pub fn next(&self, s: u32, b: u8) -> u32 {
+        self.trans[s as usize * self.ncls + self.classes[b as usize] as usize]
+    }
+
+    pub fn run(&self, input: &[u8]) -> u32 {
+        let mut s = self.start;
+        for &b in input {
+            if s == DEAD {
+                return DEAD;
+            }
+            s = self.next(s, b);
+        }
+        s
+    }
+
+    pub fn matches(&self, input: &[u8]) -> bool {
+        let s = self.run(input);
+        s != DEAD && self.accept[s as usize]
+    }
+
+    /// Whether the language contains the empty string.
+    pub fn accepts_empty(&self) -> bool {
+        self.start != DEAD && self.accept[self.start as usize]
+    }
+
+    /// Removes unreachable / useless states and merges equivalent ones (Moore refinement).
+    /// The result is numbered in breadth-first order from the start, dead state 0.
+    pub fn minimize(&self) -> Dfa {
+        let n = self.n_states();
+        let ncls = self.ncls;
+        // Reachable from start.
+        let mut reach = vec![false; n];
+        let mut stack = vec![];
+        if self.start != DEAD {
+            reach[self.start as usize] = true;
+            stack.push(self.start);
+        }
+        while let Some(s) = stack.pop() {
+            for &t in self.row(s) {
+                if !reach[t as usize] {
+                    reach[t as usize] = true;
+                    stack.push(t);
+                }
+            }
+        }
+        // Co-reachable (can reach an accepting state).
+        let mut rev: Vec<Vec<u32>> = vec![Vec::new(); n];
+        for s in 0..n {
+            if !reach[s] {
+                continue;
+            }
+            for &t in self.row(s as u32) {
+                rev[t as usize].push(s as u32);
+            }
+        }
+        let mut live = vec![false; n];
+        for s in 0..n {
+            if reach[s] && self.accept[s] && s != DEAD as usize {
+                live[s] = true;
+                stack.push(s as u32);
+            }
+        }
+        while let Some(s) = stack.pop() {
+            for &p in &rev[s as usize] {
+                if !live[p as usize] && p != DEAD {
+                    live[p as usize] = true;
+                    stack.push(p);
+                }
+            }
+        }
+        if self.start == DEAD || !live[self.start as usize] {
+            return Dfa::empty();
+        }
+        // Moore refinement over live states; every non-live state is class 0.
+        let mut cls: Vec<u32> = (0..n)
+            .map(|s| if !live[s] { 0 } else if self.accept[s] { 1 } else { 2 })
+            .collect();
+        let mut count = {
+            let mut k = 1;
+            if (0..n).any(|s| live[s] && self.accept[s]) {
+                k += 1;
+            }
+            if (0..n).any(|s| live[s] && !self.accept[s]) {
+                k += 1;
+            }
+            k
+        };
+        let mut sig: Vec<u32> = Vec::with_capacity(ncls + 1);
+        loop {
+            let mut map: HashMap<Vec<u32>, u32> = HashMap::new();
+            map.insert(vec![u32::MAX], 0);
+            let mut next = vec![0u32; n];
+            for s in 0..n {
+                if !live[s] {
+                    continue;
+                }
+                sig.clear();
+                sig.push(cls[s]);
+                for &t in self.row(s as u32) {
+                    sig.push(cls[t as usize]);
+                }
+                let len = map.len() as u32;
+                let id = *map.entry(sig.clone()).or_insert(len);
+                next[s] = id;
+            }
+            let new_count = map.len();
+            cls = next;
+            if new_count == count {
+                break;
+            }
+            count = new_count;
+        }
+        // Renumber in BFS order from the start.
+        let mut order: Vec<u32> = vec![u32::MAX; count];
+        order[0] = 0;
+        let mut reps: Vec<u32> = vec![0];
+        let mut queue = std::collections::VecDeque::new();
+        let sc = cls[self.start as usize];
+        order[sc as usize] = 1;
+        reps.push(self.start);
+        queue.push_back(self.start);
+        while let Some(s) = queue.pop_front() {
+            for &t in self.row(s) {
+                let c = cls[t as usize];
+                if order[c as usize] == u32::MAX {
+                    order[c as usize] = reps.len() as u32;
+                    reps.push(t);
+                    queue.push_back(t);
+                }
+            }
+        }
+        let m = reps.len();
+        let mut trans = vec![DEAD; m * ncls];
+        let mut accept = vec![false; m];
+        for (i, &r) in reps.iter().enumerate().skip(1) {
+            accept[i] = self.accept[r as usize];
+            for (c, &t) in self.row(r).iter().enumerate() {
+                trans[i * ncls + c] = order[cls[t as usize] as usize];
+            }
+        }
+        Dfa { classes: self.classes, ncls, trans, accept, start: 1 }.compact_classes()
+    }
+
+    /// Merges byte classes whose columns are identical.
+    fn compact_classes(mut self) -> Dfa {
+        let n = self.n_states();
+        let mut colmap: HashMap<Vec<u32>, u8> = HashMap::new();
+        let mut remap = vec![0u8; self.ncls];
+        let mut keep: Vec<usize> = Vec::new();
+        for c in 0..self.ncls {
+            let col: Vec<u32> = (0..n).map(|s| self.trans[s * self.ncls + c]).collect();
+            let len = colmap.len() as u8;
+            let id = *colmap.entry(col).or_insert_with(|| {
+                keep.push(c);
+                len
+            });
+            remap[c] = id;
+        }
+        if keep.len() == self.ncls {
+            return self;
+        }
+        let nc = keep.len();
+        let mut trans = vec![DEAD; n * nc];
+        for s in 0..n {
+            for (j, &c) in keep.iter().enumerate() {
+                trans[s * nc + j] = self.trans[s * self.ncls + c];
+            }
+        }
+        for b in 0..256 {
+            self.classes[b] = remap[self.classes[b] as usize];
+        }
+        self.trans = trans;
+        self.ncls = nc;
+        self
+    }
+
+    /// Product construction; `keep(a_accepts, b_accepts)` decides acceptance. For `a ∖ b` the
+    /// dead state of `b` must be treated as "not accepted" which this does naturally.
+    pub fn product(a: &Dfa, b: &Dfa, keep: impl Fn(bool, bool) -> bool, cap: usize) -> Result<Dfa, Overflow> {
+        // Joint classes.
+        let mut pair_id: HashMap<(u8, u8), u8> = HashMap::new();
+        let mut classes = [0u8; 256];
+        let mut pairs: Vec<(u8, u8)> = Vec::new();
+        for byte in 0..256 {
+            let p = (a.classes[byte], b.classes[byte]);
+            let len = pair_id.len() as u8;
+            let id = *pair_id.entry(p).or_insert_with(|| {
+                pairs.push(p);
+                len
+            });
+            classes[byte] = id;
+        }
+        let ncls = pairs.len();
+        let mut map: HashMap<(u32, u32), u32> = HashMap::new();
+        map.insert((DEAD, DEAD), DEAD);
+        let mut states: Vec<(u32, u32)> = vec![(DEAD, DEAD), (a.start, b.start)];
+        map.insert((a.start, b.start), 1);
+        let mut trans = vec![DEAD; 2 * ncls];
+        let mut accept = vec![false, false];
+        let mut i = 1;
+        while i < states.len() {
+            let (sa, sb) = states[i];
+            accept[i] = keep(sa != DEAD && a.accept[sa as usize], sb != DEAD && b.accept[sb as usize]);
+            for (c, &(ca, cb)) in pairs.iter().enumerate() {
+                let ta = if sa == DEAD { DEAD } else { a.trans[sa as usize * a.ncls + ca as usize] };
+                let tb = if sb == DEAD { DEAD } else { b.trans[sb as usize * b.ncls + cb as usize] };
+                let id = match map.get(&(ta, tb)) {
+                    Some(&id) => id,
+                    None => {
+                        if states.len() >= cap {
+                            return Err(Overflow { states: states.len() });
+                        }
+                        let id = states.len() as u32;
+                        map.insert((ta, tb), id);
+                        states.push((ta, tb));
+                        trans.extend(std::iter::repeat(DEAD).take(ncls));
+                        accept.push(false);
+                        id
+                    }
+                };
+                trans[i * ncls + c] = id;
+            }
+            i += 1;
+        }
+        Ok(Dfa { classes, ncls, trans, accept, start: 1 }.minimize())
+    }
+
+    pub fn intersect(a: &Dfa, b: &Dfa, cap: usize) -> Result<Dfa, Overflow> {
+        if a.is_empty() || b.is_empty() {
+            return Ok(Dfa::empty());
+        }
+        Dfa::product(a, b, |x, y| x && y, cap)
+    }
+
+    pub fn minus(a: &Dfa, b: &Dfa, cap: usize) -> Result<Dfa, Overflow> {
+        if a.is_empty() || b.is_empty() {
+            return Ok(a.clone());
+        }
+        Dfa::product(a, b, |x, y| x && !y, cap)
+    }
+
+    pub fn union(a: &Dfa, b: &Dfa, cap: usize) -> Result<Dfa, Overflow> {
+        Dfa::product(a, b, |x, y| x || y, cap)
+    }
+
+    /// Whether the two languages share a string.
+    pub fn intersects(a: &Dfa, b: &Dfa, cap: usize) -> Result<bool, Overflow> {
+        Ok(!Dfa::intersect(a, b, cap)?.is_empty())
+    }
+
+    /// Applies a byte substitution: every transition on byte `b` with `subst(b) = Some(seq)` is
+    /// replaced by a chain spelling `seq`; bytes mapped to `None` keep their transition.
+    /// The substitution must be prefix-free on the replaced bytes for the result to be faithful.
+    pub fn substitute(&self, subst: &dyn Fn(u8) -> Option<Vec<Vec<u8>>>, cap: usize) -> Result<Dfa, Overflow> {
+        let mut nfa = Nfa::new();
+        let n = self.n_states();
+        for _ in 0..n {
+            nfa.state();
+        }
+        let fin = nfa.state();
+        let table: Vec<Option<Vec<Vec<u8>>>> = (0..256).map(|b| subst(b as u8)).collect();
+        for s in 1..n {
+            let row = self.row(s as u32);
+            for b in 0..256usize {
+                let t = row[self.classes[b] as usize];
+                if t == DEAD {
+                    continue;
+                }
+                match &table[b] {
+                    None => nfa.byte(s as u32, b as u8, t),
+                    Some(seqs) => {
+                        for seq in seqs {
+                            nfa.lit_to(s as u32, seq, t);
+                        }
+                    }
+                }
+            }
+            if self.accept[s] {
+                nfa.eps(s as u32, fin);
+            }
+        }
+        if self.start == DEAD {
+            return Ok(Dfa::empty());
+        }
+        nfa.determinize(self.start, fin, cap)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_and_ops() {
+        let a = Dfa::literals([&b"ab"[..], b"abc", b"x"], 1000).unwrap();
+        assert!(a.matches(b"ab") && a.matches(b"abc") && a.matches(b"x"));
+        assert!(!a.matches(b"a") && !a.matches(b"abcd") && !a.matches(b""));
+        let b = Dfa::literals([&b"abc"[..], b"y"], 1000).unwrap();
+        let i = Dfa::intersect(&a, &b, 1000).unwrap();
+        assert!(i.matches(b"abc") && !i.matches(b"ab"));
+        let m = Dfa::minus(&a, &b, 1000).unwrap();
+        assert!(m.matches(b"ab") && !m.matches(b"abc") && m.matches(b"x"));
+        let u = Dfa::union(&a, &b, 1000).unwrap();
+        assert!(u.matches(b"y") && u.matches(b"x"));
+        assert!(Dfa::intersect(&a, &Dfa::literals([&b"q"[..]], 10).unwrap(), 100).unwrap().is_empty());
+    }
+
+    #[test]
+    fn star_and_embed() {
+        let mut nfa = Nfa::new();
+        let s = nfa.state();
+        let e = nfa.state();
+        nfa.range(s, b'0', b'9', s);
+        nfa.eps(s, e);
+        let d = nfa.determinize(s, e, 100).unwrap();
+        assert_eq!(d.n_states(), 2);
+        assert!(d.matches(b"") && d.matches(b"0123") && !d.matches(b"a"));
+        let mut n2 = Nfa::new();
+        let s2 = n2.state();
+        let m = n2.lit(s2, b"[");
+        let m2 = n2.embed(m, &d);
+        let e2 = n2.lit(m2, b"]");
+        let d2 = n2.determinize(s2, e2, 100).unwrap();
+        assert!(d2.matches(b"[]") && d2.matches(b"[12]") && !d2.matches(b"[1a]"));
+    }
+}
+
+#[cfg(test)]
+mod dbg_tests {
+    use super::*;
+    #[test]
+    fn dbg_product() {
+        // any-digit-string DFA vs literal
+        let mut nfa = Nfa::new();
+        let s = nfa.state();
+        let e = nfa.state();
+        let m = nfa.lit(s, b"{");
+        nfa.range(m, b'0', b'9', m);
+        nfa.lit_to(m, b"}", e);
+        let d = nfa.determinize(s, e, 100).unwrap();
+        let l = Dfa::literals([&b"{12}"[..], b"{1.0}"], 100).unwrap();
+        eprintln!("d={:?}\nl={:?}", d, l);
+        let i = Dfa::intersect(&l, &d, 100).unwrap();
+        eprintln!("i={:?}", i);
+        assert!(i.matches(b"{12}"));
+    }
+}

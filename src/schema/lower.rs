@@ -1,0 +1,1641 @@
+//! JSON Schema → text-level DFA.
+//!
+//! Each schema position is a *conjunction* of raw sub-schemas (a schema plus whatever `allOf`,
+//! `$ref` and distributed `anyOf`/`oneOf` branches add to it). A conjunction is flattened into a
+//! [`Node`] (keywords merged: bounds tightened, property maps joined, enums intersected) and the
+//! node is lowered type by type. `anyOf` / `oneOf` / `dependent*` are distributed over the rest of
+//! the node (`S ∧ (A ∨ B) = (S ∧ A) ∨ (S ∧ B)`), `oneOf` only when its branches are provably
+//! disjoint (then it equals `anyOf`). Recursion through `$ref` is expanded up to
+//! `max_recursion` simultaneous expansions of one target; a deeper expansion is the empty
+//! language (the automaton never opens it).
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Instant;
+
+use serde_json::{Map, Value};
+
+use super::automata::{Dfa, Nfa, Overflow};
+use super::numbers::{self, Bound, Dec};
+use super::strings;
+use super::{CompileOptions, SchemaError, Whitespace};
+
+const T_NULL: u8 = 1;
+const T_BOOL: u8 = 2;
+const T_INT: u8 = 4; // integers
+const T_FRAC: u8 = 8; // non-integer numbers
+const T_STR: u8 = 16;
+const T_ARR: u8 = 32;
+const T_OBJ: u8 = 64;
+const T_ALL: u8 = 127;
+
+/// Keywords that carry no assertion (annotations, containers of definitions).
+const ANNOTATIONS: &[&str] = &[
+    "$schema", "$id", "id", "$anchor", "$dynamicAnchor", "$recursiveAnchor", "$comment", "$vocabulary",
+    "title", "description", "default", "examples", "example", "deprecated", "readOnly", "writeOnly",
+    "contentMediaType", "contentEncoding", "contentSchema", "definitions", "$defs",
+];
+
+/// Keywords of the standard vocabularies this compiler does not enforce.
+const UNSUPPORTED: &[&str] = &["uniqueItems", "maxContains", "unevaluatedItems", "$dynamicRef"];
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Draft {
+    Legacy, // draft 3/4/6/7: `$ref` siblings are ignored
+    D2019,
+    D2020,
+}
+
+/// A raw sub-schema and where it is (JSON pointer from the root; synthetic ones have none).
+#[derive(Clone)]
+pub(crate) struct Sub<'a> {
+    v: &'a Value,
+    ptr: Rc<str>,
+    /// Pointer of the enclosing schema resource (for `#...` references).
+    base: Rc<str>,
+}
+
+/// One conjunct of a disjunction's alternative.
+#[derive(Clone)]
+enum Alt<'a> {
+    Sub(Sub<'a>),
+    /// The property must be absent.
+    Forbid(String),
+    /// The properties must be present.
+    Require(Vec<String>),
+}
+
+/// A disjunction to distribute: alternatives, and whether they are known to be disjoint.
+#[derive(Clone)]
+struct Disj<'a> {
+    alts: Vec<Vec<Alt<'a>>>,
+    keyword: &'static str,
+    ptr: Rc<str>,
+    exclusive: bool,
+}
+
+#[derive(Clone, Default)]
+struct Node<'a> {
+    never: bool,
+    types: u8,
+    enums: Option<Vec<Value>>,
+    lo: Option<Bound>,
+    hi: Option<Bound>,
+    steps: Vec<Dec>,
+    min_len: u64,
+    max_len: Option<u64>,
+    patterns: Vec<(String, Rc<str>)>,
+    formats: Vec<String>,
+    prefix: Vec<Vec<Sub<'a>>>,
+    items: Option<Vec<Sub<'a>>>,
+    min_items: u64,
+    max_items: Option<u64>,
+    contains: Option<Vec<Sub<'a>>>,
+    min_contains: u64,
+    props: Vec<(String, Vec<Sub<'a>>)>,
+    required: Vec<String>,
+    pattern_props: Vec<(String, Vec<Sub<'a>>, Rc<str>)>,
+    additional: Option<Vec<Sub<'a>>>,
+    unevaluated: Option<Vec<Sub<'a>>>,
+    prop_names: Vec<Sub<'a>>,
+    min_props: u64,
+    max_props: Option<u64>,
+    disj: Vec<Disj<'a>>,
+}
+
+pub(crate) struct Lowerer<'a> {
+    root: &'a Value,
+    opts: &'a CompileOptions,
+    draft: Draft,
+    cap: usize,
+    start: Instant,
+    stack: Vec<Rc<str>>,
+    ids: Vec<(String, Rc<str>)>,
+    anchors: HashMap<String, Rc<str>>,
+    any_cache: HashMap<u32, Rc<Dfa>>,
+    conj_cache: HashMap<(Vec<Rc<str>>, Vec<(Rc<str>, usize)>, u32), Rc<Dfa>>,
+    refs_under: HashMap<Rc<str>, Rc<Vec<Rc<str>>>>,
+    pattern_cache: HashMap<String, Rc<Dfa>>,
+}
+
+static FALSE: Value = Value::Bool(false);
+
+fn ptr_join(ptr: &str, key: &str) -> Rc<str> {
+    let k = key.replace('~', "~0").replace('/', "~1");
+    format!("{ptr}/{k}").into()
+}
+
+fn pointer_get<'v>(root: &'v Value, ptr: &str) -> Option<&'v Value> {
+    if ptr.is_empty() {
+        return Some(root);
+    }
+    root.pointer(ptr)
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() + 0 && i + 2 <= b.len() - 1 {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn as_u64(v: &Value) -> Option<u64> {
+    match v {
+        Value::Number(n) => n.as_u64().or_else(|| n.as_f64().filter(|f| *f >= 0.0 && f.fract() == 0.0).map(|f| f as u64)),
+        _ => None,
+    }
+}
+
+fn dec_of(v: &Value) -> Option<Dec> {
+    match v {
+        Value::Number(n) => Dec::parse(&n.to_string()),
+        _ => None,
+    }
+}
+
+fn dec_cmp(a: &Dec, b: &Dec) -> std::cmp::Ordering {
+    use std::cmp::Ordering::*;
+    match (a.neg, b.neg) {
+        (false, true) => return Greater,
+        (true, false) => return Less,
+        _ => {}
+    }
+    let mag = (a.int.len().cmp(&b.int.len())).then_with(|| a.int.cmp(&b.int)).then_with(|| a.frac.cmp(&b.frac));
+    if a.neg {
+        mag.reverse()
+    } else {
+        mag
+    }
+}
+
+/// JSON value equality as JSON Schema defines it (numbers by value).
+pub(crate) fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => match (dec_of(a), dec_of(b)) {
+            (Some(p), Some(q)) => p == q,
+            _ => x == y,
+        },
+        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| json_eq(p, q)),
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+fn type_bits(v: &Value) -> u8 {
+    match v {
+        Value::Null => T_NULL,
+        Value::Bool(_) => T_BOOL,
+        Value::Number(_) => {
+            if dec_of(v).is_some_and(|d| d.is_integer()) {
+                T_INT
+            } else {
+                T_FRAC
+            }
+        }
+        Value::String(_) => T_STR,
+        Value::Array(_) => T_ARR,
+        Value::Object(_) => T_OBJ,
+    }
+}
+
+fn type_name_bits(s: &str) -> Option<u8> {
+    Some(match s {
+        "null" => T_NULL,
+        "boolean" => T_BOOL,
+        "integer" => T_INT,
+        "number" => T_INT | T_FRAC,
+        "string" => T_STR,
+        "array" => T_ARR,
+        "object" => T_OBJ,
+        "any" => T_ALL,
+        _ => return None,
+    })
+}
+
+impl<'a> Lowerer<'a> {
+    pub fn new(root: &'a Value, opts: &'a CompileOptions) -> Self {
+        let draft = match root.get("$schema").and_then(|s| s.as_str()) {
+            Some(s) if s.contains("draft-0") || s.contains("draft-03") => Draft::Legacy,
+            Some(s) if s.contains("2019-09") => Draft::D2019,
+            _ => Draft::D2020,
+        };
+        let mut l = Lowerer {
+            root,
+            opts,
+            draft,
+            cap: opts.max_states,
+            start: Instant::now(),
+            stack: Vec::new(),
+            ids: Vec::new(),
+            anchors: HashMap::new(),
+            any_cache: HashMap::new(),
+            conj_cache: HashMap::new(),
+            refs_under: HashMap::new(),
+            pattern_cache: HashMap::new(),
+        };
+        l.index(root, "".into());
+        l
+    }
+
+    /// Records `$id`s and anchors with their pointers.
+    fn index(&mut self, v: &Value, ptr: Rc<str>) {
+        match v {
+            Value::Object(m) => {
+                if let Some(Value::String(id)) = m.get("$id").or_else(|| m.get("id").filter(|x| x.is_string())) {
+                    if let Some(a) = id.strip_prefix('#') {
+                        self.anchors.entry(a.to_string()).or_insert(ptr.clone());
+                    } else {
+                        let idn = id.split('#').next().unwrap_or("").trim_end_matches('/').to_string();
+                        self.ids.push((idn, ptr.clone()));
+                    }
+                }
+                for key in ["$anchor", "$dynamicAnchor"] {
+                    if let Some(Value::String(a)) = m.get(key) {
+                        self.anchors.entry(a.clone()).or_insert(ptr.clone());
+                    }
+                }
+                for (k, c) in m {
+                    if matches!(k.as_str(), "enum" | "const" | "default" | "examples" | "example") {
+                        continue;
+                    }
+                    self.index(c, ptr_join(&ptr, k));
+                }
+            }
+            Value::Array(a) => {
+                for (i, c) in a.iter().enumerate() {
+                    self.index(c, ptr_join(&ptr, &i.to_string()));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn check_time(&self, ptr: &str) -> Result<(), SchemaError> {
+        if self.start.elapsed() > self.opts.max_compile_time {
+            return Err(SchemaError::TooLarge {
+                pointer: ptr.to_string(),
+                what: "compile time".into(),
+                limit: self.opts.max_compile_time.as_millis() as usize,
+            });
+        }
+        Ok(())
+    }
+
+    fn overflow(&self, ptr: &str) -> impl Fn(Overflow) -> SchemaError + '_ {
+        let p = ptr.to_string();
+        move |o: Overflow| SchemaError::TooLarge { pointer: p.clone(), what: format!("automaton ({} states)", o.states), limit: self.cap }
+    }
+
+    fn ws(&self) -> &'static [&'static [u8]] {
+        match self.opts.whitespace {
+            Whitespace::Compact => &[b""],
+            Whitespace::Flexible => &[b"", b" "],
+        }
+    }
+
+    /// Adds `sep` followed by the optional whitespace from `from` to `to`.
+    fn sep(&self, nfa: &mut Nfa, from: u32, sep: &[u8], to: u32) {
+        let m = nfa.lit(from, sep);
+        for w in self.ws() {
+            nfa.lit_to(m, w, to);
+        }
+    }
+
+    /// Resolves a reference relative to the resource at `base`.
+    fn resolve(&self, r: &str, base: &str, ptr: &str) -> Result<(&'a Value, Rc<str>, Rc<str>), SchemaError> {
+        let (uri, frag) = match r.find('#') {
+            Some(i) => (&r[..i], &r[i + 1..]),
+            None => (r, ""),
+        };
+        let uri = uri.trim_end_matches('/');
+        let mut res_ptr: Rc<str> = base.into();
+        if !uri.is_empty() {
+            let found = self
+                .ids
+                .iter()
+                .find(|(id, _)| id == uri)
+                .or_else(|| {
+                    self.ids.iter().find(|(id, _)| {
+                        id.ends_with(&format!("/{uri}")) || uri.ends_with(&format!("/{id}")) || id.rsplit('/').next() == uri.rsplit('/').next() && !id.is_empty()
+                    })
+                })
+                .map(|(_, p)| p.clone());
+            match found {
+                Some(p) => res_ptr = p,
+                None => {
+                    return Err(SchemaError::UnresolvedRef { reference: r.to_string(), pointer: ptr.to_string() });
+                }
+            }
+        }
+        let target: Rc<str> = if frag.is_empty() {
+            res_ptr.clone()
+        } else if frag.starts_with('/') {
+            format!("{}{}", res_ptr, percent_decode(frag)).into()
+        } else {
+            match self.anchors.get(frag) {
+                Some(p) => p.clone(),
+                None => return Err(SchemaError::UnresolvedRef { reference: r.to_string(), pointer: ptr.to_string() }),
+            }
+        };
+        let v = pointer_get(self.root, &target)
+            .or_else(|| if frag.starts_with('/') { pointer_get(self.root, &percent_decode(frag)) } else { None })
+            .ok_or_else(|| SchemaError::UnresolvedRef { reference: r.to_string(), pointer: ptr.to_string() })?;
+        let tptr: Rc<str> = if pointer_get(self.root, &target).is_some() { target } else { percent_decode(frag).into() };
+        // The new base is the nearest resource root at or above the target.
+        let nb = self
+            .ids
+            .iter()
+            .filter(|(_, p)| tptr.starts_with(&**p) && (tptr.len() == p.len() || tptr.as_bytes()[p.len()] == b'/'))
+            .max_by_key(|(_, p)| p.len())
+            .map(|(_, p)| p.clone())
+            .unwrap_or_else(|| "".into());
+        Ok((v, tptr, nb))
+    }
+
+    /// Every reference target (as pointer) reachable from the sub-schema at `ptr`.
+    fn reach(&mut self, sub: &Sub<'a>) -> Rc<Vec<Rc<str>>> {
+        if let Some(r) = self.refs_under.get(&sub.ptr) {
+            return r.clone();
+        }
+        // Placeholder against cycles.
+        self.refs_under.insert(sub.ptr.clone(), Rc::new(Vec::new()));
+        let mut direct: Vec<(String, Rc<str>)> = Vec::new();
+        collect_refs(sub.v, &sub.base, &mut direct);
+        let mut out: Vec<Rc<str>> = Vec::new();
+        for (r, base) in direct {
+            if let Ok((v, t, nb)) = self.resolve(&r, &base, &sub.ptr) {
+                if !out.contains(&t) {
+                    out.push(t.clone());
+                }
+                let inner = self.reach(&Sub { v, ptr: t, base: nb });
+                for x in inner.iter() {
+                    if !out.contains(x) {
+                        out.push(x.clone());
+                    }
+                }
+            }
+        }
+        let out = Rc::new(out);
+        self.refs_under.insert(sub.ptr.clone(), out.clone());
+        out
+    }
+
+    pub fn lower_root(&mut self) -> Result<Dfa, SchemaError> {
+        let root = Sub { v: self.root, ptr: "".into(), base: "".into() };
+        let d = self.lower_conj(vec![root], self.opts.max_any_depth)?;
+        Ok((*d).clone())
+    }
+
+    /// Lowers a conjunction of sub-schemas.
+    fn lower_conj(&mut self, members: Vec<Sub<'a>>, any_depth: u32) -> Result<Rc<Dfa>, SchemaError> {
+        let ptr = members.first().map(|m| m.ptr.clone()).unwrap_or_else(|| "".into());
+        self.check_time(&ptr)?;
+        if members.is_empty() {
+            return Ok(self.any(any_depth)?);
+        }
+        // Cache key: member pointers + the stack counts of every target reachable from them.
+        let cacheable = members.iter().all(|m| !m.ptr.starts_with('!'));
+        let key = if cacheable {
+            let mut reach: Vec<Rc<str>> = Vec::new();
+            for m in &members {
+                for r in self.reach(m).iter() {
+                    if !reach.contains(r) {
+                        reach.push(r.clone());
+                    }
+                }
+            }
+            let mut sig: Vec<(Rc<str>, usize)> = reach
+                .iter()
+                .map(|r| (r.clone(), self.stack.iter().filter(|s| *s == r).count()))
+                .filter(|(_, c)| *c > 0)
+                .collect();
+            sig.sort();
+            let mut ptrs: Vec<Rc<str>> = members.iter().map(|m| m.ptr.clone()).collect();
+            ptrs.sort();
+            let key = (ptrs, sig, any_depth);
+            if let Some(d) = self.conj_cache.get(&key) {
+                return Ok(d.clone());
+            }
+            Some(key)
+        } else {
+            None
+        };
+        let depth0 = self.stack.len();
+        let res = self.lower_conj_inner(members, any_depth);
+        self.stack.truncate(depth0);
+        let d = Rc::new(res?);
+        if let Some(k) = key {
+            self.conj_cache.insert(k, d.clone());
+        }
+        Ok(d)
+    }
+
+    fn lower_conj_inner(&mut self, members: Vec<Sub<'a>>, any_depth: u32) -> Result<Dfa, SchemaError> {
+        let ptr = members[0].ptr.clone();
+        let mut node = Node { types: T_ALL, ..Default::default() };
+        if !self.merge_into(&mut node, members.clone(), "schema")? || node.never {
+            return Ok(Dfa::empty());
+        }
+        if !node.disj.is_empty() {
+            return self.distribute(node, members, any_depth);
+        }
+        self.lower_node(node, &ptr, any_depth)
+    }
+
+    /// Distributes the first disjunction of `node` over the rest of the conjunction.
+    fn distribute(&mut self, mut node: Node<'a>, conj: Vec<Sub<'a>>, any_depth: u32) -> Result<Dfa, SchemaError> {
+        let d = node.disj.remove(0);
+        // Each branch: the merged node and the `$ref` targets its expansion pushed.
+        let mut branches: Vec<(Node<'a>, Vec<Rc<str>>)> = Vec::new();
+        for alt in &d.alts {
+            let mut n = node.clone();
+            let mut q: Vec<Sub<'a>> = Vec::new();
+            for item in alt {
+                match item {
+                    Alt::Sub(s) => q.push(s.clone()),
+                    Alt::Forbid(name) => match n.props.iter_mut().find(|(k, _)| k == name) {
+                        Some((_, c)) => c.push(Sub { v: &FALSE, ptr: "!".into(), base: "".into() }),
+                        None => n.props.push((name.clone(), vec![Sub { v: &FALSE, ptr: "!".into(), base: "".into() }])),
+                    },
+                    Alt::Require(names) => {
+                        for r in names {
+                            if !n.required.contains(r) {
+                                n.required.push(r.clone());
+                            }
+                        }
+                    }
+                }
+            }
+            let depth0 = self.stack.len();
+            let ok = self.merge_into(&mut n, q, d.keyword)?;
+            let pushed: Vec<Rc<str>> = self.stack[depth0..].to_vec();
+            self.stack.truncate(depth0);
+            if ok && !n.never {
+                branches.push((n, pushed));
+            }
+        }
+        if d.keyword == "oneOf" && !d.exclusive {
+            for i in 0..branches.len() {
+                for j in i + 1..branches.len() {
+                    if !self.disjoint(&branches[i].0, &branches[j].0, 2)? {
+                        return Err(SchemaError::Unsupported { keyword: "oneOf".into(), pointer: d.ptr.to_string() });
+                    }
+                }
+            }
+        }
+        let mut dfas = Vec::new();
+        for (b, pushed) in branches {
+            let depth0 = self.stack.len();
+            self.stack.extend(pushed);
+            let dfa = if b.disj.is_empty() {
+                self.lower_node(b, &d.ptr, any_depth)
+            } else {
+                self.distribute(b, conj.clone(), any_depth)
+            };
+            self.stack.truncate(depth0);
+            let dfa = dfa?;
+            if !dfa.is_empty() {
+                dfas.push(dfa);
+            }
+        }
+        self.union(&dfas, &d.ptr)
+    }
+
+    /// Merges the sub-schemas `q` (and what their `$ref`s / `allOf`s pull in) into `n`; pushes
+    /// expanded `$ref` targets on the stack. `false` when a member is the `false` schema or a
+    /// reference is past the recursion bound.
+    fn merge_into(&mut self, n: &mut Node<'a>, mut q: Vec<Sub<'a>>, keyword: &str) -> Result<bool, SchemaError> {
+        let mut qi = 0;
+        while qi < q.len() {
+            let m = q[qi].clone();
+            qi += 1;
+            if q.len() > 10_000 {
+                return Err(SchemaError::TooLarge { pointer: m.ptr.to_string(), what: "allOf/$ref expansion".into(), limit: 10_000 });
+            }
+            match m.v {
+                Value::Bool(true) => {}
+                Value::Bool(false) => return Ok(false),
+                Value::Object(map) => {
+                    let mut base = m.base.clone();
+                    if let Some(Value::String(id)) = map.get("$id") {
+                        if !id.starts_with('#') {
+                            base = m.ptr.clone();
+                        }
+                    }
+                    if let Some(r) = map.get("$ref").or_else(|| map.get("$recursiveRef")) {
+                        let rs = if map.contains_key("$ref") {
+                            r.as_str()
+                                .ok_or_else(|| SchemaError::Invalid { keyword: "$ref".into(), pointer: m.ptr.to_string(), reason: "not a string".into() })?
+                                .to_string()
+                        } else {
+                            "#".into()
+                        };
+                        let rbase: &str = if map.contains_key("$ref") { &base } else { "" };
+                        let (v, t, nb) = self.resolve(&rs, rbase, &m.ptr)?;
+                        let count = self.stack.iter().filter(|s| **s == t).count();
+                        if count >= self.opts.max_recursion as usize {
+                            return Ok(false);
+                        }
+                        self.stack.push(t.clone());
+                        q.push(Sub { v, ptr: t, base: nb });
+                        if self.draft == Draft::Legacy {
+                            continue;
+                        }
+                    }
+                    self.apply(n, map, &m.ptr, &base, &mut q)?;
+                }
+                _ => {
+                    return Err(SchemaError::Invalid { keyword: keyword.into(), pointer: m.ptr.to_string(), reason: "schema must be an object or a boolean".into() });
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn union(&self, dfas: &[Dfa], ptr: &str) -> Result<Dfa, SchemaError> {
+        match dfas.len() {
+            0 => return Ok(Dfa::empty()),
+            1 => return Ok(dfas[0].clone()),
+            _ => {}
+        }
+        let mut nfa = Nfa::new();
+        let s = nfa.state();
+        let e = nfa.state();
+        for d in dfas {
+            nfa.embed_to(s, d, e);
+        }
+        nfa.determinize(s, e, self.cap).map_err(self.overflow(ptr))
+    }
+
+    /// Merges the keywords of one schema object into `node`.
+    fn apply(&mut self, node: &mut Node<'a>, map: &'a Map<String, Value>, ptr: &Rc<str>, base: &Rc<str>, queue: &mut Vec<Sub<'a>>) -> Result<(), SchemaError> {
+        let sub = |k: &str, v: &'a Value| Sub { v, ptr: ptr_join(ptr, k), base: base.clone() };
+        let bad = |k: &str, why: &str| SchemaError::Invalid { keyword: k.to_string(), pointer: ptr.to_string(), reason: why.to_string() };
+        let legacy = self.draft == Draft::Legacy;
+        for (k, v) in map {
+            let k = k.as_str();
+            if ANNOTATIONS.contains(&k) || k == "$ref" || k == "$recursiveRef" {
+                continue;
+            }
+            if UNSUPPORTED.contains(&k) {
+                // uniqueItems: false and trivial forms are no-ops.
+                let trivial = match k {
+                    "uniqueItems" => v == &Value::Bool(false) || map.get("maxItems").and_then(as_u64).is_some_and(|m| m <= 1),
+                    _ => false,
+                };
+                if !trivial {
+                    return Err(SchemaError::Unsupported { keyword: k.to_string(), pointer: ptr.to_string() });
+                }
+                continue;
+            }
+            match k {
+                "type" => {
+                    let bits = match v {
+                        Value::String(s) => type_name_bits(s).ok_or_else(|| bad(k, "unknown type"))?,
+                        Value::Array(a) => {
+                            let mut b = 0;
+                            for t in a {
+                                b |= match t {
+                                    Value::String(s) => type_name_bits(s).ok_or_else(|| bad(k, "unknown type"))?,
+                                    _ => return Err(SchemaError::Unsupported { keyword: "type".into(), pointer: ptr.to_string() }),
+                                };
+                            }
+                            b
+                        }
+                        _ => return Err(bad(k, "expected a string or an array")),
+                    };
+                    let bits = if map.get("nullable") == Some(&Value::Bool(true)) { bits | T_NULL } else { bits };
+                    node.types &= bits;
+                }
+                "nullable" => {}
+                "enum" | "const" => {
+                    let vals: Vec<Value> = if k == "const" {
+                        vec![v.clone()]
+                    } else {
+                        v.as_array().ok_or_else(|| bad(k, "expected an array"))?.clone()
+                    };
+                    node.enums = Some(match node.enums.take() {
+                        None => vals,
+                        Some(prev) => prev.into_iter().filter(|p| vals.iter().any(|q| json_eq(p, q))).collect(),
+                    });
+                }
+                "minimum" | "exclusiveMinimum" | "maximum" | "exclusiveMaximum" => {
+                    if let Value::Bool(b) = v {
+                        // Draft 4 boolean form modifies its sibling.
+                        let _ = b;
+                        continue;
+                    }
+                    let d = dec_of(v).ok_or_else(|| bad(k, "expected a number"))?;
+                    let is_min = k.ends_with("inimum");
+                    let excl = k.starts_with("exclusive")
+                        || (is_min && map.get("exclusiveMinimum") == Some(&Value::Bool(true)))
+                        || (!is_min && map.get("exclusiveMaximum") == Some(&Value::Bool(true)));
+                    let slot = if is_min { &mut node.lo } else { &mut node.hi };
+                    let tighter = match slot {
+                        None => true,
+                        Some((p, pe)) => {
+                            let c = dec_cmp(&d, p);
+                            if is_min {
+                                c.is_gt() || (c.is_eq() && excl && !*pe)
+                            } else {
+                                c.is_lt() || (c.is_eq() && excl && !*pe)
+                            }
+                        }
+                    };
+                    if tighter {
+                        *slot = Some((d, excl));
+                    }
+                }
+                "multipleOf" => {
+                    let d = dec_of(v).filter(|d| !d.neg && !d.is_zero()).ok_or_else(|| bad(k, "expected a positive number"))?;
+                    node.steps.push(d);
+                }
+                "minLength" => node.min_len = node.min_len.max(as_u64(v).ok_or_else(|| bad(k, "expected an integer"))?),
+                "maxLength" => {
+                    let m = as_u64(v).ok_or_else(|| bad(k, "expected an integer"))?;
+                    node.max_len = Some(node.max_len.map_or(m, |p| p.min(m)));
+                }
+                "pattern" => node.patterns.push((v.as_str().ok_or_else(|| bad(k, "expected a string"))?.to_string(), ptr_join(ptr, k))),
+                "format" => {
+                    let f = v.as_str().ok_or_else(|| bad(k, "expected a string"))?;
+                    if strings::format_regex(f).is_some() && self.opts.enforce_formats {
+                        node.formats.push(f.to_string());
+                    } else if self.opts.unknown_formats_are_errors && strings::format_regex(f).is_none() {
+                        return Err(SchemaError::Unsupported { keyword: format!("format: {f}"), pointer: ptr.to_string() });
+                    }
+                }
+                "items" => match v {
+                    Value::Array(a) => {
+                        for (i, s) in a.iter().enumerate() {
+                            let sp = Sub { v: s, ptr: ptr_join(&ptr_join(ptr, k), &i.to_string()), base: base.clone() };
+                            if i < node.prefix.len() {
+                                node.prefix[i].push(sp);
+                            } else {
+                                let mut c = node.items.clone().unwrap_or_default();
+                                c.push(sp);
+                                node.prefix.push(c);
+                            }
+                        }
+                        if let Some(ai) = map.get("additionalItems") {
+                            node.items.get_or_insert_with(Vec::new).push(sub("additionalItems", ai));
+                        }
+                    }
+                    _ => {
+                        if legacy || !map.contains_key("prefixItems") {
+                            // Items apply after the prefix (2020) or to all (no prefix).
+                        }
+                        let s = sub(k, v);
+                        for p in node.prefix.iter_mut().skip(map.get("prefixItems").and_then(|p| p.as_array()).map_or(0, |a| a.len())) {
+                            p.push(s.clone());
+                        }
+                        node.items.get_or_insert_with(Vec::new).push(s);
+                    }
+                },
+                "additionalItems" => {}
+                "prefixItems" => {
+                    let a = v.as_array().ok_or_else(|| bad(k, "expected an array"))?;
+                    for (i, s) in a.iter().enumerate() {
+                        let sp = Sub { v: s, ptr: ptr_join(&ptr_join(ptr, k), &i.to_string()), base: base.clone() };
+                        if i < node.prefix.len() {
+                            node.prefix[i].push(sp);
+                        } else {
+                            let mut c = node.items.clone().unwrap_or_default();
+                            // `items` of this same object applies only after the prefix.
+                            if let Some(it) = map.get("items").filter(|x| !x.is_array()) {
+                                c.retain(|x| !std::ptr::eq(x.v, it));
+                            }
+                            c.push(sp);
+                            node.prefix.push(c);
+                        }
+                    }
+                }
+                "minItems" => node.min_items = node.min_items.max(as_u64(v).ok_or_else(|| bad(k, "expected an integer"))?),
+                "maxItems" => {
+                    let m = as_u64(v).ok_or_else(|| bad(k, "expected an integer"))?;
+                    node.max_items = Some(node.max_items.map_or(m, |p| p.min(m)));
+                }
+                "contains" => {
+                    if node.contains.is_some() {
+                        return Err(SchemaError::Unsupported { keyword: "contains".into(), pointer: ptr.to_string() });
+                    }
+                    node.contains = Some(vec![sub(k, v)]);
+                    node.min_contains = node.min_contains.max(1);
+                }
+                "minContains" => {
+                    node.min_contains = as_u64(v).ok_or_else(|| bad(k, "expected an integer"))?;
+                }
+                "properties" => {
+                    let pm = v.as_object().ok_or_else(|| bad(k, "expected an object"))?;
+                    let pp = ptr_join(ptr, k);
+                    for (name, s) in pm {
+                        let sp = Sub { v: s, ptr: ptr_join(&pp, name), base: base.clone() };
+                        match node.props.iter_mut().find(|(n, _)| n == name) {
+                            Some((_, c)) => c.push(sp),
+                            None => {
+                                // A key new to the node is also constrained by the node's existing
+                                // additional / pattern rules (merging under allOf).
+                                let mut c = Vec::new();
+                                if node.pattern_props.is_empty() {
+                                    if let Some(a) = &node.additional {
+                                        c.extend(a.iter().cloned());
+                                    }
+                                } else if node.additional.is_some() {
+                                    return Err(SchemaError::Unsupported { keyword: "allOf".into(), pointer: ptr.to_string() });
+                                }
+                                c.push(sp);
+                                node.props.push((name.clone(), c));
+                            }
+                        }
+                    }
+                }
+                "patternProperties" => {
+                    let pm = v.as_object().ok_or_else(|| bad(k, "expected an object"))?;
+                    let pp = ptr_join(ptr, k);
+                    if node.additional.is_some() && !node.props.is_empty() && node.pattern_props.is_empty() {
+                        // Keys declared earlier already carry the additional rule; fine.
+                    }
+                    for (pat, s) in pm {
+                        let sp = Sub { v: s, ptr: ptr_join(&pp, pat), base: base.clone() };
+                        match node.pattern_props.iter_mut().find(|(n, _, _)| n == pat) {
+                            Some((_, c, _)) => c.push(sp),
+                            None => node.pattern_props.push((pat.clone(), vec![sp], pp.clone())),
+                        }
+                    }
+                }
+                "additionalProperties" => {
+                    let s = sub(k, v);
+                    // Keys declared by other members of the conjunction but not by this object
+                    // fall under this object's additionalProperties (or its patterns).
+                    let own_props = map.get("properties").and_then(|p| p.as_object());
+                    let own_pats = map.get("patternProperties").and_then(|p| p.as_object());
+                    if own_pats.is_some_and(|p| !p.is_empty()) && node.props.iter().any(|(n, _)| !own_props.is_some_and(|o| o.contains_key(n))) {
+                        return Err(SchemaError::Unsupported { keyword: "allOf".into(), pointer: ptr.to_string() });
+                    }
+                    for (n, c) in node.props.iter_mut() {
+                        if !own_props.is_some_and(|o| o.contains_key(n)) {
+                            c.push(s.clone());
+                        }
+                    }
+                    node.additional.get_or_insert_with(Vec::new).push(s);
+                }
+                "unevaluatedProperties" => node.unevaluated.get_or_insert_with(Vec::new).push(sub(k, v)),
+                "required" => {
+                    for r in v.as_array().ok_or_else(|| bad(k, "expected an array"))? {
+                        let r = r.as_str().ok_or_else(|| bad(k, "expected strings"))?;
+                        if !node.required.iter().any(|x| x == r) {
+                            node.required.push(r.to_string());
+                        }
+                    }
+                }
+                "propertyNames" => node.prop_names.push(sub(k, v)),
+                "minProperties" => node.min_props = node.min_props.max(as_u64(v).ok_or_else(|| bad(k, "expected an integer"))?),
+                "maxProperties" => {
+                    let m = as_u64(v).ok_or_else(|| bad(k, "expected an integer"))?;
+                    node.max_props = Some(node.max_props.map_or(m, |p| p.min(m)));
+                }
+                "allOf" => {
+                    let a = v.as_array().ok_or_else(|| bad(k, "expected an array"))?;
+                    let pp = ptr_join(ptr, k);
+                    for (i, s) in a.iter().enumerate() {
+                        queue.push(Sub { v: s, ptr: ptr_join(&pp, &i.to_string()), base: base.clone() });
+                    }
+                }
+                "anyOf" | "oneOf" => {
+                    let a = v.as_array().ok_or_else(|| bad(k, "expected an array"))?;
+                    let pp = ptr_join(ptr, k);
+                    let alts = a
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| vec![Alt::Sub(Sub { v: s, ptr: ptr_join(&pp, &i.to_string()), base: base.clone() })])
+                        .collect();
+                    node.disj.push(Disj { alts, keyword: if k == "anyOf" { "anyOf" } else { "oneOf" }, ptr: pp, exclusive: false });
+                }
+                "dependentRequired" | "dependencies" | "dependentSchemas" => {
+                    let m = v.as_object().ok_or_else(|| bad(k, "expected an object"))?;
+                    let pp = ptr_join(ptr, k);
+                    for (name, dep) in m {
+                        // (name absent) ∨ (name present ∧ dependency): disjoint by construction.
+                        let mut present = vec![Alt::Require(vec![name.clone()])];
+                        match dep {
+                            Value::Array(names) => present.push(Alt::Require(names.iter().filter_map(|x| x.as_str().map(String::from)).collect())),
+                            _ => present.push(Alt::Sub(Sub { v: dep, ptr: ptr_join(&pp, name), base: base.clone() })),
+                        }
+                        let alts = vec![vec![Alt::Forbid(name.clone())], present];
+                        node.disj.push(Disj { alts, keyword: "anyOf", ptr: pp.clone(), exclusive: true });
+                    }
+                }
+                "not" | "if" | "then" | "else" => {
+                    if k == "then" || k == "else" {
+                        if !map.contains_key("if") {
+                            continue;
+                        }
+                        continue;
+                    }
+                    if k == "if" && !map.contains_key("then") && !map.contains_key("else") {
+                        continue;
+                    }
+                    return Err(SchemaError::Unsupported { keyword: k.to_string(), pointer: ptr.to_string() });
+                }
+                _ => {
+                    // Unknown keywords are annotations (JSON Schema 2020-12 §4.3.1).
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Conservative test that no value satisfies both nodes.
+    fn disjoint(&mut self, a: &Node<'a>, b: &Node<'a>, depth: u32) -> Result<bool, SchemaError> {
+        let ta = effective_types(a);
+        let tb = effective_types(b);
+        let common = ta & tb;
+        if common == 0 {
+            return Ok(true);
+        }
+        // Enumerations: compare values.
+        if let (Some(ea), Some(eb)) = (&a.enums, &b.enums) {
+            if !ea.iter().any(|x| eb.iter().any(|y| json_eq(x, y))) {
+                return Ok(true);
+            }
+        }
+        for (en, other) in [(&a.enums, b), (&b.enums, a)] {
+            if let Some(e) = en {
+                let other_dfa = self.lower_node(other.clone(), "!", 1)?;
+                if e.iter().all(|v| !value_texts(v, self.opts).iter().any(|t| other_dfa.matches(t))) {
+                    return Ok(true);
+                }
+            }
+        }
+        let mut rest = common;
+        // Scalars with closed texts: check by automaton.
+        if rest & (T_NULL | T_BOOL | T_STR) != 0 {
+            let mask = rest & (T_NULL | T_BOOL | T_STR);
+            let mut na = a.clone();
+            na.types = mask & ta;
+            na.disj.clear();
+            let mut nb = b.clone();
+            nb.types = mask & tb;
+            nb.disj.clear();
+            let da = self.lower_node(na, "!", 0)?;
+            let db = self.lower_node(nb, "!", 0)?;
+            if Dfa::intersects(&da, &db, self.cap).map_err(self.overflow("!"))? {
+                return Ok(false);
+            }
+            rest &= !mask;
+        }
+        if rest & (T_INT | T_FRAC) != 0 {
+            // Disjoint numeric intervals.
+            let sep = |lo: &Option<Bound>, hi: &Option<Bound>| match (lo, hi) {
+                (Some((l, le)), Some((h, he))) => {
+                    let c = dec_cmp(l, h);
+                    c.is_gt() || (c.is_eq() && (*le || *he))
+                }
+                _ => false,
+            };
+            if !(sep(&a.lo, &b.hi) || sep(&b.lo, &a.hi)) {
+                return Ok(false);
+            }
+            rest &= !(T_INT | T_FRAC);
+        }
+        if rest & T_ARR != 0 {
+            let sep = |x: &Node, y: &Node| y.max_items.is_some_and(|m| m < x.min_items);
+            if !(sep(a, b) || sep(b, a)) {
+                return Ok(false);
+            }
+            rest &= !T_ARR;
+        }
+        if rest & T_OBJ != 0 {
+            if !self.objects_disjoint(a, b, depth)? {
+                return Ok(false);
+            }
+            rest &= !T_OBJ;
+        }
+        Ok(rest == 0)
+    }
+
+    fn objects_disjoint(&mut self, a: &Node<'a>, b: &Node<'a>, depth: u32) -> Result<bool, SchemaError> {
+        if a.max_props.is_some_and(|m| m < b.min_props) || b.max_props.is_some_and(|m| m < a.min_props) {
+            return Ok(true);
+        }
+        // A key required by one and forbidden by the other.
+        for (x, y) in [(a, b), (b, a)] {
+            for r in &x.required {
+                let declared = y.props.iter().find(|(n, _)| n == r);
+                let forbidden = match declared {
+                    Some((_, c)) => c.iter().any(|s| s.v == &Value::Bool(false)),
+                    None => {
+                        y.pattern_props.is_empty()
+                            && y.additional.as_ref().is_some_and(|c| c.iter().any(|s| s.v == &Value::Bool(false)))
+                    }
+                };
+                if forbidden {
+                    return Ok(true);
+                }
+            }
+        }
+        if depth == 0 {
+            return Ok(false);
+        }
+        // A property required by both (or required by one, present rule in other) with disjoint values.
+        for (name, ca) in &a.props {
+            let Some((_, cb)) = b.props.iter().find(|(n, _)| n == name) else { continue };
+            if !(a.required.contains(name) || b.required.contains(name)) {
+                continue;
+            }
+            if !(a.required.contains(name) && b.required.contains(name)) {
+                // Present in one: the other may omit it; still disjoint if the value rules are.
+                // (The value must exist in whichever requires it, and if the other has it too it
+                // must satisfy both; if the other lacks it, not disjoint.)
+                continue;
+            }
+            let na = self.node_of(ca.clone())?;
+            let nb = self.node_of(cb.clone())?;
+            if let (Some(na), Some(nb)) = (na, nb) {
+                if self.disjoint(&na, &nb, depth - 1)? {
+                    return Ok(true);
+                }
+            } else {
+                return Ok(true); // one side unsatisfiable
+            }
+        }
+        Ok(false)
+    }
+
+    /// Flattens a conjunction into a node without lowering (refs expanded one level deep only
+    /// for the check); `None` if unsatisfiable.
+    fn node_of(&mut self, members: Vec<Sub<'a>>) -> Result<Option<Node<'a>>, SchemaError> {
+        let mut node = Node { types: T_ALL, ..Default::default() };
+        let mut q = members;
+        let mut qi = 0;
+        while qi < q.len() {
+            let m = q[qi].clone();
+            qi += 1;
+            if qi > 1000 {
+                break;
+            }
+            match m.v {
+                Value::Bool(true) => {}
+                Value::Bool(false) => return Ok(None),
+                Value::Object(map) => {
+                    if let Some(Value::String(r)) = map.get("$ref") {
+                        let (v, t, nb) = self.resolve(r, &m.base, &m.ptr)?;
+                        q.push(Sub { v, ptr: t, base: nb });
+                        if self.draft == Draft::Legacy {
+                            continue;
+                        }
+                    }
+                    let base = m.base.clone();
+                    self.apply(&mut node, map, &m.ptr, &base, &mut q)?;
+                }
+                _ => return Ok(None),
+            }
+        }
+        Ok(if node.never { None } else { Some(node) })
+    }
+
+    fn pattern(&mut self, p: &str, ptr: &str) -> Result<Rc<Dfa>, SchemaError> {
+        if let Some(d) = self.pattern_cache.get(p) {
+            return Ok(d.clone());
+        }
+        let d = strings::pattern_dfa(p, self.cap).map_err(|e| match e {
+            strings::RegexIssue::Syntax(why) => SchemaError::UnsupportedPattern { pattern: p.to_string(), pointer: ptr.to_string(), reason: why },
+            strings::RegexIssue::TooLarge => SchemaError::TooLarge { pointer: ptr.to_string(), what: "pattern automaton".into(), limit: self.cap },
+        })?;
+        let d = Rc::new(d);
+        self.pattern_cache.insert(p.to_string(), d.clone());
+        Ok(d)
+    }
+
+    /// Decoded-level string automaton of a node's string constraints.
+    fn string_decoded(&mut self, node: &Node<'a>, ptr: &str) -> Result<Dfa, SchemaError> {
+        let mut d = strings::length_dfa(node.min_len, node.max_len, self.cap).map_err(self.overflow(ptr))?;
+        for (p, pp) in node.patterns.clone() {
+            let pd = self.pattern(&p, &pp)?;
+            d = Dfa::intersect(&d, &pd, self.cap).map_err(self.overflow(ptr))?;
+        }
+        for f in &node.formats {
+            let re = strings::format_regex(f).unwrap_or_default();
+            let key = format!("\u{0}format:{f}");
+            let fd = match self.pattern_cache.get(&key) {
+                Some(x) => x.clone(),
+                None => {
+                    let x = Rc::new(strings::full_match_dfa(&re, self.cap).map_err(|_| SchemaError::TooLarge { pointer: ptr.to_string(), what: "format automaton".into(), limit: self.cap })?);
+                    self.pattern_cache.insert(key, x.clone());
+                    x
+                }
+            };
+            d = Dfa::intersect(&d, &fd, self.cap).map_err(self.overflow(ptr))?;
+        }
+        Ok(d)
+    }
+
+    fn lower_node(&mut self, mut node: Node<'a>, ptr: &str, any_depth: u32) -> Result<Dfa, SchemaError> {
+        if node.never {
+            return Ok(Dfa::empty());
+        }
+        if node.additional.is_none() {
+            node.additional = node.unevaluated.take();
+        }
+        let mut types = effective_types(&node);
+        if let Some(e) = &node.enums {
+            let mut tb = 0;
+            for v in e {
+                tb |= type_bits(v);
+            }
+            types &= tb;
+        }
+        let mut parts: Vec<Dfa> = Vec::new();
+        let cap = self.cap;
+        if types & T_NULL != 0 {
+            parts.push(Dfa::literals([&b"null"[..]], cap).map_err(self.overflow(ptr))?);
+        }
+        if types & T_BOOL != 0 {
+            parts.push(Dfa::literals([&b"true"[..], b"false"], cap).map_err(self.overflow(ptr))?);
+        }
+        if types & (T_INT | T_FRAC) != 0 && node.enums.is_none() {
+            let int_only = types & T_FRAC == 0;
+            let mut steps = node.steps.iter();
+            let first = steps.next();
+            let mut d = numbers::number_dfa(int_only, node.lo.as_ref(), node.hi.as_ref(), first, cap).map_err(|e| match e {
+                numbers::NumIssue::Overflow(o) => (self.overflow(ptr))(o),
+                numbers::NumIssue::Step => SchemaError::Unsupported { keyword: "multipleOf".into(), pointer: ptr.to_string() },
+            })?;
+            for s in steps {
+                let e = numbers::number_dfa(int_only, None, None, Some(s), cap).map_err(|_| SchemaError::Unsupported { keyword: "multipleOf".into(), pointer: ptr.to_string() })?;
+                d = Dfa::intersect(&d, &e, cap).map_err(self.overflow(ptr))?;
+            }
+            parts.push(d);
+        }
+        if types & T_STR != 0 {
+            let dec = self.string_decoded(&node, ptr)?;
+            parts.push(strings::encode(&dec, cap).map_err(self.overflow(ptr))?);
+        }
+        if types & T_ARR != 0 {
+            parts.push(self.lower_array(&node, ptr, any_depth)?);
+        }
+        if types & T_OBJ != 0 {
+            parts.push(self.lower_object(&node, ptr, any_depth)?);
+        }
+        if let Some(e) = &node.enums {
+            // Numbers are checked by value (their texts are not unique: 1 = 1.0); the rest by text.
+            let num_dfa = if types & (T_INT | T_FRAC) != 0 {
+                Some(numbers::number_dfa(false, node.lo.as_ref(), node.hi.as_ref(), None, cap).map_err(|_| SchemaError::TooLarge { pointer: ptr.to_string(), what: "number".into(), limit: cap })?)
+            } else {
+                None
+            };
+            let mut num_texts: Vec<Vec<u8>> = Vec::new();
+            let mut texts: Vec<Vec<u8>> = Vec::new();
+            for v in e {
+                let tb = type_bits(v);
+                if tb & (T_INT | T_FRAC) != 0 {
+                    if tb & types == 0 {
+                        continue;
+                    }
+                    let Some(d) = dec_of(v) else { continue };
+                    let canon = value_texts(v, self.opts).into_iter().next().unwrap_or_default();
+                    let in_range = num_dfa.as_ref().is_some_and(|n| n.matches(&canon));
+                    let multiple = node.steps.iter().all(|st| {
+                        numbers::number_dfa(false, None, None, Some(st), cap).is_ok_and(|m| m.matches(&canon))
+                    });
+                    let _ = d;
+                    if in_range && multiple {
+                        num_texts.extend(value_texts(v, self.opts));
+                    }
+                } else {
+                    texts.extend(value_texts(v, self.opts));
+                }
+            }
+            parts.retain(|p| !p.is_empty());
+            let non_num: Vec<Dfa> = parts;
+            let mut out = Vec::new();
+            if !texts.is_empty() {
+                let all = self.union(&non_num, ptr)?;
+                let ed = Dfa::literals(texts.iter().map(|t| t.as_slice()), cap).map_err(self.overflow(ptr))?;
+                out.push(Dfa::intersect(&ed, &all, cap).map_err(self.overflow(ptr))?);
+            }
+            if !num_texts.is_empty() {
+                out.push(Dfa::literals(num_texts.iter().map(|t| t.as_slice()), cap).map_err(self.overflow(ptr))?);
+            }
+            return self.union(&out, ptr);
+        }
+        self.union(&parts, ptr)
+    }
+
+    /// Any JSON value nested at most `depth` levels.
+    fn any(&mut self, depth: u32) -> Result<Rc<Dfa>, SchemaError> {
+        if let Some(d) = self.any_cache.get(&depth) {
+            return Ok(d.clone());
+        }
+        let cap = self.cap;
+        let ov = |o: Overflow| SchemaError::TooLarge { pointer: "".into(), what: format!("any-value automaton ({} states)", o.states), limit: cap };
+        let mut parts = vec![
+            Dfa::literals([&b"null"[..], b"true", b"false"], cap).map_err(ov)?,
+            numbers::number_dfa(false, None, None, None, cap).map_err(|_| ov(Overflow { states: cap }))?,
+        ];
+        let strd = strings::encode(&strings::length_dfa(0, None, cap).map_err(ov)?, cap).map_err(ov)?;
+        parts.push(strd.clone());
+        if depth > 0 {
+            let inner = self.any(depth - 1)?;
+            // array
+            let mut nfa = Nfa::new();
+            let s = nfa.state();
+            let open = nfa.lit(s, b"[");
+            let e = nfa.state();
+            nfa.lit_to(open, b"]", e);
+            let after = nfa.embed(open, &inner);
+            nfa.lit_to(after, b"]", e);
+            let sep = nfa.state();
+            self.sep(&mut nfa, after, b",", sep);
+            nfa.embed_to(sep, &inner, after);
+            parts.push(nfa.determinize(s, e, cap).map_err(ov)?);
+            // object
+            let mut nfa = Nfa::new();
+            let s = nfa.state();
+            let open = nfa.lit(s, b"{");
+            let e = nfa.state();
+            nfa.lit_to(open, b"}", e);
+            let k = nfa.embed(open, &strd);
+            let colon = nfa.state();
+            self.sep(&mut nfa, k, b":", colon);
+            let after = nfa.embed(colon, &inner);
+            nfa.lit_to(after, b"}", e);
+            let sep = nfa.state();
+            self.sep(&mut nfa, after, b",", sep);
+            nfa.embed_to(sep, &strd, k);
+            parts.push(nfa.determinize(s, e, cap).map_err(ov)?);
+        }
+        let d = Rc::new(self.union(&parts, "")?);
+        self.any_cache.insert(depth, d.clone());
+        Ok(d)
+    }
+
+    fn lower_array(&mut self, node: &Node<'a>, ptr: &str, any_depth: u32) -> Result<Dfa, SchemaError> {
+        let cap = self.cap;
+        let inner_depth = any_depth.saturating_sub(1);
+        let item_dfa = |this: &mut Self, c: &Vec<Sub<'a>>| -> Result<Rc<Dfa>, SchemaError> {
+            if c.is_empty() {
+                this.any(inner_depth)
+            } else {
+                this.lower_conj(c.clone(), inner_depth)
+            }
+        };
+        let items: Rc<Dfa> = match &node.items {
+            None => {
+                if any_depth == 0 {
+                    Rc::new(Dfa::empty())
+                } else {
+                    self.any(inner_depth)?
+                }
+            }
+            Some(c) => item_dfa(self, c)?,
+        };
+        let mut prefix: Vec<Rc<Dfa>> = Vec::new();
+        for p in &node.prefix {
+            prefix.push(item_dfa(self, p)?);
+        }
+        let contains: Option<(Rc<Dfa>, Vec<Rc<Dfa>>)> = match &node.contains {
+            Some(c) if node.min_contains > 0 => {
+                let mut conj = c.clone();
+                if let Some(i) = &node.items {
+                    conj.extend(i.iter().cloned());
+                }
+                let ci = self.lower_conj(conj, inner_depth)?;
+                let mut pc = Vec::new();
+                for p in &node.prefix {
+                    let mut conj = c.clone();
+                    conj.extend(p.iter().cloned());
+                    pc.push(self.lower_conj(conj, inner_depth)?);
+                }
+                Some((ci, pc))
+            }
+            _ => None,
+        };
+        let need_c = if contains.is_some() { node.min_contains.min(8) as usize } else { 0 };
+        if contains.is_some() && node.min_contains > 8 {
+            return Err(SchemaError::Unsupported { keyword: "minContains".into(), pointer: ptr.to_string() });
+        }
+        let m = prefix.len() as u64;
+        let unroll = match node.max_items {
+            Some(mx) => mx,
+            // At least one unrolled position: the tail loop writes a separator first.
+            None => m.max(node.min_items).max(1),
+        };
+        if unroll > 4096 {
+            return Err(SchemaError::TooLarge { pointer: ptr.to_string(), what: "array length unrolling".into(), limit: 4096 });
+        }
+        let mut nfa = Nfa::new();
+        let s = nfa.state();
+        let end = nfa.state();
+        let open = nfa.lit(s, b"[");
+        // st[j][f]: j items written, f = number of `contains` matches (saturating at need_c).
+        let width = need_c + 1;
+        let mut st: Vec<Vec<u32>> = vec![(0..width).map(|_| nfa.state()).collect()];
+        nfa.eps(open, st[0][0]);
+        let close = |nfa: &mut Nfa, j: u64, stj: &Vec<u32>| {
+            let ok_len = j >= node.min_items && node.max_items.is_none_or(|mx| j <= mx);
+            if ok_len {
+                nfa.lit_to(stj[need_c], b"]", end);
+            }
+        };
+        for j in 0..unroll {
+            let jd = j as usize;
+            let next: Vec<u32> = (0..width).map(|_| nfa.state()).collect();
+            close(&mut nfa, j, &st[jd]);
+            let item: Rc<Dfa> = if jd < prefix.len() { prefix[jd].clone() } else { items.clone() };
+            let citem: Option<Rc<Dfa>> = contains.as_ref().map(|(ci, pc)| if jd < pc.len() { pc[jd].clone() } else { ci.clone() });
+            if !item.is_empty() || citem.as_ref().is_some_and(|c| !c.is_empty()) {
+                for f in 0..width {
+                    let from = if j == 0 {
+                        st[jd][f]
+                    } else {
+                        let x = nfa.state();
+                        self.sep(&mut nfa, st[jd][f], b",", x);
+                        x
+                    };
+                    if !item.is_empty() {
+                        nfa.embed_to(from, &item, next[f]);
+                    }
+                    if let Some(c) = &citem {
+                        if !c.is_empty() && need_c > 0 {
+                            nfa.embed_to(from, c, next[(f + 1).min(need_c)]);
+                        }
+                    }
+                }
+            }
+            st.push(next);
+        }
+        let last = unroll as usize;
+        close(&mut nfa, unroll, &st[last]);
+        if node.max_items.is_none() && !items.is_empty() {
+            // Unbounded tail: loop.
+            for f in 0..width {
+                let x = nfa.state();
+                self.sep(&mut nfa, st[last][f], b",", x);
+                nfa.embed_to(x, &items, st[last][f]);
+                if let Some((ci, _)) = &contains {
+                    if need_c > 0 && !ci.is_empty() {
+                        nfa.embed_to(x, ci, st[last][(f + 1).min(need_c)]);
+                    }
+                }
+            }
+        } else if node.max_items.is_none() {
+            if let Some((ci, _)) = &contains {
+                for f in 0..width {
+                    let x = nfa.state();
+                    self.sep(&mut nfa, st[last][f], b",", x);
+                    if need_c > 0 && !ci.is_empty() {
+                        nfa.embed_to(x, ci, st[last][(f + 1).min(need_c)]);
+                    }
+                }
+            }
+        }
+        nfa.determinize(s, end, cap).map_err(self.overflow(ptr))
+    }
+
+    fn lower_object(&mut self, node: &Node<'a>, ptr: &str, any_depth: u32) -> Result<Dfa, SchemaError> {
+        let cap = self.cap;
+        let inner_depth = any_depth.saturating_sub(1);
+        // Key texts must satisfy propertyNames.
+        let names: Option<Dfa> = if node.prop_names.is_empty() {
+            None
+        } else {
+            let conj = node.prop_names.clone();
+            let d = self.lower_conj(conj, 0)?;
+            let strs = strings::encode(&strings::length_dfa(0, None, cap).map_err(self.overflow(ptr))?, cap).map_err(self.overflow(ptr))?;
+            Some(Dfa::intersect(&d, &strs, cap).map_err(self.overflow(ptr))?)
+        };
+        let mut pats: Vec<(Rc<Dfa>, Vec<Sub<'a>>)> = Vec::new();
+        for (p, c, pp) in &node.pattern_props {
+            let d = self.pattern(p, pp)?;
+            pats.push((d, c.clone()));
+        }
+        // Declared properties.
+        let mut decl: Vec<(Vec<u8>, Rc<Dfa>, bool)> = Vec::new();
+        for (name, c) in &node.props {
+            let text = strings::encode_literal(name);
+            let allowed_name = names.as_ref().is_none_or(|n| n.matches(&text));
+            let mut conj = c.clone();
+            for (pd, pc) in &pats {
+                if pd.matches(name.as_bytes()) {
+                    conj.extend(pc.iter().cloned());
+                }
+            }
+            let v = if allowed_name { self.lower_conj(conj, inner_depth)? } else { Rc::new(Dfa::empty()) };
+            let required = node.required.contains(name);
+            if v.is_empty() && required {
+                return Ok(Dfa::empty());
+            }
+            decl.push((text, v, required));
+        }
+        // Required keys that are not declared: they come from additional / pattern rules.
+        let mut req_extra: Vec<String> = node.required.iter().filter(|r| !node.props.iter().any(|(n, _)| n == *r)).cloned().collect();
+        // Such keys are emitted as declared properties (after the declared ones, in order).
+        for r in req_extra.drain(..) {
+            let text = strings::encode_literal(&r);
+            if names.as_ref().is_some_and(|n| !n.matches(&text)) {
+                return Ok(Dfa::empty());
+            }
+            let mut conj: Vec<Sub<'a>> = Vec::new();
+            let mut matched = false;
+            for (pd, pc) in &pats {
+                if pd.matches(r.as_bytes()) {
+                    conj.extend(pc.iter().cloned());
+                    matched = true;
+                }
+            }
+            let v = if !matched {
+                match &node.additional {
+                    Some(a) => self.lower_conj(a.clone(), inner_depth)?,
+                    None => self.any(inner_depth)?,
+                }
+            } else {
+                self.lower_conj(conj, inner_depth)?
+            };
+            if v.is_empty() {
+                return Ok(Dfa::empty());
+            }
+            decl.push((text, v, true));
+        }
+        // Extra keys: classes by which patterns match.
+        let declared_texts: Vec<Vec<u8>> = decl.iter().map(|d| d.0.clone()).collect();
+        let mut extras: Vec<(Dfa, Rc<Dfa>)> = Vec::new();
+        let additional_forbidden = node.additional.as_ref().is_some_and(|a| a.iter().any(|s| s.v == &Value::Bool(false)));
+        let allow_any = node.additional.is_none() && self.opts.allow_undeclared_properties && any_depth > 0;
+        let any_key = strings::encode(&strings::length_dfa(0, None, cap).map_err(self.overflow(ptr))?, cap).map_err(self.overflow(ptr))?;
+        let mut base_key = Dfa::minus(&any_key, &Dfa::literals(declared_texts.iter().map(|t| t.as_slice()), cap).map_err(self.overflow(ptr))?, cap).map_err(self.overflow(ptr))?;
+        if let Some(n) = &names {
+            base_key = Dfa::intersect(&base_key, n, cap).map_err(self.overflow(ptr))?;
+        }
+        if pats.len() > 4 {
+            if !pats.is_empty() {
+                return Err(SchemaError::Unsupported { keyword: "patternProperties".into(), pointer: ptr.to_string() });
+            }
+        }
+        let np = pats.len();
+        let enc_pats: Vec<Dfa> = pats.iter().map(|(d, _)| strings::encode(d, cap)).collect::<Result<_, _>>().map_err(self.overflow(ptr))?;
+        for mask in 0..(1usize << np) {
+            let mut key = base_key.clone();
+            let mut conj: Vec<Sub<'a>> = Vec::new();
+            for (i, ep) in enc_pats.iter().enumerate() {
+                if mask & (1 << i) != 0 {
+                    key = Dfa::intersect(&key, ep, cap).map_err(self.overflow(ptr))?;
+                    conj.extend(pats[i].1.iter().cloned());
+                } else {
+                    key = Dfa::minus(&key, ep, cap).map_err(self.overflow(ptr))?;
+                }
+                if key.is_empty() {
+                    break;
+                }
+            }
+            if key.is_empty() {
+                continue;
+            }
+            let v = if mask != 0 {
+                self.lower_conj(conj, inner_depth)?
+            } else if additional_forbidden {
+                continue;
+            } else if let Some(a) = &node.additional {
+                self.lower_conj(a.clone(), inner_depth)?
+            } else if allow_any {
+                self.any(inner_depth)?
+            } else {
+                continue;
+            };
+            if !v.is_empty() {
+                extras.push((key, v));
+            }
+        }
+        // Assemble: states (i, count).
+        let counting = node.min_props > 0 || node.max_props.is_some();
+        let cmax: u64 = if counting { node.max_props.map_or(node.min_props, |m| m.max(node.min_props)) } else { 1 };
+        if cmax > 256 {
+            return Err(SchemaError::TooLarge { pointer: ptr.to_string(), what: "property count tracking".into(), limit: 256 });
+        }
+        let width = cmax as usize + 1;
+        let n = decl.len();
+        let mut nfa = Nfa::new();
+        let s = nfa.state();
+        let end = nfa.state();
+        let open = nfa.lit(s, b"{");
+        let st: Vec<Vec<u32>> = (0..=n).map(|_| (0..width).map(|_| nfa.state()).collect()).collect();
+        nfa.eps(open, st[0][0]);
+        let max_ok = |c: usize| node.max_props.is_none_or(|m| (c as u64) < m);
+        let bump = |c: usize| if counting { (c + 1).min(width - 1) } else { 1 };
+        for (i, (text, v, required)) in decl.iter().enumerate() {
+            if !*required {
+                for c in 0..width {
+                    nfa.eps(st[i][c], st[i + 1][c]);
+                }
+            }
+            if v.is_empty() {
+                continue;
+            }
+            // One embedding of the value per target count.
+            let mut entry: HashMap<usize, u32> = HashMap::new();
+            for c in 0..width {
+                if !max_ok(c) {
+                    continue;
+                }
+                let tgt = bump(c);
+                let e = *entry.entry(tgt).or_insert_with(|| {
+                    let e = nfa.state();
+                    nfa.embed_to(e, v, st[i + 1][tgt]);
+                    e
+                });
+                let k = if c == 0 {
+                    nfa.lit(st[i][c], text)
+                } else {
+                    let x = nfa.state();
+                    self.sep(&mut nfa, st[i][c], b",", x);
+                    nfa.lit(x, text)
+                };
+                self.sep(&mut nfa, k, b":", e);
+            }
+        }
+        for (key, v) in &extras {
+            let mut entry: HashMap<usize, u32> = HashMap::new();
+            for c in 0..width {
+                if !max_ok(c) {
+                    continue;
+                }
+                let tgt = bump(c);
+                let e = *entry.entry(tgt).or_insert_with(|| {
+                    let e = nfa.state();
+                    nfa.embed_to(e, v, st[n][tgt]);
+                    e
+                });
+                let kstart = if c == 0 {
+                    st[n][c]
+                } else {
+                    let x = nfa.state();
+                    self.sep(&mut nfa, st[n][c], b",", x);
+                    x
+                };
+                let k = nfa.embed(kstart, key);
+                self.sep(&mut nfa, k, b":", e);
+            }
+        }
+        for c in 0..width {
+            let ok = if counting { (c as u64) >= node.min_props } else { true };
+            if ok {
+                nfa.lit_to(st[n][c], b"}", end);
+            }
+        }
+        nfa.determinize(s, end, cap).map_err(self.overflow(ptr))
+    }
+}
+
+fn effective_types(n: &Node) -> u8 {
+    let mut t = n.types;
+    if t & T_INT != 0 && !n.steps.is_empty() {
+        // still integers/numbers
+    }
+    if n.never {
+        t = 0;
+    }
+    t
+}
+
+fn collect_refs(v: &Value, base: &Rc<str>, out: &mut Vec<(String, Rc<str>)>) {
+    match v {
+        Value::Object(m) => {
+            for key in ["$ref", "$recursiveRef"] {
+                if let Some(Value::String(r)) = m.get(key) {
+                    let r = if key == "$ref" { r.clone() } else { "#".to_string() };
+                    if !out.iter().any(|(x, _)| *x == r) {
+                        out.push((r, base.clone()));
+                    }
+                }
+            }
+            for (k, c) in m {
+                if matches!(k.as_str(), "enum" | "const" | "default" | "examples" | "example") {
+                    continue;
+                }
+                collect_refs(c, base, out);
+            }
+        }
+        Value::Array(a) => {
+            for c in a {
+                collect_refs(c, base, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The texts (under the whitespace policy, without the optional spaces) of a JSON value, plus
+/// the spaced variants where the policy allows them. Numbers also in their `.0`-suffixed forms.
+pub(crate) fn value_texts(v: &Value, opts: &CompileOptions) -> Vec<Vec<u8>> {
+    let mut out: Vec<Vec<u8>> = vec![Vec::new()];
+    write_texts(v, opts, &mut out);
+    out
+}
+
+fn append_all(out: &mut Vec<Vec<u8>>, alts: &[&[u8]]) {
+    if alts.len() == 1 {
+        for o in out.iter_mut() {
+            o.extend_from_slice(alts[0]);
+        }
+        return;
+    }
+    let mut next = Vec::with_capacity(out.len() * alts.len());
+    for o in out.iter() {
+        for a in alts {
+            let mut x = o.clone();
+            x.extend_from_slice(a);
+            next.push(x);
+        }
+    }
+    *out = next;
+}
+
+fn write_texts(v: &Value, opts: &CompileOptions, out: &mut Vec<Vec<u8>>) {
+    let ws: Vec<&[u8]> = match opts.whitespace {
+        Whitespace::Compact => vec![b""],
+        Whitespace::Flexible => vec![b"", b" "],
+    };
+    if out.len() > 4096 {
+        // Avoid blow-up on large literal values: keep compact spelling only.
+        let c = serde_json::to_vec(v).unwrap_or_default();
+        append_all(out, &[&c]);
+        return;
+    }
+    match v {
+        Value::Null => append_all(out, &[b"null"]),
+        Value::Bool(true) => append_all(out, &[b"true"]),
+        Value::Bool(false) => append_all(out, &[b"false"]),
+        Value::Number(_) => {
+            let d = dec_of(v);
+            match d {
+                Some(d) => {
+                    let mut t = Vec::new();
+                    if d.neg {
+                        t.push(b'-');
+                    }
+                    t.extend_from_slice(&d.int);
+                    if !d.frac.is_empty() {
+                        t.push(b'.');
+                        t.extend_from_slice(&d.frac);
+                    }
+                    let mut alts = vec![t.clone()];
+                    let mut z = t.clone();
+                    if d.frac.is_empty() {
+                        z.extend_from_slice(b".0");
+                    } else {
+                        z.push(b'0');
+                    }
+                    alts.push(z);
+                    let refs: Vec<&[u8]> = alts.iter().map(|a| a.as_slice()).collect();
+                    append_all(out, &refs);
+                }
+                None => {
+                    let t = v.to_string().into_bytes();
+                    append_all(out, &[&t]);
+                }
+            }
+        }
+        Value::String(s) => {
+            let t = strings::encode_literal(s);
+            append_all(out, &[&t]);
+        }
+        Value::Array(a) => {
+            append_all(out, &[b"["]);
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    append_all(out, &[b","]);
+                    append_all(out, &ws);
+                }
+                write_texts(x, opts, out);
+            }
+            append_all(out, &[b"]"]);
+        }
+        Value::Object(m) => {
+            append_all(out, &[b"{"]);
+            for (i, (k, x)) in m.iter().enumerate() {
+                if i > 0 {
+                    append_all(out, &[b","]);
+                    append_all(out, &ws);
+                }
+                let kt = strings::encode_literal(k);
+                append_all(out, &[&kt]);
+                append_all(out, &[b":"]);
+                append_all(out, &ws);
+                write_texts(x, opts, out);
+            }
+            append_all(out, &[b"}"]);
+        }
+    }
+}
