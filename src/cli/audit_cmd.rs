@@ -1,0 +1,61 @@
+//! `applianced audit`: check the server's hash-chained audit log (format in src/audit/mod.rs and
+//! docs/server.md).
+
+use std::path::PathBuf;
+
+use clap::{Args as ClapArgs, Subcommand};
+
+use super::common::CliError;
+use crate::audit::{verify_file, AuditError};
+
+#[derive(Debug, Clone, ClapArgs)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: AuditCommand,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum AuditCommand {
+    /// Verify the hash chain of an audit log: every record's own hash, its sequence number and its
+    /// link to the previous record. Names the first broken record by line number. Exit 0 when
+    /// intact, 1 when broken, 3 on I/O errors.
+    Verify {
+        /// The audit log (JSON lines).
+        file: PathBuf,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn exec(args: Args) -> Result<(), CliError> {
+    match args.command {
+        AuditCommand::Verify { file, json } => match verify_file(&file) {
+            Ok(r) => {
+                if json {
+                    println!("{}", serde_json::json!({"ok": true, "records": r.records, "last_hash": r.last_hash}));
+                } else {
+                    println!("ok: {} records, chain intact; last hash {}", r.records, r.last_hash);
+                }
+                Ok(())
+            }
+            Err(AuditError::Broken { path, line, msg }) => {
+                if json {
+                    println!("{}", serde_json::json!({"ok": false, "line": line, "error": msg}));
+                    Err(CliError::Reported(1))
+                } else {
+                    Err(CliError::Other(format!("{}: record at line {line} is broken: {msg}", path.display())))
+                }
+            }
+            Err(AuditError::Io { path, source }) => {
+                if json {
+                    println!("{}", serde_json::json!({"ok": false, "error": format!("{}: {source}", path.display())}));
+                } else {
+                    eprintln!("error: {}: {source}", path.display());
+                }
+                Err(CliError::Reported(3))
+            }
+            Err(e) => Err(CliError::Other(e.to_string())),
+        },
+    }
+}

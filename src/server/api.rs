@@ -1,0 +1,527 @@
+//! The JSON edge: request bodies of both APIs parsed into typed values ([`ChatRequest`]), and
+//! the typed responses, stream events and errors rendered back in each API's own shape. Nothing
+//! past this module sees JSON.
+//!
+//! Status codes (the one place they are chosen, [`ApiError`]):
+//! - 400 `invalid_request_error`: body not JSON, wrong types, missing fields, values out of range,
+//!   unknown roles, empty `messages`, prompt + `max_tokens` beyond the context, `max_tokens` above
+//!   the server's limit;
+//! - 422: a well-formed request asking for something this server does not do (n > 1, tools,
+//!   images, logprobs, JSON response formats), or a conversation the model's chat template
+//!   refuses (e.g. roles that must alternate);
+//! - 403 peer not allowed, 404 unknown path or model, 405 wrong method, 408 body too slow,
+//!   413 body too large, 429 queue full (with `Retry-After`), 503 loading, draining or audit log
+//!   unwritable, 500 engine failure.
+
+use serde_json::{json, Map, Value};
+
+use crate::sampling::SamplingParams;
+use crate::tokenizer::ChatMessage;
+
+/// Which API a request speaks (decides error and response shapes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    Anthropic,
+    OpenAi,
+}
+
+/// An error bound for the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    /// The offending parameter (OpenAI's `param`).
+    pub param: Option<String>,
+    /// Seconds, for 429 and 503.
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: u16, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into(), param: None, retry_after: None }
+    }
+    pub fn bad(param: &str, message: impl Into<String>) -> Self {
+        ApiError { status: 400, message: format!("{param}: {}", message.into()), param: Some(param.into()), retry_after: None }
+    }
+    pub fn unsupported(param: &str, message: impl Into<String>) -> Self {
+        ApiError { status: 422, message: format!("{param}: {}", message.into()), param: Some(param.into()), retry_after: None }
+    }
+    pub fn retry(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    fn anthropic_type(&self) -> &'static str {
+        match self.status {
+            400 | 405 | 408 | 422 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            _ => "api_error",
+        }
+    }
+
+    fn openai_type(&self) -> &'static str {
+        match self.status {
+            400 | 405 | 408 | 413 | 422 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            429 => "rate_limit_exceeded",
+            503 => "service_unavailable",
+            _ => "server_error",
+        }
+    }
+
+    /// The error body in the API's own shape.
+    pub fn body(&self, flavor: Flavor) -> Value {
+        match flavor {
+            Flavor::Anthropic => json!({"type": "error", "error": {"type": self.anthropic_type(), "message": self.message}}),
+            Flavor::OpenAi => json!({"error": {"message": self.message, "type": self.openai_type(), "param": self.param, "code": Value::Null}}),
+        }
+    }
+}
+
+/// A chat request of either API, typed and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    pub model: Option<String>,
+    /// Conversation including any system message first; Anthropic's trailing assistant message
+    /// (a prefill) is kept as the last message.
+    pub messages: Vec<ChatMessage>,
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    /// Whether the client gave a seed (else the server draws one).
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    /// OpenAI `stream_options.include_usage`.
+    pub include_usage: bool,
+}
+
+impl ChatRequest {
+    /// Anthropic: a final assistant message is continued, not answered.
+    pub fn ends_with_prefill(&self) -> bool {
+        self.messages.last().is_some_and(|m| m.role == "assistant")
+    }
+}
+
+/// Parse a body into a JSON object (400 on anything else).
+pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::new(400, "request body is empty; expected a JSON object"));
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(other) => Err(ApiError::new(400, format!("request body must be a JSON object, got {}", kind(&other)))),
+        Err(e) => Err(ApiError::new(400, format!("request body is not valid JSON: {e}"))),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Typed access to one JSON object, with parameter paths in errors.
+struct Obj<'a> {
+    m: &'a Map<String, Value>,
+    path: String,
+}
+
+impl<'a> Obj<'a> {
+    fn new(m: &'a Map<String, Value>, path: &str) -> Self {
+        Obj { m, path: path.into() }
+    }
+    fn p(&self, k: &str) -> String {
+        if self.path.is_empty() { k.to_string() } else { format!("{}.{k}", self.path) }
+    }
+    /// Present and not null.
+    fn get(&self, k: &str) -> Option<&'a Value> {
+        self.m.get(k).filter(|v| !v.is_null())
+    }
+    fn str(&self, k: &str) -> Result<Option<&'a str>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(ApiError::bad(&self.p(k), format!("expected a string, got {}", kind(v)))),
+        }
+    }
+    fn req_str(&self, k: &str) -> Result<&'a str, ApiError> {
+        self.str(k)?.ok_or_else(|| ApiError::bad(&self.p(k), "required field is missing"))
+    }
+    fn bool(&self, k: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(ApiError::bad(&self.p(k), format!("expected a boolean, got {}", kind(v)))),
+        }
+    }
+    fn f32_in(&self, k: &str, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Number(n)) => {
+                let x = n.as_f64().unwrap_or(f64::NAN) as f32;
+                if !(lo..=hi).contains(&x) {
+                    return Err(ApiError::bad(&self.p(k), format!("must be between {lo} and {hi}, got {n}")));
+                }
+                Ok(Some(x))
+            }
+            Some(v) => Err(ApiError::bad(&self.p(k), format!("expected a number, got {}", kind(v)))),
+        }
+    }
+    fn uint(&self, k: &str) -> Result<Option<u64>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Number(n)) => match n.as_u64() {
+                Some(x) => Ok(Some(x)),
+                None => Err(ApiError::bad(&self.p(k), format!("expected a non-negative integer, got {n}"))),
+            },
+            Some(v) => Err(ApiError::bad(&self.p(k), format!("expected an integer, got {}", kind(v)))),
+        }
+    }
+    fn int(&self, k: &str) -> Result<Option<i64>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Number(n)) => match n.as_i64() {
+                Some(x) => Ok(Some(x)),
+                None => Err(ApiError::bad(&self.p(k), format!("expected an integer, got {n}"))),
+            },
+            Some(v) => Err(ApiError::bad(&self.p(k), format!("expected an integer, got {}", kind(v)))),
+        }
+    }
+    fn reject_unknown(&self, known: &[&str], unsupported: &[&str]) -> Result<(), ApiError> {
+        for (k, v) in self.m {
+            if unsupported.contains(&k.as_str()) && !v.is_null() {
+                return Err(ApiError::unsupported(&self.p(k), "is not supported by this server"));
+            }
+            if !known.contains(&k.as_str()) && !unsupported.contains(&k.as_str()) {
+                return Err(ApiError::bad(&self.p(k), "unknown field"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Text of a `content` value: a string, or an array of `{"type":"text","text":...}` blocks.
+fn text_content(v: &Value, path: &str, allow_empty: bool) -> Result<String, ApiError> {
+    let s = match v {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => {
+            let mut out = String::new();
+            for (i, b) in blocks.iter().enumerate() {
+                let bp = format!("{path}[{i}]");
+                let Value::Object(m) = b else {
+                    return Err(ApiError::bad(&bp, format!("expected a content block object, got {}", kind(b))));
+                };
+                let o = Obj::new(m, &bp);
+                let ty = o.req_str("type")?;
+                if ty != "text" {
+                    return Err(ApiError::unsupported(&format!("{bp}.type"), format!("content blocks of type {ty:?} are not supported (only \"text\")")));
+                }
+                out.push_str(o.req_str("text")?);
+            }
+            if blocks.is_empty() && !allow_empty {
+                return Err(ApiError::bad(path, "must not be an empty array"));
+            }
+            out
+        }
+        other => return Err(ApiError::bad(path, format!("expected a string or an array of text blocks, got {}", kind(other)))),
+    };
+    Ok(s)
+}
+
+fn messages_array<'a>(o: &Obj<'a>) -> Result<&'a Vec<Value>, ApiError> {
+    match o.get("messages") {
+        None => Err(ApiError::bad("messages", "required field is missing")),
+        Some(Value::Array(a)) if a.is_empty() => Err(ApiError::bad("messages", "must contain at least one message")),
+        Some(Value::Array(a)) => Ok(a),
+        Some(v) => Err(ApiError::bad("messages", format!("expected an array, got {}", kind(v)))),
+    }
+}
+
+fn string_list(v: &Value, path: &str, max: usize) -> Result<Vec<String>, ApiError> {
+    let list = match v {
+        Value::Null => vec![],
+        Value::String(s) => vec![s.clone()],
+        Value::Array(a) => {
+            let mut out = Vec::new();
+            for (i, x) in a.iter().enumerate() {
+                match x {
+                    Value::String(s) => out.push(s.clone()),
+                    other => return Err(ApiError::bad(&format!("{path}[{i}]"), format!("expected a string, got {}", kind(other)))),
+                }
+            }
+            out
+        }
+        other => return Err(ApiError::bad(path, format!("expected a string or an array of strings, got {}", kind(other)))),
+    };
+    if list.len() > max {
+        return Err(ApiError::bad(path, format!("at most {max} stop sequences, got {}", list.len())));
+    }
+    if list.iter().any(String::is_empty) {
+        return Err(ApiError::bad(path, "stop sequences must not be empty strings"));
+    }
+    Ok(list)
+}
+
+/// `POST /v1/messages` (and `count_tokens`, with `counting` = true: no `max_tokens` needed).
+pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatRequest, ApiError> {
+    let o = Obj::new(m, "");
+    let known: &[&str] = if counting {
+        &["model", "messages", "system", "tools", "tool_choice", "thinking"]
+    } else {
+        &["model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "metadata", "stream", "service_tier"]
+    };
+    o.reject_unknown(known, &["tools", "tool_choice", "thinking", "mcp_servers", "container"])?;
+    let model = o.str("model")?.map(str::to_owned);
+    if !counting && model.is_none() {
+        return Err(ApiError::bad("model", "required field is missing"));
+    }
+    let mut messages = Vec::new();
+    if let Some(sys) = o.get("system") {
+        let text = text_content(sys, "system", true)?;
+        if !text.is_empty() {
+            messages.push(ChatMessage::new("system", &text));
+        }
+    }
+    let arr = messages_array(&o)?;
+    for (i, v) in arr.iter().enumerate() {
+        let p = format!("messages[{i}]");
+        let Value::Object(mm) = v else {
+            return Err(ApiError::bad(&p, format!("expected a message object, got {}", kind(v))));
+        };
+        let mo = Obj::new(mm, &p);
+        mo.reject_unknown(&["role", "content"], &[])?;
+        let role = mo.req_str("role")?;
+        if !matches!(role, "user" | "assistant") {
+            return Err(ApiError::bad(&format!("{p}.role"), format!("expected \"user\" or \"assistant\", got {role:?} (use the top-level \"system\" field for system prompts)")));
+        }
+        let content = mo.get("content").ok_or_else(|| ApiError::bad(&format!("{p}.content"), "required field is missing"))?;
+        let mut text = text_content(content, &format!("{p}.content"), false)?;
+        if i + 1 == arr.len() && role == "assistant" {
+            // Anthropic: a final assistant turn may not end with whitespace.
+            text = text.trim_end().to_string();
+        }
+        messages.push(ChatMessage::new(role, &text));
+    }
+    if arr.first().and_then(|v| v.get("role")).and_then(Value::as_str) != Some("user") {
+        return Err(ApiError::bad("messages[0].role", "the first message must be a \"user\" message"));
+    }
+    let mut sampling = SamplingParams { temperature: 1.0, ..Default::default() };
+    let mut max_tokens = None;
+    let mut stop = Vec::new();
+    let mut stream = false;
+    if !counting {
+        let mt = o.uint("max_tokens")?.ok_or_else(|| ApiError::bad("max_tokens", "required field is missing"))?;
+        if mt == 0 {
+            return Err(ApiError::bad("max_tokens", "must be at least 1"));
+        }
+        max_tokens = Some(mt as usize);
+        if let Some(t) = o.f32_in("temperature", 0.0, 1.0)? {
+            sampling.temperature = t;
+        }
+        if let Some(p) = o.f32_in("top_p", 0.0, 1.0)? {
+            sampling.top_p = p;
+        }
+        if let Some(k) = o.uint("top_k")? {
+            sampling.top_k = k as usize;
+        }
+        if let Some(v) = o.get("stop_sequences") {
+            if !v.is_array() {
+                return Err(ApiError::bad("stop_sequences", format!("expected an array of strings, got {}", kind(v))));
+            }
+            stop = string_list(v, "stop_sequences", 16)?;
+        }
+        if let Some(md) = o.get("metadata") {
+            let Value::Object(mm) = md else {
+                return Err(ApiError::bad("metadata", format!("expected an object, got {}", kind(md))));
+            };
+            let mo = Obj::new(mm, "metadata");
+            mo.reject_unknown(&["user_id"], &[])?;
+            mo.str("user_id")?;
+        }
+        stream = o.bool("stream")?.unwrap_or(false);
+        o.str("service_tier")?;
+    }
+    Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false })
+}
+
+/// `POST /v1/chat/completions`.
+pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
+    let o = Obj::new(m, "");
+    o.reject_unknown(
+        &[
+            "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream",
+            "stream_options", "user", "frequency_penalty", "presence_penalty", "logprobs", "response_format", "store",
+            "metadata", "parallel_tool_calls", "service_tier",
+        ],
+        &["tools", "tool_choice", "functions", "function_call", "logit_bias", "top_logprobs", "audio", "modalities", "prediction", "reasoning_effort", "web_search_options"],
+    )?;
+    let model = o.str("model")?.map(str::to_owned);
+    let arr = messages_array(&o)?;
+    let mut messages = Vec::new();
+    for (i, v) in arr.iter().enumerate() {
+        let p = format!("messages[{i}]");
+        let Value::Object(mm) = v else {
+            return Err(ApiError::bad(&p, format!("expected a message object, got {}", kind(v))));
+        };
+        let mo = Obj::new(mm, &p);
+        mo.reject_unknown(&["role", "content", "name"], &["tool_calls", "tool_call_id", "function_call", "audio", "refusal"])?;
+        let role = mo.req_str("role")?;
+        let role = match role {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            "tool" | "function" => return Err(ApiError::unsupported(&format!("{p}.role"), format!("role {role:?} is not supported (no tool use)"))),
+            other => return Err(ApiError::bad(&format!("{p}.role"), format!("expected one of \"system\", \"developer\", \"user\", \"assistant\", got {other:?}"))),
+        };
+        mo.str("name")?;
+        let content = match mo.get("content") {
+            Some(c) => text_content(c, &format!("{p}.content"), role == "assistant")?,
+            None if role == "assistant" => String::new(),
+            None => return Err(ApiError::bad(&format!("{p}.content"), "required field is missing")),
+        };
+        messages.push(ChatMessage::new(role, &content));
+    }
+    if messages.last().is_some_and(|m| m.role == "assistant") {
+        // OpenAI answers after the conversation; a trailing assistant message is history.
+    }
+    let mt = o.uint("max_completion_tokens")?.or(o.uint("max_tokens")?);
+    if mt == Some(0) {
+        return Err(ApiError::bad("max_tokens", "must be at least 1"));
+    }
+    let mut sampling = SamplingParams { temperature: 1.0, ..Default::default() };
+    if let Some(t) = o.f32_in("temperature", 0.0, 2.0)? {
+        sampling.temperature = t;
+    }
+    if let Some(p) = o.f32_in("top_p", 0.0, 1.0)? {
+        sampling.top_p = p;
+    }
+    if let Some(p) = o.f32_in("frequency_penalty", -2.0, 2.0)? {
+        sampling.frequency_penalty = p;
+    }
+    if let Some(p) = o.f32_in("presence_penalty", -2.0, 2.0)? {
+        sampling.presence_penalty = p;
+    }
+    let seed = o.int("seed")?.map(|s| s as u64);
+    let stop = match o.get("stop") {
+        Some(v) => string_list(v, "stop", 4)?,
+        None => Vec::new(),
+    };
+    if let Some(n) = o.uint("n")? {
+        if n != 1 {
+            return Err(ApiError::unsupported("n", format!("only n = 1 is supported, got {n}")));
+        }
+    }
+    if o.bool("logprobs")? == Some(true) {
+        return Err(ApiError::unsupported("logprobs", "log probabilities are not supported"));
+    }
+    if let Some(rf) = o.get("response_format") {
+        let ty = rf.get("type").and_then(Value::as_str);
+        if ty != Some("text") {
+            return Err(ApiError::unsupported("response_format", "only {\"type\": \"text\"} is supported here"));
+        }
+    }
+    o.str("user")?;
+    o.bool("store")?;
+    let stream = o.bool("stream")?.unwrap_or(false);
+    let mut include_usage = false;
+    if let Some(so) = o.get("stream_options") {
+        let Value::Object(sm) = so else {
+            return Err(ApiError::bad("stream_options", format!("expected an object, got {}", kind(so))));
+        };
+        let so = Obj::new(sm, "stream_options");
+        so.reject_unknown(&["include_usage", "include_obfuscation"], &[])?;
+        include_usage = so.bool("include_usage")?.unwrap_or(false);
+        if !stream {
+            return Err(ApiError::bad("stream_options", "only allowed when stream is true"));
+        }
+    }
+    Ok(ChatRequest { model, messages, max_tokens: mt.map(|x| x as usize), sampling, seed, stop, stream, include_usage })
+}
+
+// ---- responses ----
+
+/// Anthropic's stop_reason / OpenAI's finish_reason.
+pub fn anthropic_stop(r: super::scheduler::StopReason) -> &'static str {
+    use super::scheduler::StopReason::*;
+    match r {
+        EndTurn => "end_turn",
+        MaxTokens => "max_tokens",
+        StopSequence => "stop_sequence",
+    }
+}
+
+pub fn openai_finish(r: super::scheduler::StopReason) -> &'static str {
+    use super::scheduler::StopReason::*;
+    match r {
+        EndTurn | StopSequence => "stop",
+        MaxTokens => "length",
+    }
+}
+
+/// One server-sent event.
+pub fn sse(event: Option<&str>, data: &Value) -> String {
+    match event {
+        Some(e) => format!("event: {e}\ndata: {data}\n\n"),
+        None => format!("data: {data}\n\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(s: &str) -> Map<String, Value> {
+        parse_object(s.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn anthropic_ok_and_errors() {
+        let r = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"system":[{"type":"text","text":"S"}],"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"stop_sequences":["x"],"stream":true}"#), false).unwrap();
+        assert_eq!(r.messages, vec![ChatMessage::new("system", "S"), ChatMessage::new("user", "ab")]);
+        assert!(r.stream);
+        assert_eq!(r.sampling.temperature, 1.0);
+        let e = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"tool","content":"a"}]}"#), false).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(e.message.contains("messages[0].role"), "{}", e.message);
+        let e = parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}]}"#), false).unwrap_err();
+        assert!(e.message.starts_with("max_tokens"));
+        let e = parse_anthropic(&obj(r#"{"model":"m","max_tokens":"5","messages":[{"role":"user","content":"a"}]}"#), false).unwrap_err();
+        assert!(e.message.contains("expected an integer"));
+        let e = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[]}"#), false).unwrap_err();
+        assert!(e.message.contains("at least one"));
+        assert!(parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}]}"#), true).is_ok());
+        assert_eq!(parse_object(b"{").unwrap_err().status, 400);
+        assert_eq!(parse_object(b"[1]").unwrap_err().status, 400);
+    }
+
+    #[test]
+    fn openai_ok_and_errors() {
+        let r = parse_openai(&obj(r#"{"model":"m","messages":[{"role":"developer","content":"s"},{"role":"user","content":"hi"}],"stop":"\n","seed":3,"max_completion_tokens":7,"stream":true,"stream_options":{"include_usage":true}}"#)).unwrap();
+        assert_eq!(r.messages[0].role, "system");
+        assert_eq!(r.stop, vec!["\n".to_string()]);
+        assert_eq!((r.seed, r.max_tokens, r.include_usage), (Some(3), Some(7), true));
+        assert_eq!(parse_openai(&obj(r#"{"messages":[{"role":"user","content":"a"}],"n":2}"#)).unwrap_err().status, 422);
+        assert_eq!(parse_openai(&obj(r#"{"messages":[{"role":"user","content":"a"}],"temperature":3}"#)).unwrap_err().status, 400);
+        assert_eq!(parse_openai(&obj(r#"{"messages":[{"role":"user"}]}"#)).unwrap_err().status, 400);
+        assert_eq!(parse_openai(&obj(r#"{"messages":[{"role":"user","content":"a"}],"bogus":1}"#)).unwrap_err().status, 400);
+    }
+
+    #[test]
+    fn error_shapes() {
+        let e = ApiError::new(429, "full");
+        assert_eq!(e.body(Flavor::Anthropic)["error"]["type"], "rate_limit_error");
+        assert_eq!(e.body(Flavor::OpenAi)["error"]["message"], "full");
+    }
+}

@@ -1,0 +1,194 @@
+//! Prometheus metrics, rendered in the text exposition format (version 0.0.4) by hand: a few
+//! counters, gauges and fixed-bucket histograms behind one mutex (updates are per request or per
+//! engine step, never per byte).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+
+/// A fixed-bucket histogram.
+#[derive(Debug, Clone)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Histogram { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0 }
+    }
+    pub fn observe(&mut self, v: f64) {
+        for (i, b) in self.bounds.iter().enumerate() {
+            if v <= *b {
+                self.counts[i] += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+    fn render(&self, out: &mut String, name: &str) {
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+const LATENCY_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+const ITL_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+
+#[derive(Debug)]
+struct Inner {
+    requests: BTreeMap<(String, u16), u64>,
+    tokens_in: u64,
+    tokens_out: u64,
+    refused_peers: u64,
+    queue_depth: i64,
+    active_seqs: i64,
+    open_connections: i64,
+    ttft: Histogram,
+    itl: Histogram,
+    request_duration: Histogram,
+    batch_size: Histogram,
+    batch_tokens: Histogram,
+    steps: u64,
+}
+
+/// All server metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            inner: Mutex::new(Inner {
+                requests: BTreeMap::new(),
+                tokens_in: 0,
+                tokens_out: 0,
+                refused_peers: 0,
+                queue_depth: 0,
+                active_seqs: 0,
+                open_connections: 0,
+                ttft: Histogram::new(LATENCY_BUCKETS),
+                itl: Histogram::new(ITL_BUCKETS),
+                request_duration: Histogram::new(LATENCY_BUCKETS),
+                batch_size: Histogram::new(BATCH_BUCKETS),
+                batch_tokens: Histogram::new(&[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0]),
+                steps: 0,
+            }),
+        }
+    }
+}
+
+impl Metrics {
+    fn with(&self, f: impl FnOnce(&mut Inner)) {
+        if let Ok(mut g) = self.inner.lock() {
+            f(&mut g);
+        }
+    }
+    pub fn request(&self, endpoint: &str, status: u16, seconds: f64) {
+        self.with(|m| {
+            *m.requests.entry((endpoint.to_string(), status)).or_default() += 1;
+            m.request_duration.observe(seconds);
+        });
+    }
+    pub fn tokens(&self, input: u64, output: u64) {
+        self.with(|m| {
+            m.tokens_in += input;
+            m.tokens_out += output;
+        });
+    }
+    pub fn refused_peer(&self) {
+        self.with(|m| m.refused_peers += 1);
+    }
+    pub fn queue_depth_add(&self, d: i64) {
+        self.with(|m| m.queue_depth += d);
+    }
+    pub fn set_active(&self, n: usize) {
+        self.with(|m| m.active_seqs = n as i64);
+    }
+    pub fn connections_add(&self, d: i64) {
+        self.with(|m| m.open_connections += d);
+    }
+    pub fn ttft(&self, s: f64) {
+        self.with(|m| m.ttft.observe(s));
+    }
+    pub fn inter_token(&self, s: f64) {
+        self.with(|m| m.itl.observe(s));
+    }
+    pub fn step(&self, seqs: usize, tokens: usize) {
+        self.with(|m| {
+            m.steps += 1;
+            m.batch_size.observe(seqs as f64);
+            m.batch_tokens.observe(tokens as f64);
+        });
+    }
+
+    /// Prometheus text format.
+    pub fn render(&self, ready: bool) -> String {
+        let Ok(m) = self.inner.lock() else { return String::new() };
+        let mut o = String::new();
+        let head = |o: &mut String, name: &str, ty: &str, help: &str| {
+            let _ = writeln!(o, "# HELP {name} {help}");
+            let _ = writeln!(o, "# TYPE {name} {ty}");
+        };
+        head(&mut o, "applianced_requests_total", "counter", "HTTP requests by endpoint and status code.");
+        for ((ep, st), n) in &m.requests {
+            let _ = writeln!(o, "applianced_requests_total{{endpoint=\"{}\",status=\"{st}\"}} {n}", escape(ep));
+        }
+        head(&mut o, "applianced_request_duration_seconds", "histogram", "Time from request to the end of its response.");
+        m.request_duration.render(&mut o, "applianced_request_duration_seconds");
+        head(&mut o, "applianced_prompt_tokens_total", "counter", "Prompt tokens processed.");
+        let _ = writeln!(o, "applianced_prompt_tokens_total {}", m.tokens_in);
+        head(&mut o, "applianced_generated_tokens_total", "counter", "Tokens generated.");
+        let _ = writeln!(o, "applianced_generated_tokens_total {}", m.tokens_out);
+        head(&mut o, "applianced_refused_peers_total", "counter", "Requests refused by the peer-credential allowlist.");
+        let _ = writeln!(o, "applianced_refused_peers_total {}", m.refused_peers);
+        head(&mut o, "applianced_queue_depth", "gauge", "Requests waiting for a sequence slot.");
+        let _ = writeln!(o, "applianced_queue_depth {}", m.queue_depth.max(0));
+        head(&mut o, "applianced_active_sequences", "gauge", "Sequences being prefilled or decoded.");
+        let _ = writeln!(o, "applianced_active_sequences {}", m.active_seqs);
+        head(&mut o, "applianced_open_connections", "gauge", "Open client connections.");
+        let _ = writeln!(o, "applianced_open_connections {}", m.open_connections.max(0));
+        head(&mut o, "applianced_ready", "gauge", "1 when the model is loaded and requests are accepted.");
+        let _ = writeln!(o, "applianced_ready {}", u8::from(ready));
+        head(&mut o, "applianced_engine_steps_total", "counter", "Engine forward steps.");
+        let _ = writeln!(o, "applianced_engine_steps_total {}", m.steps);
+        head(&mut o, "applianced_batch_size", "histogram", "Sequences per engine step.");
+        m.batch_size.render(&mut o, "applianced_batch_size");
+        head(&mut o, "applianced_batch_tokens", "histogram", "Tokens per engine step (decode tokens plus prefill chunk).");
+        m.batch_tokens.render(&mut o, "applianced_batch_tokens");
+        head(&mut o, "applianced_time_to_first_token_seconds", "histogram", "Time from request admission to the first generated token.");
+        m.ttft.render(&mut o, "applianced_time_to_first_token_seconds");
+        head(&mut o, "applianced_inter_token_seconds", "histogram", "Time between consecutive generated tokens of a sequence.");
+        m.itl.render(&mut o, "applianced_inter_token_seconds");
+        o
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn renders() {
+        let m = Metrics::default();
+        m.request("/v1/messages", 200, 0.3);
+        m.ttft(0.02);
+        m.step(3, 40);
+        let t = m.render(true);
+        assert!(t.contains("applianced_requests_total{endpoint=\"/v1/messages\",status=\"200\"} 1"));
+        assert!(t.contains("applianced_time_to_first_token_seconds_bucket{le=\"0.025\"} 1"));
+        assert!(t.contains("applianced_batch_size_count 1"));
+    }
+}

@@ -1,0 +1,648 @@
+//! Request handlers: routing, body limits, the chat endpoints of both APIs (whole and streamed),
+//! token counting, models, health and metrics. Every API request leaves one audit record
+//! ([`Record`]), also when the client disconnects (status 499).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt as _;
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use rand_core::RngCore as _;
+use serde_json::{json, Map, Value};
+use sha2::Digest as _;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::api::{self, ApiError, ChatRequest, Flavor};
+use super::auth::Peer;
+use super::scheduler::{Event, Finish, GenError, GenRequest, SubmitError};
+use super::{InflightGuard, Phase, State};
+
+fn sha256_hex(b: &[u8]) -> String {
+    hex::encode(sha2::Sha256::digest(b))
+}
+
+fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+fn unix_now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+fn random_id(prefix: &str) -> String {
+    let mut b = [0u8; 12];
+    rand_core::OsRng.fill_bytes(&mut b);
+    format!("{prefix}{}", hex::encode(b))
+}
+
+fn response(status: u16, content_type: &str, body: impl Into<Body>) -> Response<Body> {
+    let mut r = Response::new(body.into());
+    *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+fn json_response(status: u16, v: &Value) -> Response<Body> {
+    response(status, "application/json", v.to_string())
+}
+
+fn error_response(flavor: Flavor, e: &ApiError) -> Response<Body> {
+    let mut r = json_response(e.status, &e.body(flavor));
+    if let Some(s) = e.retry_after {
+        r.headers_mut().insert(hyper::header::RETRY_AFTER, s.into());
+    }
+    if e.status == 413 || e.status == 408 {
+        // The rest of the body was not read: do not reuse the connection.
+        r.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+    }
+    r
+}
+
+fn set_request_id(r: &mut Response<Body>, id: &str) {
+    if let Ok(v) = hyper::header::HeaderValue::from_str(id) {
+        r.headers_mut().insert("request-id", v.clone());
+        r.headers_mut().insert("x-request-id", v);
+    }
+}
+
+/// Fixed endpoint labels (metrics never carry client-chosen strings).
+fn endpoint_label(path: &str) -> &'static str {
+    match path {
+        "/v1/messages" => "/v1/messages",
+        "/v1/messages/count_tokens" => "/v1/messages/count_tokens",
+        "/v1/chat/completions" => "/v1/chat/completions",
+        "/v1/models" => "/v1/models",
+        p if p.starts_with("/v1/models/") => "/v1/models/{id}",
+        "/healthz" => "/healthz",
+        "/readyz" => "/readyz",
+        "/metrics" => "/metrics",
+        _ => "other",
+    }
+}
+
+/// One request's audit record; written once, by [`Record::finish`] or on drop (client gone).
+pub(crate) struct Record {
+    state: Arc<State>,
+    peer: Peer,
+    endpoint: &'static str,
+    started: Instant,
+    id: String,
+    written: bool,
+    pub status: u16,
+    pub model: Option<String>,
+    pub stream: bool,
+    pub stop_reason: Option<&'static str>,
+    pub input_tokens: usize,
+    pub output_tokens: usize,
+    pub ttft: Option<Duration>,
+    pub prompt: Option<String>,
+    pub response: Option<String>,
+    pub error: Option<String>,
+}
+
+impl Record {
+    fn new(state: &Arc<State>, peer: Peer, endpoint: &'static str, started: Instant, id: String) -> Record {
+        Record {
+            state: state.clone(),
+            peer,
+            endpoint,
+            started,
+            id,
+            written: false,
+            status: 0,
+            model: None,
+            stream: false,
+            stop_reason: None,
+            input_tokens: 0,
+            output_tokens: 0,
+            ttft: None,
+            prompt: None,
+            response: None,
+            error: None,
+        }
+    }
+
+    /// Write the record, count the request. Err when the audit log could not be written and the
+    /// server fails closed.
+    fn finish(&mut self) -> Result<(), ApiError> {
+        if self.written {
+            return Ok(());
+        }
+        self.written = true;
+        let st = &self.state;
+        let latency = self.started.elapsed();
+        st.metrics.request(self.endpoint, self.status, latency.as_secs_f64());
+        if st.cfg.logging.requests {
+            let mut line = format!(
+                "request {} uid={} pid={} {} status={} in={} out={} stop={} {}ms",
+                self.id,
+                self.peer.uid,
+                self.peer.pid.unwrap_or(0),
+                self.endpoint,
+                self.status,
+                self.input_tokens,
+                self.output_tokens,
+                self.stop_reason.unwrap_or("-"),
+                latency.as_millis()
+            );
+            if let Some(e) = &self.error {
+                line.push_str(&format!(" error={e:?}"));
+            }
+            if st.cfg.logging.log_text {
+                line.push_str(&format!(" prompt={:?} response={:?}", self.prompt.as_deref().unwrap_or(""), self.response.as_deref().unwrap_or("")));
+            }
+            (st.log)(&line);
+        }
+        let Some(log) = &st.audit else { return Ok(()) };
+        let mut m = Map::new();
+        m.insert("ts".into(), now_rfc3339().into());
+        m.insert("request_id".into(), self.id.clone().into());
+        m.insert("peer".into(), json!({"uid": self.peer.uid, "gid": self.peer.gid, "pid": self.peer.pid}));
+        m.insert("bundle".into(), st.bundle.name.clone().into());
+        m.insert("version".into(), st.bundle.version.into());
+        m.insert("identity".into(), st.bundle.identity.clone().into());
+        m.insert("endpoint".into(), self.endpoint.into());
+        m.insert("model".into(), self.model.clone().into());
+        m.insert("preset".into(), "default".into());
+        m.insert("stream".into(), self.stream.into());
+        m.insert("status".into(), self.status.into());
+        m.insert("stop_reason".into(), self.stop_reason.into());
+        m.insert("input_tokens".into(), self.input_tokens.into());
+        m.insert("output_tokens".into(), self.output_tokens.into());
+        m.insert("latency_ms".into(), (latency.as_millis() as u64).into());
+        m.insert("ttft_ms".into(), self.ttft.map(|t| t.as_millis() as u64).into());
+        m.insert("prompt_sha256".into(), self.prompt.as_deref().map(|p| sha256_hex(p.as_bytes())).into());
+        m.insert("response_sha256".into(), self.response.as_deref().map(|p| sha256_hex(p.as_bytes())).into());
+        if st.cfg.audit.log_text {
+            m.insert("prompt".into(), self.prompt.clone().into());
+            m.insert("response".into(), self.response.clone().into());
+        }
+        m.insert("error".into(), self.error.clone().into());
+        match log.append(m) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                (st.log)(&format!("audit log write failed: {e}"));
+                if st.cfg.audit.fail_open {
+                    Ok(())
+                } else {
+                    Err(ApiError::new(503, "the audit log cannot be written; the server refuses requests until an operator fixes it").retry(30))
+                }
+            }
+        }
+    }
+
+    /// Finish with an error and build its response.
+    fn fail(mut self, flavor: Flavor, e: ApiError) -> Response<Body> {
+        self.status = e.status;
+        self.error = Some(e.message.clone());
+        let _ = self.finish();
+        let mut r = error_response(flavor, &e);
+        set_request_id(&mut r, &self.id);
+        r
+    }
+}
+
+impl Drop for Record {
+    fn drop(&mut self) {
+        if !self.written {
+            // The handler never finished: the client went away (nginx's 499).
+            self.status = 499;
+            self.error.get_or_insert_with(|| "client disconnected".into());
+            let _ = self.finish();
+        }
+    }
+}
+
+/// The hyper service.
+pub(crate) async fn handle(state: Arc<State>, peer: Peer, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let started = Instant::now();
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let flavor = if path.starts_with("/v1/messages") || req.headers().contains_key("anthropic-version") { Flavor::Anthropic } else { Flavor::OpenAi };
+    let ep = endpoint_label(&path);
+    let prefix = if flavor == Flavor::Anthropic { "msg_" } else { "chatcmpl-" };
+    let id = random_id(prefix);
+
+    if !state.allow.allows(&peer) {
+        state.metrics.refused_peer();
+        let rec = Record::new(&state, peer, ep, started, id);
+        let e = ApiError::new(
+            403,
+            format!("peer uid {} (gid {}) is not allowed to use this server; ask the operator to add it to [access] in the server config", peer.uid, peer.gid),
+        );
+        let mut r = rec.fail(flavor, e);
+        r.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+        return Ok(r);
+    }
+
+    let post = method == hyper::Method::POST;
+    let get = method == hyper::Method::GET || method == hyper::Method::HEAD;
+    let resp = match ep {
+        "/v1/messages" | "/v1/chat/completions" | "/v1/messages/count_tokens" if post => {
+            let rec = Record::new(&state, peer, ep, started, id.clone());
+            let mut r = chat(&state, req, flavor, rec, ep == "/v1/messages/count_tokens").await;
+            set_request_id(&mut r, &id);
+            return Ok(r);
+        }
+        "/v1/models" if get => json_response(200, &models_body(&state)),
+        "/v1/models/{id}" if get => {
+            let want = path.trim_start_matches("/v1/models/");
+            match model_matches(&state, Some(want)) {
+                true => json_response(200, &model_entry(&state)),
+                false => error_response(flavor, &model_not_found(&state, want)),
+            }
+        }
+        "/healthz" if get => response(200, "text/plain; charset=utf-8", "ok\n"),
+        "/readyz" if get => match state.phase() {
+            Phase::Ready => response(200, "text/plain; charset=utf-8", "ready\n"),
+            Phase::Loading => response(503, "text/plain; charset=utf-8", "loading\n"),
+            Phase::Draining => response(503, "text/plain; charset=utf-8", "draining\n"),
+        },
+        "/metrics" if get => response(200, "text/plain; version=0.0.4; charset=utf-8", state.metrics.render(state.phase() == Phase::Ready)),
+        "other" => error_response(flavor, &ApiError::new(404, format!("no such endpoint: {method} {path}"))),
+        _ => {
+            let allow = if ep.starts_with("/v1/models") || !ep.starts_with("/v1/") { "GET, HEAD" } else { "POST" };
+            let mut r = error_response(flavor, &ApiError::new(405, format!("method {method} is not allowed on {path} (allowed: {allow})")));
+            r.headers_mut().insert(hyper::header::ALLOW, hyper::header::HeaderValue::from_static(allow));
+            r
+        }
+    };
+    state.metrics.request(ep, resp.status().as_u16(), started.elapsed().as_secs_f64());
+    Ok(resp)
+}
+
+fn model_entry(state: &State) -> Value {
+    let b = &state.bundle;
+    json!({
+        "id": b.name, "object": "model", "created": b.created_unix, "owned_by": "applianced",
+        "type": "model", "display_name": format!("{} v{}", b.name, b.version), "created_at": b.created,
+        "version": b.version, "identity": b.identity, "model_name": state.model_cfg.name,
+        "context_length": state.info.get().map(|i| i.max_context),
+    })
+}
+
+/// Both APIs' list shapes in one body (OpenAI reads `object`/`data`, Anthropic `data`/`has_more`).
+fn models_body(state: &State) -> Value {
+    let name = &state.bundle.name;
+    json!({"object": "list", "data": [model_entry(state)], "has_more": false, "first_id": name, "last_id": name})
+}
+
+fn model_matches(state: &State, m: Option<&str>) -> bool {
+    let b = &state.bundle;
+    match m {
+        None | Some("") | Some("default") => true,
+        Some(x) => x == b.name || x == format!("{}@{}", b.name, b.version) || x == b.identity || x == state.model_cfg.name,
+    }
+}
+
+fn model_not_found(state: &State, m: &str) -> ApiError {
+    let mut e = ApiError::new(
+        404,
+        format!("model {m:?} not found: this server serves {:?} (version {}); pass that name, \"default\", or omit the model", state.bundle.name, state.bundle.version),
+    );
+    e.param = Some("model".into());
+    e
+}
+
+async fn read_body(req: Request<Incoming>, max: usize, limit: Duration) -> Result<Bytes, ApiError> {
+    let too_big = || ApiError::new(413, format!("request body is larger than the limit of {max} bytes (limits.max_body_bytes)"));
+    if let Some(len) = req.headers().get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok()) {
+        if len > max as u64 {
+            return Err(too_big());
+        }
+    }
+    let read = async {
+        let mut s = Body::new(req.into_body()).into_data_stream();
+        let mut buf = BytesMut::new();
+        while let Some(chunk) = s.next().await {
+            let c = chunk.map_err(|e| ApiError::new(400, format!("reading the request body: {e}")))?;
+            if buf.len() + c.len() > max {
+                return Err(too_big());
+            }
+            buf.extend_from_slice(&c);
+        }
+        Ok(buf.freeze())
+    };
+    match tokio::time::timeout(limit, read).await {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::new(408, format!("request body not received within {}s", limit.as_secs()))),
+    }
+}
+
+/// The prompt text and its tokens.
+fn build_prompt(state: &State, creq: &ChatRequest, flavor: Flavor) -> Result<(String, Vec<u32>), ApiError> {
+    let prefill = flavor == Flavor::Anthropic && creq.ends_with_prefill();
+    let msgs = if prefill { &creq.messages[..creq.messages.len() - 1] } else { &creq.messages[..] };
+    let mut text = state.template.render(msgs, true).map_err(|e| ApiError::unsupported("messages", format!("the model's chat template refuses this conversation: {e}")))?;
+    if prefill {
+        if let Some(last) = creq.messages.last() {
+            text.push_str(&last.content);
+        }
+    }
+    let mut tokens = state.tokenizer.encode(&text, true).map_err(|e| ApiError::new(400, format!("tokenizing the prompt: {e}")))?;
+    if state.model_cfg.add_bos_token {
+        if let Some(bos) = state.model_cfg.bos_token_id {
+            if tokens.first() != Some(&bos) {
+                tokens.insert(0, bos);
+            }
+        }
+    }
+    Ok((text, tokens))
+}
+
+async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut rec: Record, counting: bool) -> Response<Body> {
+    let lim = &state.cfg.limits;
+    match state.phase() {
+        Phase::Ready => {}
+        Phase::Loading => return rec.fail(flavor, ApiError::new(503, "the model is still loading; retry shortly").retry(5)),
+        Phase::Draining => return rec.fail(flavor, ApiError::new(503, "the server is shutting down").retry(5)),
+    }
+    if !counting && state.audit.as_ref().is_some_and(|a| a.is_poisoned()) && !state.cfg.audit.fail_open {
+        return rec.fail(flavor, ApiError::new(503, "the audit log cannot be written; the server refuses requests until an operator fixes it").retry(30));
+    }
+    let body = match read_body(req, lim.max_body_bytes, lim.body_timeout()).await {
+        Ok(b) => b,
+        Err(e) => return rec.fail(flavor, e),
+    };
+    let parsed = api::parse_object(&body).and_then(|o| match flavor {
+        Flavor::Anthropic => api::parse_anthropic(&o, counting),
+        Flavor::OpenAi => api::parse_openai(&o),
+    });
+    let creq = match parsed {
+        Ok(r) => r,
+        Err(e) => return rec.fail(flavor, e),
+    };
+    rec.model = creq.model.clone();
+    rec.stream = creq.stream;
+    if !model_matches(state, creq.model.as_deref()) {
+        let e = model_not_found(state, creq.model.as_deref().unwrap_or(""));
+        return rec.fail(flavor, e);
+    }
+    let st = state.clone();
+    let creq = Arc::new(creq);
+    let c2 = creq.clone();
+    let built = tokio::task::spawn_blocking(move || build_prompt(&st, &c2, flavor)).await;
+    let (prompt_text, tokens) = match built {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => return rec.fail(flavor, e),
+        Err(e) => return rec.fail(flavor, ApiError::new(500, format!("prompt builder failed: {e}"))),
+    };
+    rec.input_tokens = tokens.len();
+    rec.prompt = Some(prompt_text);
+    if counting {
+        rec.status = 200;
+        if let Err(e) = rec.finish() {
+            return error_response(flavor, &e);
+        }
+        return json_response(200, &json!({"input_tokens": tokens.len()}));
+    }
+    let max_ctx = state.info.get().map_or(0, |i| i.max_context);
+    let n = tokens.len();
+    if n >= max_ctx {
+        return rec.fail(flavor, ApiError::bad("messages", format!("the prompt is {n} tokens, which does not fit the context window of {max_ctx} tokens")));
+    }
+    let max_tokens = match creq.max_tokens {
+        Some(m) if m > lim.max_tokens => {
+            return rec.fail(flavor, ApiError::bad("max_tokens", format!("{m} is above this server's limit of {} (limits.max_tokens)", lim.max_tokens)))
+        }
+        Some(m) if n + m > max_ctx => {
+            return rec.fail(
+                flavor,
+                ApiError::bad("max_tokens", format!("prompt ({n} tokens) + max_tokens ({m}) exceeds the context window of {max_ctx} tokens; use max_tokens <= {}", max_ctx - n)),
+            )
+        }
+        Some(m) => m,
+        None => lim.max_tokens.min(max_ctx - n),
+    };
+    let mut params = creq.sampling.clone();
+    params.seed = creq.seed.unwrap_or_else(|| rand_core::OsRng.next_u64());
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let guard = state.inflight();
+    let gr = GenRequest {
+        prompt: tokens,
+        params,
+        max_tokens,
+        stop: creq.stop.clone(),
+        decoder: state.tokenizer.stream_decoder(),
+        events: tx,
+        admitted: Instant::now(),
+    };
+    match state.sched.submit(gr) {
+        Ok(()) => {}
+        Err(SubmitError::Full) => {
+            return rec.fail(flavor, ApiError::new(429, format!("the request queue is full ({} waiting); retry later", lim.queue_size)).retry(1))
+        }
+        Err(SubmitError::Closed) => return rec.fail(flavor, ApiError::new(503, "the engine is not running").retry(5)),
+    }
+    let model = state.bundle.name.clone();
+    if creq.stream {
+        let s = Streamer::new(rx, rec, flavor, model, n, creq.include_usage, guard);
+        let body = Body::from_stream(futures::stream::unfold(s, |mut s| async move { s.next().await.map(|b| (Ok::<Bytes, Infallible>(b), s)) }));
+        let mut r = response(200, "text/event-stream; charset=utf-8", body);
+        r.headers_mut().insert(hyper::header::CACHE_CONTROL, hyper::header::HeaderValue::from_static("no-cache"));
+        return r;
+    }
+    let mut rx = rx;
+    let mut text = String::new();
+    let outcome = loop {
+        match rx.recv().await {
+            Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Done(f)) => break Ok(f),
+            Some(Event::Error(e)) => break Err(e),
+            None => break Err(GenError::Engine("the engine stopped".into())),
+        }
+    };
+    drop(guard);
+    let f = match outcome {
+        Ok(f) => f,
+        Err(e) => return rec.fail(flavor, gen_error(e)),
+    };
+    rec.output_tokens = f.output_tokens;
+    rec.stop_reason = Some(api::anthropic_stop(f.reason));
+    rec.ttft = f.ttft;
+    rec.response = Some(text.clone());
+    rec.status = 200;
+    if let Err(e) = rec.finish() {
+        return error_response(flavor, &e);
+    }
+    let body = match flavor {
+        Flavor::Anthropic => json!({
+            "id": rec.id, "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": api::anthropic_stop(f.reason), "stop_sequence": f.stop_sequence,
+            "usage": {"input_tokens": n, "output_tokens": f.output_tokens},
+        }),
+        Flavor::OpenAi => json!({
+            "id": rec.id, "object": "chat.completion", "created": unix_now(), "model": model,
+            "system_fingerprint": state.bundle.identity,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": Value::Null}, "logprobs": Value::Null, "finish_reason": api::openai_finish(f.reason)}],
+            "usage": {"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens},
+        }),
+    };
+    json_response(200, &body)
+}
+
+fn gen_error(e: GenError) -> ApiError {
+    match e {
+        GenError::Shutdown => ApiError::new(503, "the server is shutting down; the request was cancelled").retry(5),
+        GenError::Engine(m) => ApiError::new(500, format!("engine error: {m}")),
+    }
+}
+
+/// Turns engine events into server-sent events of either API.
+struct Streamer {
+    rx: UnboundedReceiver<Event>,
+    rec: Record,
+    flavor: Flavor,
+    model: String,
+    created: i64,
+    input_tokens: usize,
+    include_usage: bool,
+    text: String,
+    queue: VecDeque<Bytes>,
+    done: bool,
+    _guard: InflightGuard,
+}
+
+impl Streamer {
+    fn new(rx: UnboundedReceiver<Event>, rec: Record, flavor: Flavor, model: String, input_tokens: usize, include_usage: bool, guard: InflightGuard) -> Streamer {
+        let mut s = Streamer {
+            rx,
+            rec,
+            flavor,
+            model,
+            created: unix_now(),
+            input_tokens,
+            include_usage,
+            text: String::new(),
+            queue: VecDeque::new(),
+            done: false,
+            _guard: guard,
+        };
+        match flavor {
+            Flavor::Anthropic => {
+                s.event("message_start", json!({"type": "message_start", "message": {
+                    "id": s.rec.id, "type": "message", "role": "assistant", "model": s.model, "content": [],
+                    "stop_reason": Value::Null, "stop_sequence": Value::Null,
+                    "usage": {"input_tokens": input_tokens, "output_tokens": 0}}}));
+                s.event("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}));
+                s.event("ping", json!({"type": "ping"}));
+            }
+            Flavor::OpenAi => {
+                let c = s.chunk(json!({"role": "assistant", "content": ""}), Value::Null);
+                s.data(&c);
+            }
+        }
+        s
+    }
+
+    fn event(&mut self, name: &str, v: Value) {
+        self.queue.push_back(Bytes::from(api::sse(Some(name), &v)));
+    }
+
+    fn data(&mut self, v: &Value) {
+        self.queue.push_back(Bytes::from(api::sse(None, v)));
+    }
+
+    fn chunk(&self, delta: Value, finish: Value) -> Value {
+        let mut c = json!({
+            "id": self.rec.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+            "system_fingerprint": Value::Null,
+            "choices": [{"index": 0, "delta": delta, "logprobs": Value::Null, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+
+    fn error(&mut self, e: &ApiError) {
+        match self.flavor {
+            Flavor::Anthropic => self.event("error", e.body(Flavor::Anthropic)),
+            Flavor::OpenAi => {
+                self.data(&e.body(Flavor::OpenAi));
+                self.queue.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+            }
+        }
+    }
+
+    fn finish_ok(&mut self, f: Finish) {
+        self.rec.output_tokens = f.output_tokens;
+        self.rec.stop_reason = Some(api::anthropic_stop(f.reason));
+        self.rec.ttft = f.ttft;
+        self.rec.response = Some(std::mem::take(&mut self.text));
+        self.rec.status = 200;
+        if let Err(e) = self.rec.finish() {
+            return self.error(&e);
+        }
+        match self.flavor {
+            Flavor::Anthropic => {
+                self.event("content_block_stop", json!({"type": "content_block_stop", "index": 0}));
+                self.event("message_delta", json!({"type": "message_delta",
+                    "delta": {"stop_reason": api::anthropic_stop(f.reason), "stop_sequence": f.stop_sequence},
+                    "usage": {"input_tokens": self.input_tokens, "output_tokens": f.output_tokens}}));
+                self.event("message_stop", json!({"type": "message_stop"}));
+            }
+            Flavor::OpenAi => {
+                let c = self.chunk(json!({}), api::openai_finish(f.reason).into());
+                self.data(&c);
+                if self.include_usage {
+                    let n = self.input_tokens;
+                    let mut u = self.chunk(json!({}), Value::Null);
+                    u["choices"] = json!([]);
+                    u["usage"] = json!({"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens});
+                    self.data(&u);
+                }
+                self.queue.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+            }
+        }
+    }
+
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(b) = self.queue.pop_front() {
+                return Some(b);
+            }
+            if self.done {
+                return None;
+            }
+            match self.rx.recv().await {
+                Some(Event::Text(t)) => {
+                    self.text.push_str(&t);
+                    match self.flavor {
+                        Flavor::Anthropic => self.event("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}})),
+                        Flavor::OpenAi => {
+                            let c = self.chunk(json!({"content": t}), Value::Null);
+                            self.data(&c);
+                        }
+                    }
+                }
+                Some(Event::Done(f)) => {
+                    self.done = true;
+                    self.finish_ok(f);
+                }
+                other => {
+                    self.done = true;
+                    let e = match other {
+                        Some(Event::Error(e)) => gen_error(e),
+                        _ => ApiError::new(500, "the engine stopped"),
+                    };
+                    self.rec.status = e.status;
+                    self.rec.error = Some(e.message.clone());
+                    self.rec.response = Some(std::mem::take(&mut self.text));
+                    let _ = self.rec.finish();
+                    self.error(&e);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,506 @@
+//! The engine thread and its continuous-batching scheduler.
+//!
+//! One OS thread owns the [`Engine`]. Requests arrive through a bounded queue ([`Scheduler::submit`]
+//! fails with [`SubmitError::Full`] → 429). Each loop iteration is one engine step:
+//!
+//! 1. admit queued requests while sequence slots are free (requests whose client is gone are
+//!    dropped here), and drop active sequences whose client went away (their KV cache is freed);
+//! 2. build ONE batch: the pending decode token of every decoding sequence, plus up to
+//!    `prefill_chunk` prompt tokens of the sequences still prefilling (oldest first), so a long
+//!    prompt never stalls running streams for more than one chunk;
+//! 3. one [`Engine::forward`]; sample for every sequence whose input ended at a generated position;
+//!    detokenize incrementally ([`StreamDecoder`], never broken UTF-8), hold back text that may be
+//!    the start of a stop sequence, and stream the rest to the request's channel.
+//!
+//! A sequence finishes on an end-of-generation id (`end_turn`), a stop sequence (`stop_sequence`,
+//! whose text is never sent), `max_tokens`, or a full context (reported as `max_tokens`).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::metrics::Metrics;
+use crate::engine::{Engine, SeqId};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tokenizer::StreamDecoder;
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    EndTurn,
+    MaxTokens,
+    StopSequence,
+}
+
+/// The end of a successful generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finish {
+    pub reason: StopReason,
+    /// The stop sequence that matched (for `StopSequence`).
+    pub stop_sequence: Option<String>,
+    pub output_tokens: usize,
+    /// Admission to first token.
+    pub ttft: Option<Duration>,
+}
+
+/// Why generation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GenError {
+    /// Cancelled by server shutdown after the drain deadline.
+    Shutdown,
+    Engine(String),
+}
+
+/// What the engine thread sends back for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Text(String),
+    Done(Finish),
+    Error(GenError),
+}
+
+/// One generation request, typed and checked by the HTTP layer.
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub max_tokens: usize,
+    /// Non-empty stop strings.
+    pub stop: Vec<String>,
+    pub decoder: StreamDecoder,
+    pub events: UnboundedSender<Event>,
+    pub admitted: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitError {
+    Full,
+    Closed,
+}
+
+/// What the loaded model offers the HTTP layer.
+#[derive(Debug, Clone)]
+pub struct EngineInfo {
+    pub max_context: usize,
+    pub backend: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct SchedulerOptions {
+    pub max_seqs: usize,
+    pub queue_size: usize,
+    pub prefill_chunk: usize,
+}
+
+/// Handle to the engine thread.
+#[derive(Clone)]
+pub struct Scheduler {
+    tx: SyncSender<GenRequest>,
+    cancel_all: Arc<AtomicBool>,
+    heartbeat: Arc<AtomicU64>,
+    started: Instant,
+    metrics: Arc<Metrics>,
+}
+
+impl Scheduler {
+    /// Start the engine thread; `load` runs on it. `on_loaded` gets the load result.
+    pub fn spawn(
+        opts: SchedulerOptions,
+        metrics: Arc<Metrics>,
+        load: Box<dyn FnOnce() -> Result<Engine, String> + Send>,
+        on_loaded: Box<dyn FnOnce(Result<EngineInfo, String>) + Send>,
+    ) -> std::io::Result<(Scheduler, std::thread::JoinHandle<()>)> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(opts.queue_size.max(1));
+        let cancel_all = Arc::new(AtomicBool::new(false));
+        let heartbeat = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let sched = Scheduler { tx, cancel_all: cancel_all.clone(), heartbeat: heartbeat.clone(), started, metrics: metrics.clone() };
+        let beat = sched.clone();
+        let handle = std::thread::Builder::new().name("applianced-engine".into()).spawn(move || {
+            let engine = match load() {
+                Ok(e) => e,
+                Err(msg) => {
+                    on_loaded(Err(msg));
+                    return;
+                }
+            };
+            on_loaded(Ok(EngineInfo { max_context: engine.max_context(), backend: engine.backend_description() }));
+            let mut l = Loop::new(engine, opts, metrics, cancel_all, rx);
+            l.run(&beat);
+        })?;
+        Ok((sched, handle))
+    }
+
+    /// Queue a request; never blocks.
+    pub fn submit(&self, r: GenRequest) -> Result<(), SubmitError> {
+        self.metrics.queue_depth_add(1);
+        match self.tx.try_send(r) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.metrics.queue_depth_add(-1);
+                Err(match e {
+                    TrySendError::Full(_) => SubmitError::Full,
+                    TrySendError::Disconnected(_) => SubmitError::Closed,
+                })
+            }
+        }
+    }
+
+    /// Cancel every active and queued request (final event: `GenError::Shutdown`) and stop.
+    pub fn cancel_all(&self) {
+        self.cancel_all.store(true, Ordering::SeqCst);
+    }
+
+    /// Time since the engine loop last went round (None before the model is loaded).
+    pub fn heartbeat_age(&self) -> Option<Duration> {
+        let b = self.heartbeat.load(Ordering::Relaxed);
+        if b == 0 {
+            return None;
+        }
+        Some(self.started.elapsed().saturating_sub(Duration::from_millis(b)))
+    }
+
+    fn beat(&self) {
+        self.heartbeat.store((self.started.elapsed().as_millis() as u64).max(1), Ordering::Relaxed);
+    }
+}
+
+enum Phase {
+    /// Next prompt position to feed.
+    Prefill(usize),
+    /// Token sampled last, to feed next.
+    Decode(u32),
+}
+
+struct Seq {
+    id: SeqId,
+    req: GenRequest,
+    sampler: Sampler,
+    phase: Phase,
+    /// Prompt then generated tokens (for penalties).
+    history: Vec<u32>,
+    generated: usize,
+    stops: StopMatcher,
+    last_token_at: Option<Instant>,
+    ttft: Option<Duration>,
+}
+
+struct Loop {
+    engine: Engine,
+    opts: SchedulerOptions,
+    metrics: Arc<Metrics>,
+    cancel_all: Arc<AtomicBool>,
+    rx: Receiver<GenRequest>,
+    eog: HashSet<u32>,
+    max_context: usize,
+    active: Vec<Seq>,
+}
+
+impl Loop {
+    fn new(engine: Engine, opts: SchedulerOptions, metrics: Arc<Metrics>, cancel_all: Arc<AtomicBool>, rx: Receiver<GenRequest>) -> Loop {
+        let cfg = engine.config();
+        let mut eog: HashSet<u32> = cfg.eog_token_ids.iter().copied().collect();
+        eog.insert(cfg.eos_token_id);
+        let max_context = engine.max_context();
+        Loop { engine, opts, metrics, cancel_all, rx, eog, max_context, active: Vec::new() }
+    }
+
+    fn run(&mut self, beat: &Scheduler) {
+        loop {
+            beat.beat();
+            if self.cancel_all.load(Ordering::SeqCst) {
+                self.shutdown();
+                return;
+            }
+            if !self.admit() {
+                // Queue closed (server gone) and nothing active.
+                return;
+            }
+            self.drop_cancelled();
+            self.metrics.set_active(self.active.len());
+            if self.active.is_empty() {
+                continue;
+            }
+            self.step();
+        }
+    }
+
+    fn shutdown(&mut self) {
+        for s in self.active.drain(..) {
+            let _ = s.req.events.send(Event::Error(GenError::Shutdown));
+            self.engine.free_seq(s.id);
+        }
+        while let Ok(r) = self.rx.try_recv() {
+            self.metrics.queue_depth_add(-1);
+            let _ = r.events.send(Event::Error(GenError::Shutdown));
+        }
+        self.metrics.set_active(0);
+    }
+
+    /// Take queued requests while slots are free. Waits briefly when idle. False when the queue is
+    /// closed and nothing is left to do.
+    fn admit(&mut self) -> bool {
+        while self.active.len() < self.opts.max_seqs {
+            let r = if self.active.is_empty() {
+                match self.rx.recv_timeout(Duration::from_millis(100)) {
+                    Ok(r) => r,
+                    Err(RecvTimeoutError::Timeout) => return true,
+                    Err(RecvTimeoutError::Disconnected) => return false,
+                }
+            } else {
+                match self.rx.try_recv() {
+                    Ok(r) => r,
+                    Err(TryRecvError::Empty) => return true,
+                    Err(TryRecvError::Disconnected) => return true,
+                }
+            };
+            self.metrics.queue_depth_add(-1);
+            if r.events.is_closed() {
+                continue;
+            }
+            if r.prompt.is_empty() || r.prompt.len() + 1 > self.max_context {
+                let _ = r.events.send(Event::Error(GenError::Engine(format!(
+                    "prompt of {} tokens does not fit the context of {}",
+                    r.prompt.len(),
+                    self.max_context
+                ))));
+                continue;
+            }
+            match self.engine.new_seq() {
+                Ok(id) => {
+                    let sampler = Sampler::new(r.params.clone());
+                    let stops = StopMatcher::new(r.stop.clone());
+                    self.active.push(Seq {
+                        id,
+                        history: r.prompt.clone(),
+                        req: r,
+                        sampler,
+                        phase: Phase::Prefill(0),
+                        generated: 0,
+                        stops,
+                        last_token_at: None,
+                        ttft: None,
+                    });
+                }
+                Err(e) => {
+                    let _ = r.events.send(Event::Error(GenError::Engine(e.to_string())));
+                }
+            }
+        }
+        true
+    }
+
+    fn drop_cancelled(&mut self) {
+        let engine = &mut self.engine;
+        self.active.retain(|s| {
+            if s.req.events.is_closed() {
+                engine.free_seq(s.id);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    fn step(&mut self) {
+        // (active index, tokens, ends at a position we sample from)
+        let mut plan: Vec<(usize, Vec<u32>, bool)> = Vec::with_capacity(self.active.len());
+        let mut budget = self.opts.prefill_chunk;
+        for (i, s) in self.active.iter().enumerate() {
+            if let Phase::Decode(t) = s.phase {
+                plan.push((i, vec![t], true));
+            }
+        }
+        for (i, s) in self.active.iter().enumerate() {
+            if budget == 0 {
+                break;
+            }
+            if let Phase::Prefill(pos) = s.phase {
+                let n = budget.min(s.req.prompt.len() - pos);
+                plan.push((i, s.req.prompt[pos..pos + n].to_vec(), pos + n == s.req.prompt.len()));
+                budget -= n;
+            }
+        }
+        let batch: Vec<(SeqId, &[u32])> = plan.iter().map(|(i, t, _)| (self.active[*i].id, t.as_slice())).collect();
+        let n_tokens: usize = plan.iter().map(|p| p.1.len()).sum();
+        self.metrics.step(plan.len(), n_tokens);
+        let logits = match self.engine.forward(&batch) {
+            Ok(l) => l,
+            Err(e) => {
+                let msg = e.to_string();
+                let mut failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
+                failed.sort_unstable();
+                for i in failed.into_iter().rev() {
+                    let s = self.active.remove(i);
+                    let _ = s.req.events.send(Event::Error(GenError::Engine(msg.clone())));
+                    self.engine.free_seq(s.id);
+                }
+                return;
+            }
+        };
+        let mut finished: Vec<usize> = Vec::new();
+        for ((i, toks, sample), mut lg) in plan.into_iter().zip(logits) {
+            let s = &mut self.active[i];
+            if let Phase::Prefill(pos) = s.phase {
+                if !sample {
+                    s.phase = Phase::Prefill(pos + toks.len());
+                    continue;
+                }
+            }
+            let now = Instant::now();
+            let Some(tok) = s.sampler.sample(&mut lg, &s.history, None) else {
+                finish(s, StopReason::EndTurn, None, &self.metrics);
+                finished.push(i);
+                continue;
+            };
+            match s.last_token_at {
+                None => {
+                    let t = now.duration_since(s.req.admitted);
+                    s.ttft = Some(t);
+                    self.metrics.ttft(t.as_secs_f64());
+                }
+                Some(prev) => self.metrics.inter_token(now.duration_since(prev).as_secs_f64()),
+            }
+            s.last_token_at = Some(now);
+            if self.eog.contains(&tok) {
+                finish(s, StopReason::EndTurn, None, &self.metrics);
+                finished.push(i);
+                continue;
+            }
+            s.generated += 1;
+            s.history.push(tok);
+            let piece = s.req.decoder.push(tok);
+            let (text, hit) = s.stops.push(&piece);
+            if !text.is_empty() && s.req.events.send(Event::Text(text)).is_err() {
+                // Client gone: free at once.
+                finished.push(i);
+                continue;
+            }
+            if let Some(stop) = hit {
+                finish(s, StopReason::StopSequence, Some(stop), &self.metrics);
+                finished.push(i);
+            } else if s.generated >= s.req.max_tokens || s.history.len() >= self.max_context {
+                finish(s, StopReason::MaxTokens, None, &self.metrics);
+                finished.push(i);
+            } else {
+                s.phase = Phase::Decode(tok);
+            }
+        }
+        finished.sort_unstable();
+        finished.dedup();
+        for i in finished.into_iter().rev() {
+            let s = self.active.remove(i);
+            self.engine.free_seq(s.id);
+        }
+    }
+}
+
+fn finish(s: &mut Seq, reason: StopReason, stop: Option<String>, metrics: &Metrics) {
+    if reason != StopReason::StopSequence {
+        // Flush held-back text: first any incomplete character, then text held for a stop prefix.
+        let tail = s.req.decoder.finish();
+        let (mut text, hit) = s.stops.push(&tail);
+        if let Some(stop) = hit {
+            let _ = s.req.events.send(Event::Text(text));
+            return finish_sent(s, StopReason::StopSequence, Some(stop), metrics);
+        }
+        text.push_str(&s.stops.flush());
+        if !text.is_empty() {
+            let _ = s.req.events.send(Event::Text(text));
+        }
+    }
+    finish_sent(s, reason, stop, metrics)
+}
+
+fn finish_sent(s: &mut Seq, reason: StopReason, stop: Option<String>, metrics: &Metrics) {
+    metrics.tokens(s.req.prompt.len() as u64, s.generated as u64);
+    let _ = s.req.events.send(Event::Done(Finish { reason, stop_sequence: stop, output_tokens: s.generated, ttft: s.ttft }));
+}
+
+/// Finds stop sequences in streamed text, holding back any tail that may be the start of one.
+#[derive(Debug, Clone)]
+pub struct StopMatcher {
+    stops: Vec<String>,
+    buf: String,
+}
+
+impl StopMatcher {
+    pub fn new(stops: Vec<String>) -> Self {
+        StopMatcher { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), buf: String::new() }
+    }
+
+    /// Add text; returns the text safe to emit and the stop sequence that matched, if any (text
+    /// from the match on is dropped).
+    pub fn push(&mut self, text: &str) -> (String, Option<String>) {
+        if self.stops.is_empty() {
+            return (text.to_string(), None);
+        }
+        self.buf.push_str(text);
+        let mut best: Option<(usize, usize)> = None;
+        for (i, s) in self.stops.iter().enumerate() {
+            if let Some(p) = self.buf.find(s.as_str()) {
+                if best.map_or(true, |(bp, _)| p < bp) {
+                    best = Some((p, i));
+                }
+            }
+        }
+        if let Some((p, i)) = best {
+            let out = self.buf[..p].to_string();
+            self.buf.clear();
+            return (out, Some(self.stops[i].clone()));
+        }
+        let mut hold = 0;
+        for s in &self.stops {
+            for (k, _) in s.char_indices().skip(1).collect::<Vec<_>>().into_iter().rev() {
+                if k > hold && self.buf.ends_with(&s[..k]) {
+                    hold = k;
+                    break;
+                }
+            }
+        }
+        let cut = self.buf.len() - hold;
+        let out = self.buf[..cut].to_string();
+        self.buf.drain(..cut);
+        (out, None)
+    }
+
+    /// Everything held back.
+    pub fn flush(&mut self) -> String {
+        std::mem::take(&mut self.buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(stops: &[&str], pieces: &[&str]) -> (String, Option<String>) {
+        let mut m = StopMatcher::new(stops.iter().map(|s| s.to_string()).collect());
+        let mut out = String::new();
+        for p in pieces {
+            let (t, hit) = m.push(p);
+            out.push_str(&t);
+            if hit.is_some() {
+                return (out, hit);
+            }
+        }
+        out.push_str(&m.flush());
+        (out, None)
+    }
+
+    #[test]
+    fn stop_sequences_never_leak() {
+        assert_eq!(run(&["END"], &["hello E", "N", "D more"]), ("hello ".into(), Some("END".into())));
+        assert_eq!(run(&["END"], &["hello E", "N", "x"]), ("hello ENx".into(), None));
+        assert_eq!(run(&[], &["a", "b"]), ("ab".into(), None));
+        assert_eq!(run(&["\n\n", "ab"], &["xa", "\n", "\nq"]), ("xa".into(), Some("\n\n".into())));
+        assert_eq!(run(&["é!"], &["caf", "é", "!"]), ("caf".into(), Some("é!".into())));
+        // Held text is released once it can no longer start a stop.
+        let mut m = StopMatcher::new(vec!["abc".into()]);
+        assert_eq!(m.push("xab"), ("x".into(), None));
+        assert_eq!(m.push("d"), ("abd".into(), None));
+    }
+}
