@@ -113,11 +113,64 @@ fn round512(n: u64) -> u64 {
     n.div_ceil(512) * 512
 }
 
-/// Hash sink for one member: SHA-256, plus an optional file being written.
-struct Sink<'a> {
-    hasher: sha2::Sha256,
-    file: Option<std::io::BufWriter<std::fs::File>>,
-    path: &'a str,
+enum Job {
+    Begin { path: String, sha256: String, out: Option<PathBuf> },
+    Data(Vec<u8>),
+    End,
+}
+
+/// Fill `buf` as far as the reader allows (so chunks stay large); returns the bytes read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+/// Hashes (and writes, when unpacking) member data; stops at the first failure.
+fn hash_worker(jobs: std::sync::mpsc::Receiver<Job>, bufs: std::sync::mpsc::Sender<Vec<u8>>) -> Result<(), BundleError> {
+    let mut cur: Option<(String, String, sha2::Sha256, Option<(PathBuf, std::fs::File)>)> = None;
+    for job in jobs {
+        match job {
+            Job::Begin { path, sha256, out } => {
+                let file = match out {
+                    Some(p) => {
+                        if let Some(parent) = p.parent() {
+                            std::fs::create_dir_all(parent).map_err(BundleError::io(parent))?;
+                        }
+                        let f = std::fs::OpenOptions::new().write(true).create_new(true).open(&p).map_err(BundleError::io(&p))?;
+                        Some((p, f))
+                    }
+                    None => None,
+                };
+                cur = Some((path, sha256, sha2::Sha256::new(), file));
+            }
+            Job::Data(buf) => {
+                if let Some((_, _, h, f)) = cur.as_mut() {
+                    h.update(&buf);
+                    if let Some((p, f)) = f.as_mut() {
+                        f.write_all(&buf).map_err(BundleError::io(p.clone()))?;
+                    }
+                }
+                let _ = bufs.send(buf);
+            }
+            Job::End => {
+                if let Some((path, want, h, f)) = cur.take() {
+                    if hex::encode(h.finalize()) != want {
+                        return Err(BundleError::Digest { path });
+                    }
+                    if let Some((p, f)) = f {
+                        f.sync_all().map_err(BundleError::io(p))?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Maps an error from reading the decompressed archive to the right [`FormatError`].
@@ -294,70 +347,78 @@ pub fn verify_file(path: &Path, opts: &VerifyOptions<'_>, unpack_into: Option<&P
     limit.store(total, Ordering::Relaxed);
 
     let content = m.content_bytes();
-    let mut done = 0u64;
-    let mut buf = vec![0u8; 1 << 20];
-    for mem in &m.members {
-        let mut e = match entries.next() {
-            None => return Err(BundleError::Missing { path: mem.path.clone() }),
-            Some(Err(err)) => return Err(archive_err(err, total)),
-            Some(Ok(e)) => e,
-        };
-        let raw = e.path_bytes().into_owned();
-        let Ok(name) = std::str::from_utf8(&raw) else {
-            return Err(FormatError::Member { path: String::from_utf8_lossy(&raw).into_owned(), msg: "name is not UTF-8".into() }.into());
-        };
-        if name != mem.path {
-            return Err(if name == MANIFEST_NAME || name == SIGNATURES_NAME {
-                FormatError::Member { path: name.into(), msg: "duplicate name".into() }.into()
-            } else if let Some(prev) = m.members.iter().take_while(|x| x.path != mem.path).find(|x| x.path == name) {
-                FormatError::Member { path: prev.path.clone(), msg: "duplicate name".into() }.into()
-            } else if m.member(name).is_some() {
-                FormatError::Member { path: name.into(), msg: format!("out of order (expected {})", mem.path) }.into()
-            } else {
-                BundleError::Extra { path: name.into() }
-            });
-        }
-        let size = e.size();
-        if size != mem.size {
-            return Err(BundleError::Size { path: mem.path.clone(), expected: mem.size, actual: size });
-        }
-        check_header(&e, &mem.path, size)?;
-        let mut sink = Sink { hasher: sha2::Sha256::new(), file: None, path: &mem.path };
-        let mut out_path: Option<PathBuf> = None;
-        if let Some(dir) = unpack_into {
-            let p = dir.join(&mem.path);
-            if let Some(parent) = p.parent() {
-                std::fs::create_dir_all(parent).map_err(BundleError::io(parent))?;
-            }
-            let f = std::fs::OpenOptions::new().write(true).create_new(true).open(&p).map_err(BundleError::io(&p))?;
-            sink.file = Some(std::io::BufWriter::with_capacity(1 << 20, f));
-            out_path = Some(p);
-        }
-        let mut got = 0u64;
-        loop {
-            let n = e.read(&mut buf).map_err(|err| archive_err(err, total))?;
-            if n == 0 {
-                break;
-            }
-            got += n as u64;
-            sink.hasher.update(&buf[..n]);
-            if let Some(f) = sink.file.as_mut() {
-                f.write_all(&buf[..n]).map_err(BundleError::io(out_path.clone().unwrap_or_default()))?;
-            }
-            done += n as u64;
-            progress(done, content);
-        }
-        if got != size {
-            return Err(FormatError::Archive(format!("member {} truncated", sink.path)).into());
-        }
-        if hex::encode(sink.hasher.finalize_reset()) != mem.sha256 {
-            return Err(BundleError::Digest { path: mem.path.clone() });
-        }
-        if let Some(f) = sink.file.take() {
-            let f = f.into_inner().map_err(|e| BundleError::Io { path: out_path.clone().unwrap_or_default(), source: e.into_error() })?;
-            f.sync_all().map_err(BundleError::io(out_path.clone().unwrap_or_default()))?;
-        }
+    // Decompression (this thread) and hashing + writing (a worker) run in a pipeline over
+    // recycled 1 MiB buffers, so verification uses two cores.
+    let (job_tx, job_rx) = std::sync::mpsc::sync_channel::<Job>(8);
+    let (buf_tx, buf_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    for _ in 0..10 {
+        let _ = buf_tx.send(vec![0u8; 1 << 20]);
     }
+    let read_result = std::thread::scope(|scope| -> Result<(), BundleError> {
+        let worker = scope.spawn(move || hash_worker(job_rx, buf_tx));
+        let mut done = 0u64;
+        let res = (|| -> Result<(), BundleError> {
+            for mem in &m.members {
+                let mut e = match entries.next() {
+                    None => return Err(BundleError::Missing { path: mem.path.clone() }),
+                    Some(Err(err)) => return Err(archive_err(err, total)),
+                    Some(Ok(e)) => e,
+                };
+                let raw = e.path_bytes().into_owned();
+                let Ok(name) = std::str::from_utf8(&raw) else {
+                    return Err(FormatError::Member { path: String::from_utf8_lossy(&raw).into_owned(), msg: "name is not UTF-8".into() }.into());
+                };
+                if name != mem.path {
+                    return Err(if name == MANIFEST_NAME || name == SIGNATURES_NAME {
+                        FormatError::Member { path: name.into(), msg: "duplicate name".into() }.into()
+                    } else if let Some(prev) = m.members.iter().take_while(|x| x.path != mem.path).find(|x| x.path == name) {
+                        FormatError::Member { path: prev.path.clone(), msg: "duplicate name".into() }.into()
+                    } else if m.member(name).is_some() {
+                        FormatError::Member { path: name.into(), msg: format!("out of order (expected {})", mem.path) }.into()
+                    } else {
+                        BundleError::Extra { path: name.into() }
+                    });
+                }
+                let size = e.size();
+                if size != mem.size {
+                    return Err(BundleError::Size { path: mem.path.clone(), expected: mem.size, actual: size });
+                }
+                check_header(&e, &mem.path, size)?;
+                let out = unpack_into.map(|d| d.join(&mem.path));
+                if job_tx.send(Job::Begin { path: mem.path.clone(), sha256: mem.sha256.clone(), out }).is_err() {
+                    break; // the worker stopped on an error; it is reported below
+                }
+                let mut got = 0u64;
+                loop {
+                    let mut buf = buf_rx.recv().unwrap_or_else(|_| vec![0u8; 1 << 20]);
+                    buf.resize(1 << 20, 0);
+                    let n = read_full(&mut e, &mut buf).map_err(|err| archive_err(err, total))?;
+                    if n == 0 {
+                        break;
+                    }
+                    buf.truncate(n);
+                    got += n as u64;
+                    done += n as u64;
+                    if job_tx.send(Job::Data(buf)).is_err() {
+                        break;
+                    }
+                    progress(done, content);
+                }
+                if got != size {
+                    return Err(FormatError::Archive(format!("member {} truncated", mem.path)).into());
+                }
+                if job_tx.send(Job::End).is_err() {
+                    break;
+                }
+            }
+            Ok(())
+        })();
+        drop(job_tx);
+        let worker_res = worker.join().unwrap_or_else(|_| Err(BundleError::Store { path: PathBuf::new(), msg: "hash worker panicked".into() }));
+        // A reading error comes first in the stream; otherwise the worker's verdict.
+        res.and(worker_res)
+    });
+    read_result?;
     // 5: nothing after the last member but the end-of-archive blocks.
     match entries.next() {
         None => {}

@@ -97,7 +97,6 @@ impl CliError {
                 BundleError::Expired { .. } => 8,
                 BundleError::RuntimeTooOld { .. } => 10,
                 BundleError::Recipe { .. } | BundleError::Import(_) => 11,
-                _ => 1,
             },
             CliError::Trust(t) => trust_code(t),
             CliError::Usage(_) => 2,

@@ -2,8 +2,11 @@
 //! generated from them. Library code never prints or exits; this module prints one `error:` line
 //! and [`CliError::exit_code`] maps each failure class to its own exit status (the only place).
 
+mod audit_cmd;
 mod bundle_cmds;
 mod common;
+mod serve;
+mod run;
 
 use clap::{Parser, Subcommand};
 
@@ -38,16 +41,32 @@ pub enum Command {
     Verify(bundle_cmds::VerifyArgs),
     /// Show a bundle's manifest, members and signer key ids WITHOUT verifying anything.
     Inspect(bundle_cmds::InspectArgs),
+    /// Verify a bundle, load it and answer one prompt, streaming the answer to stdout.
+    Run(run::RunArgs),
+    /// Verify and load a bundle, then measure prefill and decode tok/s, batched decode, time to
+    /// first token, process start to ready and peak RSS. Prints one JSON line on stdout and a
+    /// readable summary on stderr.
+    Bench(run::BenchArgs),
+    /// Verify and load a bundle, then serve the Anthropic Messages and OpenAI Chat Completions
+    /// APIs on a Unix socket (see docs/server.md).
+    Serve(serve::Args),
+    /// Audit-log tools: `audit verify FILE` checks the hash chain.
+    Audit(audit_cmd::Args),
 }
 
 /// Parse arguments, run, print errors; returns the process exit code.
 pub fn main() -> i32 {
+    let start = std::time::Instant::now();
     let cli = Cli::parse();
     let res = match cli.command {
         Command::Keygen(a) => bundle_cmds::keygen(a),
         Command::Build(a) => bundle_cmds::build(a),
         Command::Verify(a) => bundle_cmds::verify(a),
         Command::Inspect(a) => bundle_cmds::inspect(a),
+        Command::Serve(a) => serve::exec(a),
+        Command::Audit(a) => audit_cmd::exec(a),
+        Command::Run(a) => run::run(a),
+        Command::Bench(a) => run::bench(a, start),
     };
     match res {
         Ok(()) => 0,

@@ -1,0 +1,305 @@
+//! `applianced run` (answer one prompt, streaming) and `applianced bench` (engine figures).
+//! Both verify the bundle first, exactly as `verify` does, and take the same trust options.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::Args;
+
+use super::common::{open_bundle, CliError, StoreArgs, TrustArgs};
+use crate::engine::{Engine, EngineOptions};
+use crate::model::{CHAT_TEMPLATE_PATH, TOKENIZER_PATH};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tokenizer::template::{ChatMessage, ChatTemplate};
+use crate::tokenizer::Tokenizer;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The bundle to run.
+    pub bundle: PathBuf,
+    /// The user message.
+    #[arg(long, short)]
+    pub prompt: String,
+    /// A system message (the chat template's default system prompt is used otherwise).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 = greedy (deterministic).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling threshold (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Min-p threshold relative to the top token (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Random seed: the same seed gives the same output.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop when this text is generated (repeatable); the stop text is not printed.
+    #[arg(long = "stop", value_name = "TEXT")]
+    pub stop: Vec<String>,
+    /// Worker threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Print token counts and speed to stderr at the end.
+    #[arg(long, short)]
+    pub verbose: bool,
+    #[command(flatten)]
+    pub trust: TrustArgs,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// A loaded bundle: engine, tokenizer and chat template.
+pub struct Loaded {
+    pub engine: Engine,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+}
+
+pub fn load(root: &Path, threads: usize, max_seqs: usize) -> Result<Loaded, CliError> {
+    let engine = Engine::load(root, &EngineOptions { threads, max_seqs, max_context: 0 }).map_err(|e| CliError::Engine(e.to_string()))?;
+    let tokenizer = Tokenizer::load(&root.join(TOKENIZER_PATH)).map_err(|e| CliError::Engine(e.to_string()))?;
+    let template = ChatTemplate::load(&root.join(CHAT_TEMPLATE_PATH)).map_err(|e| CliError::Engine(e.to_string()))?;
+    Ok(Loaded { engine, tokenizer, template })
+}
+
+/// Render and tokenize a chat prompt the way the model was trained.
+pub fn prompt_ids(l: &Loaded, system: Option<&str>, user: &str) -> Result<Vec<u32>, CliError> {
+    let mut msgs = Vec::new();
+    if let Some(s) = system {
+        msgs.push(ChatMessage::new("system", s));
+    }
+    msgs.push(ChatMessage::new("user", user));
+    let text = l.template.render(&msgs, true).map_err(|e| CliError::Usage(e.to_string()))?;
+    let mut ids = Vec::new();
+    if l.engine.config().add_bos_token {
+        if let Some(b) = l.engine.config().bos_token_id {
+            ids.push(b);
+        }
+    }
+    ids.extend(l.tokenizer.encode(&text, true).map_err(|e| CliError::Usage(e.to_string()))?);
+    Ok(ids)
+}
+
+/// Prefill in chunks; returns the logits after the last prompt token.
+pub fn prefill(engine: &mut Engine, seq: u32, ids: &[u32], chunk: usize) -> Result<Vec<f32>, CliError> {
+    let mut last = Vec::new();
+    for c in ids.chunks(chunk.max(1)) {
+        let mut out = engine.forward(&[(seq, c)]).map_err(|e| CliError::Engine(e.to_string()))?;
+        last = out.pop().unwrap_or_default();
+    }
+    Ok(last)
+}
+
+pub fn run(a: RunArgs) -> Result<(), CliError> {
+    if a.max_tokens == 0 {
+        return Err(CliError::Usage("--max-tokens must be at least 1".into()));
+    }
+    let vb = open_bundle(&a.bundle, &a.trust, &a.store, false)?;
+    let mut l = load(&vb.root, a.threads, 1)?;
+    let ids = prompt_ids(&l, a.system.as_deref(), &a.prompt)?;
+    let ctx = l.engine.max_context();
+    if ids.len() + 1 > ctx {
+        return Err(CliError::Usage(format!("prompt is {} tokens; the context holds {ctx}", ids.len())));
+    }
+    let max_new = a.max_tokens.min(ctx - ids.len());
+    let params = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
+        seed: a.seed,
+        ..Default::default()
+    };
+    let mut sampler = Sampler::new(params);
+    let eog = l.engine.config().eog_token_ids.clone();
+    let seq = l.engine.new_seq().map_err(|e| CliError::Engine(e.to_string()))?;
+    let t0 = Instant::now();
+    let mut logits = prefill(&mut l.engine, seq, &ids, 512)?;
+    let ttft = t0.elapsed();
+    let mut history = ids.clone();
+    let mut dec = l.tokenizer.stream_decoder();
+    let mut out = std::io::stdout().lock();
+    let mut text = String::new();
+    let mut printed = 0usize;
+    let mut n_gen = 0usize;
+    let mut reason = "max_tokens";
+    let max_stop = a.stop.iter().map(|s| s.len()).max().unwrap_or(0);
+    let t1 = Instant::now();
+    while n_gen < max_new {
+        let Some(tok) = sampler.sample(&mut logits, &history, None) else { break };
+        n_gen += 1;
+        if eog.contains(&tok) {
+            reason = "end_turn";
+            break;
+        }
+        history.push(tok);
+        text.push_str(&dec.push(tok));
+        if let Some(pos) = a.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
+            text.truncate(pos);
+            reason = "stop_sequence";
+            break;
+        }
+        // Hold back the last max_stop-1 bytes: they might begin a stop sequence.
+        let mut safe = text.len().saturating_sub(max_stop.saturating_sub(1));
+        while !text.is_char_boundary(safe) {
+            safe -= 1;
+        }
+        if safe > printed {
+            let _ = out.write_all(text[printed..safe].as_bytes());
+            let _ = out.flush();
+            printed = safe;
+        }
+        if n_gen == max_new {
+            break;
+        }
+        logits = l.engine.forward(&[(seq, &[tok])]).map_err(|e| CliError::Engine(e.to_string()))?.pop().unwrap_or_default();
+    }
+    if text.len() > printed {
+        let _ = out.write_all(text[printed..].as_bytes());
+    }
+    let _ = writeln!(out);
+    if a.verbose {
+        let dt = t1.elapsed().as_secs_f64();
+        eprintln!(
+            "[{} prompt tokens, {n_gen} generated, stop: {reason}; first token after {:.0} ms; {:.1} tok/s; {}]",
+            ids.len(),
+            ttft.as_secs_f64() * 1e3,
+            n_gen as f64 / dt.max(1e-9),
+            l.engine.backend_description()
+        );
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The bundle to benchmark.
+    pub bundle: PathBuf,
+    /// Prompt length for the prefill measurement.
+    #[arg(long, default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Tokens to decode for the decode measurement.
+    #[arg(long, default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Worker threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Batch sizes for the batched-decode measurement (aggregate tok/s), comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    pub batch: Vec<usize>,
+    /// Repetitions; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    #[command(flatten)]
+    pub trust: TrustArgs,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+}
+
+fn peak_rss_bytes() -> u64 {
+    // VmHWM from /proc: the peak resident set of this process.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|k| k.parse::<u64>().ok()))
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+pub fn bench(a: BenchArgs, process_start: Instant) -> Result<(), CliError> {
+    if a.prompt_tokens == 0 || a.gen_tokens == 0 || a.reps == 0 {
+        return Err(CliError::Usage("--prompt-tokens, --gen-tokens and --reps must be at least 1".into()));
+    }
+    let vb = open_bundle(&a.bundle, &a.trust, &a.store, true)?;
+    let max_batch = a.batch.iter().copied().max().unwrap_or(1).max(1);
+    let mut l = load(&vb.root, a.threads, max_batch)?;
+    // Ready = verified, mapped, and one token computed.
+    let warm = l.engine.new_seq().map_err(|e| CliError::Engine(e.to_string()))?;
+    l.engine.forward(&[(warm, &[1])]).map_err(|e| CliError::Engine(e.to_string()))?;
+    l.engine.free_seq(warm);
+    let ready = process_start.elapsed().as_secs_f64();
+    let ctx = l.engine.max_context();
+    if a.prompt_tokens + a.gen_tokens + 1 > ctx {
+        return Err(CliError::Usage(format!("--prompt-tokens + --gen-tokens exceed the context of {ctx}")));
+    }
+    // A realistic prompt: ordinary text tokenized, repeated to length.
+    let base = l.tokenizer.encode("The quick brown fox jumps over the lazy dog while the appliance answers questions about hospital records and bank statements. ", false)
+        .map_err(|e| CliError::Engine(e.to_string()))?;
+    let prompt: Vec<u32> = base.iter().copied().cycle().take(a.prompt_tokens).collect();
+    let (mut pre, mut dec, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..a.reps {
+        let seq = l.engine.new_seq().map_err(|e| CliError::Engine(e.to_string()))?;
+        let t = Instant::now();
+        let mut logits = prefill(&mut l.engine, seq, &prompt, 512)?;
+        let mut tok = crate::sampling::greedy(&logits).unwrap_or(0);
+        let dt = t.elapsed().as_secs_f64();
+        ttft.push(dt);
+        pre.push(a.prompt_tokens as f64 / dt);
+        let t = Instant::now();
+        for _ in 0..a.gen_tokens {
+            logits = l.engine.forward(&[(seq, &[tok])]).map_err(|e| CliError::Engine(e.to_string()))?.pop().unwrap_or_default();
+            tok = crate::sampling::greedy(&logits).unwrap_or(0);
+        }
+        dec.push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
+        l.engine.free_seq(seq);
+    }
+    let mut batched = Vec::new();
+    for &b in &a.batch {
+        let b = b.max(1);
+        let seqs: Vec<u32> = (0..b).map(|_| l.engine.new_seq()).collect::<Result<_, _>>().map_err(|e| CliError::Engine(e.to_string()))?;
+        let short: Vec<u32> = base.iter().copied().cycle().take(32).collect();
+        for &s in &seqs {
+            prefill(&mut l.engine, s, &short, 512)?;
+        }
+        let mut toks: Vec<u32> = vec![base[0]; b];
+        let steps = a.gen_tokens.min(64);
+        let t = Instant::now();
+        for _ in 0..steps {
+            let batch: Vec<(u32, &[u32])> = seqs.iter().zip(toks.iter()).map(|(s, t)| (*s, std::slice::from_ref(t))).collect();
+            let outs = l.engine.forward(&batch).map_err(|e| CliError::Engine(e.to_string()))?;
+            toks = outs.iter().map(|lg| crate::sampling::greedy(lg).unwrap_or(0)).collect();
+        }
+        batched.push((b, (b * steps) as f64 / t.elapsed().as_secs_f64()));
+        for s in seqs {
+            l.engine.free_seq(s);
+        }
+    }
+    let (p, d, f) = (median(&mut pre), median(&mut dec), median(&mut ttft));
+    let rss = peak_rss_bytes();
+    let mapped = std::fs::metadata(vb.root.join(crate::model::WEIGHTS_PATH)).map(|m| m.len()).unwrap_or(0);
+    let threads = if a.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { a.threads };
+    let j = serde_json::json!({
+        "bench": "applianced", "bundle": vb.verified.manifest().name, "identity": vb.verified.identity(),
+        "backend": l.engine.backend_description(), "threads": threads,
+        "prompt_tokens": a.prompt_tokens, "gen_tokens": a.gen_tokens, "reps": a.reps,
+        "prefill_tok_s": p, "decode_tok_s": d, "ttft_s": f, "ready_s": ready,
+        "batched_decode_tok_s": batched.iter().map(|(b, t)| serde_json::json!({"seqs": b, "tok_s": t})).collect::<Vec<_>>(),
+        "peak_rss_bytes": rss, "mapped_bytes": mapped,
+    });
+    println!("{j}");
+    eprintln!("applianced bench ({} threads, {}):", threads, l.engine.backend_description());
+    eprintln!("  prefill {:>8.1} tok/s  ({} tokens)", p, a.prompt_tokens);
+    eprintln!("  decode  {:>8.1} tok/s  ({} tokens)", d, a.gen_tokens);
+    for (b, t) in &batched {
+        eprintln!("  batched decode x{b:<3} {t:>8.1} tok/s aggregate");
+    }
+    eprintln!("  time to first token {:.1} ms; process start to ready {:.3} s; peak RSS {:.1} MiB", f * 1e3, ready, rss as f64 / (1 << 20) as f64);
+    Ok(())
+}
