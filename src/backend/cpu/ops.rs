@@ -58,7 +58,9 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
 /// queries), run on `pool`; each writes its own staging block, scattered into `out` afterwards.
 ///
 /// As llama.cpp with its default f16 cache: K and V hold f16-rounded values, the query is rounded
-/// to f16 before `q·k`; scores are scaled by `1/sqrt(head_dim)`, softmax in f32 with an f64 sum.
+/// to f16 before `q·k`; scores are scaled by `1/sqrt(head_dim)`, softmax in f32 with an f64 sum,
+/// and the probabilities are rounded to f16 before weighting V (ggml's `mul_mat(v, kq)` converts
+/// them). Measured against the reference this halves the KL compared with f32 probabilities.
 pub fn attention(pool: &rayon::ThreadPool, k: &Kernels, layer: usize, q: &[f32], segs: &[AttnSeg<'_, CpuKv>], shape: AttnShape, out: &mut [f32]) {
     let AttnShape { n_heads, n_kv_heads, head_dim: hd } = shape;
     let group = n_heads / n_kv_heads.max(1);
@@ -107,7 +109,8 @@ pub fn attention(pool: &rayon::ThreadPool, k: &Kernels, layer: usize, q: &[f32],
                     let inv = (1.0 / sum) as f32;
                     let o = &mut res[(i - i0) * hd..(i - i0 + 1) * hd];
                     for (j, &p) in scores.iter().enumerate() {
-                        let p = p * inv;
+                        // llama.cpp (no flash attention) multiplies V by the probabilities converted to f16
+                        let p = round_f16(p * inv);
                         let vj = &vc[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
                         for (a, &b) in o.iter_mut().zip(vj) {
                             *a += p * b;
