@@ -277,12 +277,14 @@ fn string_list(v: &Value, path: &str, max: usize) -> Result<Vec<String>, ApiErro
 /// `POST /v1/messages` (and `count_tokens`, with `counting` = true: no `max_tokens` needed).
 pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatRequest, ApiError> {
     let o = Obj::new(m, "");
-    let known: &[&str] = if counting {
-        &["model", "messages", "system", "tools", "tool_choice", "thinking"]
-    } else {
-        &["model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "metadata", "stream", "service_tier"]
-    };
-    o.reject_unknown(known, &["tools", "tool_choice", "thinking", "mcp_servers", "container"])?;
+    // Accepted and ignored: routing and caching hints that do not change the answer here.
+    const HINTS: &[&str] = &["service_tier", "cache_control", "inference_geo", "speed", "user_profile_id", "workspace_id", "diagnostics"];
+    let mut known: Vec<&str> = vec!["model", "messages", "system"];
+    if !counting {
+        known.extend(["max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "metadata", "stream"]);
+    }
+    known.extend(HINTS);
+    o.reject_unknown(&known, &["tools", "tool_choice", "thinking", "mcp_servers", "container", "output_config", "output_format"])?;
     let model = o.str("model")?.map(str::to_owned);
     if !counting && model.is_none() {
         return Err(ApiError::bad("model", "required field is missing"));
@@ -351,7 +353,6 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
             mo.str("user_id")?;
         }
         stream = o.bool("stream")?.unwrap_or(false);
-        o.str("service_tier")?;
     }
     Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false })
 }
