@@ -671,9 +671,11 @@ impl<'a> Lowerer<'a> {
                 "pattern" => node.patterns.push((v.as_str().ok_or_else(|| bad(k, "expected a string"))?.to_string(), ptr_join(ptr, k))),
                 "format" => {
                     let f = v.as_str().ok_or_else(|| bad(k, "expected a string"))?;
-                    if strings::format_regex(f).is_some() && self.opts.enforce_formats {
-                        node.formats.push(f.to_string());
-                    } else if self.opts.unknown_formats_are_errors && strings::format_regex(f).is_none() {
+                    if strings::format_regex(f).is_some() {
+                        if self.opts.enforce_formats {
+                            node.formats.push(f.to_string());
+                        }
+                    } else if self.opts.unknown_formats_are_errors {
                         return Err(SchemaError::Unsupported { keyword: format!("format: {f}"), pointer: ptr.to_string() });
                     }
                 }
@@ -748,11 +750,14 @@ impl<'a> Lowerer<'a> {
                                 // A key new to the node is also constrained by the node's existing
                                 // additional / pattern rules (merging under allOf).
                                 let mut c = Vec::new();
-                                if node.pattern_props.is_empty() {
-                                    if let Some(a) = &node.additional {
-                                        c.extend(a.iter().cloned());
-                                    }
-                                } else if node.additional.is_some() {
+                                // (Rules of this same object do not apply to its own properties.)
+                                let own_add = ptr_join(ptr, "additionalProperties");
+                                let foreign: Vec<Sub<'a>> = node.additional.iter().flatten().filter(|a| a.ptr != own_add).cloned().collect();
+                                let own_pp = ptr_join(ptr, "patternProperties");
+                                let foreign_pats = node.pattern_props.iter().any(|(_, _, pp)| *pp != own_pp);
+                                if !foreign_pats {
+                                    c.extend(foreign);
+                                } else if !foreign.is_empty() {
                                     return Err(SchemaError::Unsupported { keyword: "allOf".into(), pointer: ptr.to_string() });
                                 }
                                 c.push(sp);

@@ -624,16 +624,25 @@ mod tests {
 #[cfg(test)]
 mod debug_tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
-    fn dbg_obj() {
+    fn dbg_file() {
+        let Ok(path) = std::env::var("DBG_SCHEMA") else { return };
+        let full: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         let v = tests::byte_vocab();
         let eos = (v.len() - 1) as u32;
-        for (s, t) in [(json!({"enum":[{"x":[1,2]}]}), "{\"x\":[1,2]}"), (json!({"enum":[{"x":1}]}), "{\"x\":1}"), (json!({"enum":[[1]]}), "[1]"), (json!({"enum":[{"x":"a"}]}), "{\"x\":\"a\"}"), (json!({"type":"array"}), "[1,2]"), (json!({"type":"array"}), "[[1]]"), (json!(true), "1"), (json!({"type":"object"}), "{\"x\":1}"), (json!({"type":"object"}), "{}")] {
-            let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
-            let ok = c.advance_bytes(c.start(), t.as_bytes()).is_some_and(|x| c.is_accepting(x));
-            eprintln!("{s} {t} {ok} states={}", c.stats().states);
+        let r = CompiledSchema::compile(&full, &v, &[eos], &CompileOptions::default());
+        eprintln!("full: {:?}", r.as_ref().map(|c| c.stats()).err());
+        if let Some(props) = full.get("properties").and_then(|p| p.as_object()) {
+            for (k, sub) in props {
+                let mut s2 = full.clone();
+                s2.as_object_mut().unwrap().remove("properties");
+                s2.as_object_mut().unwrap().remove("required");
+                s2["properties"] = serde_json::json!({ k: sub });
+                s2["required"] = serde_json::json!([k]);
+                let r = CompiledSchema::compile(&s2, &v, &[eos], &CompileOptions::default());
+                eprintln!("prop {k}: {:?}", r.err());
+            }
         }
     }
 }

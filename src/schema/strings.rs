@@ -302,35 +302,79 @@ fn hir_dfa(hir: &Hir, cap: usize) -> Result<Dfa, RegexIssue> {
 const YEAR: &str = "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])";
 const LEAP: &str = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)";
 const MONTH_DAY: &str = "(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))";
-const TIME: &str = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+const TIME: &str = "(?:(?:(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9]))|23:59:60(?:\\.[0-9]+)?(?:[Zz]|[+-]00:00))";
 
-/// Full-match regex (Rust syntax) of a supported `format`; every string it accepts is valid for
-/// the format (the set may be a strict subset, e.g. upper-case `T`/`Z` only in date-times).
+/// The formats of the JSON Schema 2020-12 format vocabulary; these are enforced (or refused),
+/// never ignored. Other format names are annotations.
+pub(crate) const SPEC_FORMATS: &[&str] = &[
+    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4", "ipv6", "uri",
+    "uri-reference", "iri", "iri-reference", "uuid", "uri-template", "json-pointer", "relative-json-pointer", "regex",
+];
+
+/// Full-match regex (Rust syntax) of a supported `format`. Every string it accepts is valid for
+/// the format; for several formats it is a documented subset (ASCII-only IRIs and hostnames, at
+/// most three hostname labels, leap seconds only at 23:59:60 UTC, `regex` without groups).
 pub(crate) fn format_regex(name: &str) -> Option<String> {
     let date = format!("(?:{YEAR}-{MONTH_DAY}|{LEAP}-02-29)");
     let h = "[0-9a-fA-F]{1,4}";
     let v4o = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])";
     let v4 = format!("{v4o}(?:\\.{v4o}){{3}}");
+    let u = "(?:[A-Za-z0-9\\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})";
+    let pc = format!("(?:{u}|[:@])");
+    let tail = format!("(?:\\?(?:{pc}|[/?])*)?(?:#(?:{pc}|[/?])*)?");
+    let authority_path = format!("//(?:(?:{u}|:)*@)?{u}*(?::[0-9]*)?(?:/{pc}*)*");
+    let uri = format!("[A-Za-z][A-Za-z0-9+.-]*:(?:{authority_path}|/(?:{pc}+(?:/{pc}*)*)?|{pc}+(?:/{pc}*)*)?{tail}");
+    // relative-ref: the first segment of a relative path has no ':'.
+    let nc = "(?:[A-Za-z0-9\\-._~!$&'()*+,;=@]|%[0-9A-Fa-f]{2})";
+    let relative = format!("(?:{authority_path}|/(?:{pc}+(?:/{pc}*)*)?|{nc}+(?:/{pc}*)*)?{tail}");
+    let label = "[A-Za-z0-9](?:-?[A-Za-z0-9]){0,30}";
+    let last_label = "(?:[0-9](?:-?[0-9]){0,14}-?)?[A-Za-z](?:-?[A-Za-z0-9]){0,14}";
+    let ptr = "(?:/(?:[^~/]|~[01])*)*";
     Some(match name {
         "date" => date,
         "time" => TIME.to_string(),
-        "date-time" => format!("{date}T{TIME}"),
-        "email" => "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+".to_string(),
+        "date-time" => format!("{date}[Tt]{TIME}"),
+        "duration" => {
+            let d = "(?:[0-9]+Y(?:[0-9]+M)?(?:[0-9]+D)?|[0-9]+M(?:[0-9]+D)?|[0-9]+D)";
+            let t = "T(?:[0-9]+H(?:[0-9]+M)?(?:[0-9]+S)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)";
+            format!("P(?:{d}(?:{t})?|{t}|[0-9]+W)")
+        }
+        "email" | "idn-email" => "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+".to_string(),
+        "hostname" | "idn-hostname" => {
+            // At most three labels of at most 61 characters (≤ 185 bytes), no "--", the last
+            // label not all digits.
+            let ll = format!("(?:{last_label})");
+            format!("(?:{label}\\.){{0,2}}(?:{ll})")
+        }
         "uuid" => "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}".to_string(),
         "ipv4" => v4,
         "ipv6" => {
+            let ls32 = format!("(?:{h}:{h}|{v4})");
             let hc = format!("(?:{h}:)");
-            let ch = format!("(?::{h})");
-            format!(
-                "(?:{hc}{{7}}{h}|{hc}{{1,7}}:|{hc}{{1,6}}{ch}|{hc}{{1,5}}{ch}{{1,2}}|{hc}{{1,4}}{ch}{{1,3}}|{hc}{{1,3}}{ch}{{1,4}}|{hc}{{1,2}}{ch}{{1,5}}|{h}:{ch}{{1,6}}|:(?:{ch}{{1,7}}|:)|{hc}{{6}}{v4}|::(?:ffff(?::0{{1,4}})?:)?{v4}|{hc}{{1,4}}:{v4})"
-            )
+            let pre = |n: usize| if n == 0 { String::new() } else { format!("(?:(?:{hc}){{0,{}}}{h})?", n - 1) };
+            let alts = [
+                format!("{hc}{{6}}{ls32}"),
+                format!("::{hc}{{5}}{ls32}"),
+                format!("(?:{h})?::{hc}{{4}}{ls32}"),
+                format!("{}::{hc}{{3}}{ls32}", pre(2)),
+                format!("{}::{hc}{{2}}{ls32}", pre(3)),
+                format!("{}::{hc}{ls32}", pre(4)),
+                format!("{}::{ls32}", pre(5)),
+                format!("{}::{h}", pre(6)),
+                format!("{}::", pre(7)),
+            ];
+            format!("(?:{})", alts.join("|"))
         }
-        "uri" => {
-            let u = "(?:[A-Za-z0-9\\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})";
-            let p = format!("(?:{u}|[:@])");
-            format!(
-                "[A-Za-z][A-Za-z0-9+.-]*:(?://(?:(?:{u}|:)*@)?{u}*(?::[0-9]*)?(?:/{p}*)*|/(?:{p}+(?:/{p}*)*)?|{p}+(?:/{p}*)*)?(?:\\?(?:{p}|[/?])*)?(?:#(?:{p}|[/?])*)?"
-            )
+        "uri" | "iri" => uri,
+        "uri-reference" | "iri-reference" => format!("(?:{uri}|{relative})"),
+        "uri-template" => format!("(?:{uri}|{relative})").replace('\'', ""),
+        "json-pointer" => ptr.to_string(),
+        "relative-json-pointer" => format!("(?:0|[1-9][0-9]*)(?:#|{ptr})"),
+        "regex" => {
+            let atom = r"(?:[^\\\[\](){}*+?|^$.]|\\[\\.*+?()\[\]{}|^$/dDwWsSnrt]|\.|\[\^?(?:[^\\\[\]\-^]|\\[\\\]\[\-^])+\])";
+            let piece = format!(r"{atom}(?:[*+?]|\{{[0-9]+,?\}})?");
+            let branch = format!(r"\^?(?:{piece})*\$?");
+            format!("{branch}(?:\\|{branch})*")
         }
         _ => return None,
     })
@@ -369,8 +413,15 @@ mod tests {
         assert!(!d.matches(b"1900-02-29") && !d.matches(b"2023-04-31"));
         let d = full_match_dfa(&format_regex("ipv6").unwrap(), 100_000).unwrap();
         assert!(d.matches(b"::1") && d.matches(b"fe80::1:2") && !d.matches(b"1:::2"));
-        for f in ["date-time", "time", "email", "uuid", "uri", "ipv4"] {
+        for f in SPEC_FORMATS {
             full_match_dfa(&format_regex(f).unwrap(), 100_000).unwrap();
         }
+        let m = |f: &str, s: &str| full_match_dfa(&format_regex(f).unwrap(), 100_000).unwrap().matches(s.as_bytes());
+        assert!(m("ipv6", "1::d6:192.168.0.1") && m("ipv6", "::ffff:1.2.3.4") && !m("ipv6", "1:2:3:4:5:6:7:8:9"));
+        assert!(m("hostname", "www.example.com") && !m("hostname", "-a") && !m("hostname", "a_b") && !m("hostname", ""));
+        assert!(m("time", "23:59:60Z") && m("date-time", "1963-06-19t08:30:06.283185z") && !m("time", "22:59:60Z"));
+        assert!(m("uri-reference", "#frag") && m("uri-reference", "../a/b?c") && !m("uri-reference", "\\\\x"));
+        assert!(m("regex", "^[abc]+x?$") && !m("regex", "^(abc]") && m("duration", "P1DT2H") && !m("duration", "PT"));
+        assert!(m("json-pointer", "/a~1b/0") && !m("json-pointer", "a") && m("relative-json-pointer", "0#"));
     }
 }

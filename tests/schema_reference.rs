@@ -1,0 +1,386 @@
+//! The schema compiler against the reference corpus (`shared/reference/schemas`): coverage, valid
+//! instances accepted token by token (EOS included) along two tokenizations, invalid instances
+//! rejected, mask lookup and compile timings. Run with `--nocapture` to see the figures.
+//!
+//! The corpus is found at `$APPLIANCED_SCHEMA_CORPUS` or `../shared/reference/schemas` beside the
+//! repository; the real-vocabulary figures need `APPLIANCED_TEST_TOKENIZER_JSON` (a Hugging Face
+//! tokenizer.json with a byte-level BPE `model.vocab`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use applianced::schema::{CompileOptions, CompiledSchema, SchemaError, StateId, Vocabulary};
+use serde_json::Value;
+
+/// Schemas expected not to compile, with the keyword (or error kind) that stops them. A schema
+/// that starts failing, or fails for another reason, is a regression.
+const EXPECTED_FAILURES: &[(&str, &str)] = &[];
+
+fn corpus_dir() -> Option<PathBuf> {
+    let p = std::env::var_os("APPLIANCED_SCHEMA_CORPUS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference/schemas"));
+    p.join("manifest.json").exists().then_some(p)
+}
+
+struct Case {
+    id: String,
+    schema: Value,
+    valid: Vec<String>,
+    invalid: Vec<String>,
+}
+
+fn load_corpus(dir: &Path) -> Vec<Case> {
+    let manifest: Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest")).expect("manifest json");
+    let mut out = Vec::new();
+    for rec in manifest.as_array().expect("manifest array") {
+        let id = rec["id"].as_str().expect("id").to_string();
+        let file = |sub: &str| {
+            let a = dir.join(sub).join(&id);
+            if a.exists() {
+                a
+            } else {
+                dir.join(sub).join(format!("{id}.json"))
+            }
+        };
+        let schema: Value = serde_json::from_slice(&std::fs::read(file("schemas")).expect("schema")).expect("schema json");
+        let inst: Value = serde_json::from_slice(&std::fs::read(file("instances")).expect("instances")).expect("instances json");
+        let strs = |k: &str| inst[k].as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default();
+        out.push(Case { id, valid: strs("valid"), invalid: strs("invalid"), schema });
+    }
+    out
+}
+
+/// A byte-level vocabulary: the 256 single bytes, JSON punctuation clusters, literals, digit
+/// runs and common words (some with a leading space), then one EOS with empty bytes.
+fn synthetic_vocab() -> (Vec<Vec<u8>>, u32) {
+    let mut v: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+    let mut add = |s: &str| {
+        let b = s.as_bytes().to_vec();
+        if !v.contains(&b) {
+            v.push(b);
+        }
+    };
+    for s in [
+        "{\"", "\":", "\": ", "\",", "\", \"", "\",\"", " \"", "\"}", "\"]", "}}", "]}", "},", "}, ", "],", "[{", "[\"", "\"\"",
+        "{}", "[]", "\\\"", "\\n", "\\\\", "\": \"", "\":\"", "\": [", "\": {", "\":{", "\":[", ", ", "true", "false", "null",
+        " true", " false", " null", "0", "00", "000", "10", "100", "12", "123", "2023", "2024", "-1", ".0", ".5", "e+", "e-",
+        "name", "type", "id", "description", "value", "string", "object", "items", "version", "http", "https", "://", "www",
+        ".com", "the", " the", " a", " of", "ing", "tion", "er", "es", "de", "en", "re", "on", "st", "is", " is", "in", "at",
+        "é", "ü", "中", "日本", "😀",
+    ] {
+        add(s);
+    }
+    for i in 0..200 {
+        add(&i.to_string());
+    }
+    v.push(Vec::new());
+    let eos = (v.len() - 1) as u32;
+    (v, eos)
+}
+
+/// GPT-2 byte-level table: unicode char → byte.
+fn unicode_to_byte() -> HashMap<char, u8> {
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut cs = bs.clone();
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !bs.contains(&b) {
+            bs.push(b);
+            cs.push(256 + n);
+            n += 1;
+        }
+    }
+    bs.iter().zip(cs).map(|(&b, c)| (char::from_u32(c).expect("char"), b as u8)).collect()
+}
+
+/// Loads `model.vocab` of a byte-level BPE tokenizer.json; special (added) tokens get empty bytes.
+/// Returns the vocabulary and the EOS ids (`<|endoftext|>`, `<|im_end|>` where present).
+fn real_vocab(path: &str) -> (Vec<Vec<u8>>, Vec<u32>) {
+    let j: Value = serde_json::from_slice(&std::fs::read(path).expect("tokenizer.json")).expect("tokenizer json");
+    let map = unicode_to_byte();
+    let vocab = j["model"]["vocab"].as_object().expect("model.vocab");
+    let n = vocab.values().filter_map(|x| x.as_u64()).max().unwrap_or(0) as usize + 1;
+    let mut out = vec![Vec::new(); n];
+    for (tok, id) in vocab {
+        let id = id.as_u64().expect("id") as usize;
+        out[id] = tok.chars().map(|c| map.get(&c).copied().unwrap_or(b'?')).collect();
+    }
+    let mut eos = Vec::new();
+    if let Some(added) = j["added_tokens"].as_array() {
+        for a in added {
+            let id = a["id"].as_u64().unwrap_or(0) as usize;
+            if id < out.len() {
+                out[id].clear();
+            }
+            let c = a["content"].as_str().unwrap_or("");
+            if c == "<|endoftext|>" || c == "<|im_end|>" {
+                eos.push(id as u32);
+            }
+        }
+    }
+    if eos.is_empty() {
+        eos.push(0);
+    }
+    (out, eos)
+}
+
+/// Greedy longest-match tokenization.
+fn tokenize_greedy(text: &[u8], index: &HashMap<&[u8], u32>, max_len: usize) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < text.len() {
+        let mut l = max_len.min(text.len() - i);
+        loop {
+            if let Some(&id) = index.get(&text[i..i + l]) {
+                out.push(id);
+                i += l;
+                break;
+            }
+            l -= 1;
+            assert!(l > 0, "byte {} has no token", text[i]);
+        }
+    }
+    out
+}
+
+fn bit(mask: &[u64], id: u32) -> bool {
+    mask[id as usize / 64] >> (id % 64) & 1 == 1
+}
+
+/// Walks `ids` through the schema checking each token is in the mask; then checks EOS.
+fn walk(c: &CompiledSchema, ids: &[u32], eos: u32, lookups: &mut Vec<Duration>) -> bool {
+    let mut s: StateId = c.start();
+    for &id in ids {
+        let t = Instant::now();
+        let m = c.allowed(s);
+        let allowed = bit(m, id);
+        lookups.push(t.elapsed());
+        let next = c.advance(s, id);
+        assert_eq!(allowed, next.is_some(), "mask and advance disagree on token {id}");
+        match next {
+            Some(n) => s = n,
+            None => return false,
+        }
+    }
+    let ok = c.is_accepting(s);
+    assert_eq!(ok, bit(c.allowed(s), eos), "EOS bit and accepting disagree");
+    ok
+}
+
+fn pct(xs: &mut [Duration], p: f64) -> Duration {
+    if xs.is_empty() {
+        return Duration::ZERO;
+    }
+    xs.sort_unstable();
+    xs[((xs.len() - 1) as f64 * p).round() as usize]
+}
+
+fn error_tag(e: &SchemaError) -> String {
+    match e {
+        SchemaError::TooLarge { .. } => "too-large".into(),
+        SchemaError::UnresolvedRef { .. } => "$ref".into(),
+        SchemaError::Unsatisfiable { .. } => "unsatisfiable".into(),
+        other => other.keyword().unwrap_or("?").to_string(),
+    }
+}
+
+struct Outcome {
+    compiled: usize,
+    valid_total: usize,
+    valid_ok: usize,
+    invalid_total: usize,
+    invalid_rejected: usize,
+    compile_times: Vec<Duration>,
+    lookups: Vec<Duration>,
+    failures: Vec<(String, String, String)>,
+    accepted_invalid: Vec<(String, String)>,
+    rejected_valid: Vec<(String, String)>,
+}
+
+fn run_corpus(cases: &[Case], vocab: &Arc<Vocabulary>, tokens: &[Vec<u8>], eos: u32, opts: &CompileOptions) -> Outcome {
+    let index: HashMap<&[u8], u32> = tokens.iter().enumerate().filter(|(_, t)| !t.is_empty()).map(|(i, t)| (t.as_slice(), i as u32)).collect();
+    let max_len = tokens.iter().map(|t| t.len()).max().unwrap_or(1);
+    let mut byte_id = [0u32; 256];
+    for b in 0..256usize {
+        byte_id[b] = *index.get(&[b as u8][..]).expect("every single byte is a token");
+    }
+    let mut o = Outcome {
+        compiled: 0,
+        valid_total: 0,
+        valid_ok: 0,
+        invalid_total: 0,
+        invalid_rejected: 0,
+        compile_times: Vec::new(),
+        lookups: Vec::new(),
+        failures: Vec::new(),
+        accepted_invalid: Vec::new(),
+        rejected_valid: Vec::new(),
+    };
+    for case in cases {
+        let t = Instant::now();
+        let res = CompiledSchema::compile_with(&case.schema, vocab, opts);
+        let dt = t.elapsed();
+        let c = match res {
+            Ok(c) => c,
+            Err(e) => {
+                o.failures.push((case.id.clone(), error_tag(&e), e.to_string()));
+                continue;
+            }
+        };
+        o.compiled += 1;
+        o.compile_times.push(dt);
+        for inst in &case.valid {
+            o.valid_total += 1;
+            let bytes: Vec<u32> = inst.bytes().map(|b| byte_id[b as usize]).collect();
+            let greedy = tokenize_greedy(inst.as_bytes(), &index, max_len);
+            let a = walk(&c, &bytes, eos, &mut o.lookups);
+            let b = walk(&c, &greedy, eos, &mut o.lookups);
+            assert_eq!(a, b, "byte path and greedy path disagree on {} / {inst}", case.id);
+            if a {
+                o.valid_ok += 1;
+            } else {
+                // Mark where the text leaves the language.
+                let mut st = Some(c.start());
+                let mut at = inst.len();
+                for (i, b) in inst.bytes().enumerate() {
+                    st = st.and_then(|s| c.advance_bytes(s, &[b]));
+                    if st.is_none() {
+                        at = i;
+                        break;
+                    }
+                }
+                let fb = |mut i: usize| {
+                    while !inst.is_char_boundary(i) {
+                        i -= 1;
+                    }
+                    i
+                };
+                let (lo, mid, hi) = (fb(at.saturating_sub(120)), fb(at), fb((at + 20).min(inst.len())));
+                o.rejected_valid.push((case.id.clone(), format!("…{}⟦HERE⟧{}", &inst[lo..mid], &inst[mid..hi])));
+            }
+        }
+        for inst in &case.invalid {
+            o.invalid_total += 1;
+            let bytes: Vec<u32> = inst.bytes().map(|b| byte_id[b as usize]).collect();
+            if walk(&c, &bytes, eos, &mut o.lookups) {
+                o.accepted_invalid.push((case.id.clone(), inst.clone()));
+            } else {
+                o.invalid_rejected += 1;
+            }
+        }
+    }
+    o
+}
+
+fn report(name: &str, cases: &[Case], o: &mut Outcome) {
+    let n = cases.len();
+    let with_valid: Vec<&Case> = cases.iter().filter(|c| !c.valid.is_empty()).collect();
+    let all_valid_ok = with_valid
+        .iter()
+        .filter(|c| !o.failures.iter().any(|f| f.0 == c.id) && !o.rejected_valid.iter().any(|r| r.0 == c.id))
+        .count();
+    println!("== {name}");
+    println!("coverage: {}/{} schemas compiled ({:.1}%)", o.compiled, n, 100.0 * o.compiled as f64 / n as f64);
+    println!(
+        "valid instances accepted (token by token, EOS included): {}/{} ({:.1}%); schemas with all valid instances accepted: {}/{} ({:.1}%)",
+        o.valid_ok,
+        o.valid_total,
+        100.0 * o.valid_ok as f64 / o.valid_total.max(1) as f64,
+        all_valid_ok,
+        with_valid.len(),
+        100.0 * all_valid_ok as f64 / with_valid.len().max(1) as f64
+    );
+    println!(
+        "invalid instances rejected: {}/{} ({:.2}%)",
+        o.invalid_rejected,
+        o.invalid_total,
+        100.0 * o.invalid_rejected as f64 / o.invalid_total.max(1) as f64
+    );
+    let (m, p90, mx) = (pct(&mut o.compile_times, 0.5), pct(&mut o.compile_times, 0.9), pct(&mut o.compile_times, 1.0));
+    println!("compile time (compiled schemas): median {m:?}, p90 {p90:?}, max {mx:?}");
+    let (lm, l99) = (pct(&mut o.lookups, 0.5), pct(&mut o.lookups, 0.99));
+    println!("mask lookup per token (allowed + bit test, incl. timer overhead): median {lm:?}, p99 {l99:?} over {} lookups", o.lookups.len());
+    let mut kinds: HashMap<&str, usize> = HashMap::new();
+    for f in &o.failures {
+        *kinds.entry(f.1.as_str()).or_default() += 1;
+    }
+    let mut kinds: Vec<_> = kinds.into_iter().collect();
+    kinds.sort_by(|a, b| b.1.cmp(&a.1));
+    println!("failures by keyword: {kinds:?}");
+    for (id, inst) in o.accepted_invalid.iter().take(30) {
+        println!("  ACCEPTED INVALID {id}: {}", &inst[..inst.len().min(200)]);
+    }
+    for (id, inst) in o.rejected_valid.iter().take(60) {
+        println!("  rejected valid {id}: {}", &inst[..inst.len().min(300)]);
+    }
+    if std::env::var_os("SCHEMA_VERBOSE").is_some() {
+        for (id, tag, msg) in &o.failures {
+            println!("  FAIL {id} [{tag}] {}", &msg[..msg.len().min(200)]);
+        }
+    }
+}
+
+fn check_expected(o: &Outcome) {
+    let mut regressions = Vec::new();
+    for (id, tag, msg) in &o.failures {
+        match EXPECTED_FAILURES.iter().find(|(i, _)| i == id) {
+            Some((_, t)) if t == tag => {}
+            _ => regressions.push(format!("(\"{id}\", \"{tag}\"), // {}", &msg[..msg.len().min(160)])),
+        }
+    }
+    for (id, _) in EXPECTED_FAILURES {
+        if !o.failures.iter().any(|f| f.0 == *id) {
+            println!("now compiles (remove from EXPECTED_FAILURES): {id}");
+        }
+    }
+    if !regressions.is_empty() {
+        println!("unexpected failures:\n{}", regressions.join("\n"));
+    }
+    assert!(regressions.is_empty(), "{} unexpected compile failures (see output)", regressions.len());
+}
+
+#[test]
+fn reference_corpus_synthetic_vocab() {
+    let Some(dir) = corpus_dir() else {
+        println!("skipped: schema corpus not found (set APPLIANCED_SCHEMA_CORPUS)");
+        return;
+    };
+    let cases = load_corpus(&dir);
+    let (tokens, eos) = synthetic_vocab();
+    let vocab = Arc::new(Vocabulary::new(&tokens, &[eos]));
+    let opts = CompileOptions::default();
+    let mut o = run_corpus(&cases, &vocab, &tokens, eos, &opts);
+    report("reference corpus, synthetic byte-level vocabulary", &cases, &mut o);
+    check_expected(&o);
+    // Faithfulness: nothing invalid gets through.
+    assert!(
+        o.invalid_rejected as f64 >= 0.99 * o.invalid_total as f64,
+        "invalid rejected {}/{}",
+        o.invalid_rejected,
+        o.invalid_total
+    );
+}
+
+#[test]
+fn reference_corpus_real_vocab() {
+    let Ok(path) = std::env::var("APPLIANCED_TEST_TOKENIZER_JSON") else {
+        println!("skipped: set APPLIANCED_TEST_TOKENIZER_JSON to a tokenizer.json for the real-vocabulary figures");
+        return;
+    };
+    let Some(dir) = corpus_dir() else {
+        println!("skipped: schema corpus not found");
+        return;
+    };
+    let cases = load_corpus(&dir);
+    let (tokens, eos_ids) = real_vocab(&path);
+    let t = Instant::now();
+    let vocab = Arc::new(Vocabulary::new(&tokens, &eos_ids));
+    println!("vocabulary: {} tokens, trie built in {:?}", tokens.len(), t.elapsed());
+    let opts = CompileOptions::default();
+    let mut o = run_corpus(&cases, &vocab, &tokens, eos_ids[0], &opts);
+    report("reference corpus, real vocabulary", &cases, &mut o);
+    check_expected(&o);
+}
