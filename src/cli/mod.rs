@@ -41,6 +41,9 @@ pub enum Command {
     Verify(bundle_cmds::VerifyArgs),
     /// Show a bundle's manifest, members and signer key ids WITHOUT verifying anything.
     Inspect(bundle_cmds::InspectArgs),
+    /// Bundle lifecycle on this box.
+    #[command(subcommand)]
+    Bundle(BundleCommand),
     /// Verify a bundle, load it and answer one prompt, streaming the answer to stdout.
     Run(run::RunArgs),
     /// Verify and load a bundle, then measure prefill and decode tok/s, batched decode, time to
@@ -54,6 +57,13 @@ pub enum Command {
     Audit(audit_cmd::Args),
 }
 
+#[derive(Debug, Subcommand)]
+pub enum BundleCommand {
+    /// Verify a bundle and unpack it into the content-addressed store (or re-check the existing
+    /// entry). Nothing partial is ever visible; a failing bundle leaves the store untouched.
+    Install(bundle_cmds::InstallArgs),
+}
+
 /// Parse arguments, run, print errors; returns the process exit code.
 pub fn main() -> i32 {
     let start = std::time::Instant::now();
@@ -65,6 +75,7 @@ pub fn main() -> i32 {
         Command::Inspect(a) => bundle_cmds::inspect(a),
         Command::Serve(a) => serve::exec(a),
         Command::Audit(a) => audit_cmd::exec(a),
+        Command::Bundle(BundleCommand::Install(a)) => bundle_cmds::install(a),
         Command::Run(a) => run::run(a),
         Command::Bench(a) => run::bench(a, start),
     };
