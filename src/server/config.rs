@@ -26,7 +26,7 @@ pub enum ConfigError {
 }
 
 /// The whole file.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
     /// Bundle to serve (the `--bundle` flag overrides it).
@@ -43,7 +43,7 @@ pub struct ServerConfig {
     pub logging: LoggingConfig,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SocketConfig {
     /// Socket path when not socket-activated.
@@ -60,7 +60,7 @@ impl Default for SocketConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AccessConfig {
     /// Peer uids allowed to call the API. When both lists are empty: the server's own uid and root.
@@ -69,7 +69,7 @@ pub struct AccessConfig {
     pub allow_gids: Vec<u32>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
     /// Largest request body in bytes (413 above).
@@ -133,7 +133,7 @@ pub enum FsyncPolicy {
     Never,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuditConfig {
     /// Write the audit log at all.
@@ -153,7 +153,7 @@ impl Default for AuditConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrustConfig {
     /// Trusted key directories or .pub files (the `--trust` flags replace this list).
@@ -170,7 +170,7 @@ impl Default for TrustConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoggingConfig {
     /// Log prompt and response text to stderr (journal). Off by default; never turn it on where
@@ -250,6 +250,14 @@ pub fn resolve_group(group: &str) -> Result<u32, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// packaging/config.toml documents every key with its default value.
+    #[test]
+    fn packaged_example_is_the_defaults() {
+        let c: ServerConfig = toml::from_str(include_str!("../../packaging/config.toml")).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c, ServerConfig::default());
+    }
 
     #[test]
     fn defaults_and_unknown_keys() {
