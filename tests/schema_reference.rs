@@ -219,10 +219,17 @@ fn run_corpus(cases: &[Case], vocab: &Arc<Vocabulary>, tokens: &[Vec<u8>], eos: 
         accepted_invalid: Vec::new(),
         rejected_valid: Vec::new(),
     };
+    let trace = std::env::var_os("SCHEMA_TRACE").is_some();
     for case in cases {
+        if trace {
+            eprintln!("compiling {}", case.id);
+        }
         let t = Instant::now();
         let res = CompiledSchema::compile_with(&case.schema, vocab, opts);
         let dt = t.elapsed();
+        if trace {
+            eprintln!("  {:?} {:?}", dt, res.as_ref().map(|c| c.stats().states).map_err(|e| error_tag(e)));
+        }
         let c = match res {
             Ok(c) => c,
             Err(e) => {
@@ -383,4 +390,75 @@ fn reference_corpus_real_vocab() {
     let mut o = run_corpus(&cases, &vocab, &tokens, eos_ids[0], &opts);
     report("reference corpus, real vocabulary", &cases, &mut o);
     check_expected(&o);
+}
+
+mod walks {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn schema() -> Value {
+        serde_json::json!({
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer", "minimum": 1, "maximum": 500},
+                "name": {"type": "string", "maxLength": 8, "pattern": "^[a-z]+$"},
+                "tags": {"type": "array", "items": {"enum": ["a", "b", null]}, "maxItems": 3},
+                "score": {"type": "number", "multipleOf": 0.25, "exclusiveMinimum": -2, "maximum": 2},
+                "kind": {"oneOf": [{"type": "string", "format": "date"}, {"type": "boolean"}]},
+                "note": {"anyOf": [{"type": "null"}, {"type": "string", "minLength": 2, "maxLength": 3}]}
+            },
+            "required": ["id", "name"],
+            "additionalProperties": false
+        })
+    }
+
+    fn valid(v: &Value) -> bool {
+        let Some(o) = v.as_object() else { return false };
+        let keys_ok = o.keys().all(|k| ["id", "name", "tags", "score", "kind", "note"].contains(&k.as_str()));
+        let id_ok = o.get("id").and_then(|x| x.as_i64()).is_some_and(|i| (1..=500).contains(&i));
+        let name_ok = o.get("name").and_then(|x| x.as_str()).is_some_and(|s| !s.is_empty() && s.len() <= 8 && s.bytes().all(|b| b.is_ascii_lowercase()));
+        let tags_ok = o.get("tags").is_none_or(|t| t.as_array().is_some_and(|a| a.len() <= 3 && a.iter().all(|x| x.is_null() || x == "a" || x == "b")));
+        let score_ok = o.get("score").is_none_or(|s| s.as_f64().is_some_and(|f| f > -2.0 && f <= 2.0 && (f * 4.0).fract() == 0.0));
+        let kind_ok = o.get("kind").is_none_or(|k| k.is_boolean() || k.as_str().is_some_and(|s| s.len() == 10 && s.as_bytes()[4] == b'-'));
+        let note_ok = o.get("note").is_none_or(|n| n.is_null() || n.as_str().is_some_and(|s| (2..=3).contains(&s.chars().count())));
+        keys_ok && id_ok && name_ok && tags_ok && score_ok && kind_ok && note_ok
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// Random walks through the automaton only produce valid prefixes; every state reached
+        /// has an allowed token; an accepted text parses and validates.
+        #[test]
+        fn random_walks_stay_valid(choices in proptest::collection::vec(any::<u32>(), 1..160)) {
+            thread_local! {
+                static C: (CompiledSchema, u32) = {
+                    let (tokens, eos) = synthetic_vocab();
+                    (CompiledSchema::compile(&schema(), &tokens, &[eos], &CompileOptions::default()).expect("compiles"), eos)
+                };
+            }
+            C.with(|(c, eos)| {
+                let vocab = c.vocabulary().clone();
+                let mut s = c.start();
+                let mut text: Vec<u8> = Vec::new();
+                for ch in &choices {
+                    let m = c.allowed(s);
+                    let ids: Vec<u32> = (0..c.mask_bits() as u32).filter(|&i| bit(m, i)).collect();
+                    prop_assert!(!ids.is_empty(), "stuck after {:?}", String::from_utf8_lossy(&text));
+                    let id = if bit(m, *eos) && ch % 3 == 0 { *eos } else { ids[*ch as usize % ids.len()] };
+                    if id == *eos {
+                        let v: Value = serde_json::from_slice(&text).map_err(|e| TestCaseError::fail(format!("{e}: {}", String::from_utf8_lossy(&text))))?;
+                        prop_assert!(valid(&v), "invalid: {}", String::from_utf8_lossy(&text));
+                        return Ok(());
+                    }
+                    text.extend_from_slice(&vocab_bytes(&vocab, id));
+                    s = c.advance(s, id).expect("allowed token advances");
+                }
+                Ok(())
+            })?;
+        }
+    }
+
+    fn vocab_bytes(v: &Vocabulary, id: u32) -> Vec<u8> {
+        v.token_bytes(id).to_vec()
+    }
 }

@@ -63,6 +63,22 @@ enum Alt<'a> {
     Forbid(String),
     /// The properties must be present.
     Require(Vec<String>),
+    /// Restrict to these types.
+    Types(u8),
+    NotEnum(Vec<Value>),
+    NotPattern(String, Rc<str>),
+    Lo(Dec, bool),
+    Hi(Dec, bool),
+    MinLen(u64),
+    MaxLen(u64),
+    MinItems(u64),
+    MaxItems(u64),
+    MinProps(u64),
+    MaxProps(u64),
+    /// Some item satisfies the (negated) sub-schema.
+    Contains(Sub<'a>),
+    /// The property's value must satisfy the sub-schema.
+    Prop(String, Sub<'a>),
 }
 
 /// A disjunction to distribute: alternatives, and whether they are known to be disjoint.
@@ -101,6 +117,10 @@ struct Node<'a> {
     min_props: u64,
     max_props: Option<u64>,
     disj: Vec<Disj<'a>>,
+    /// Values excluded (from `not: {enum/const}`).
+    not_enums: Vec<Value>,
+    /// Patterns strings must not match (from `not: {pattern}`).
+    not_patterns: Vec<(String, Rc<str>)>,
 }
 
 pub(crate) struct Lowerer<'a> {
@@ -119,6 +139,26 @@ pub(crate) struct Lowerer<'a> {
 }
 
 static FALSE: Value = Value::Bool(false);
+
+/// Process-wide cache of automata that depend only on options (unconstrained values, formats,
+/// patterns): they are rebuilt for no schema. Bounded by entry count.
+fn global_cache() -> &'static std::sync::Mutex<HashMap<String, std::sync::Arc<Dfa>>> {
+    static CACHE: std::sync::OnceLock<std::sync::Mutex<HashMap<String, std::sync::Arc<Dfa>>>> = std::sync::OnceLock::new();
+    CACHE.get_or_init(|| std::sync::Mutex::new(HashMap::new()))
+}
+
+fn global_get(key: &str) -> Option<Dfa> {
+    global_cache().lock().ok().and_then(|m| m.get(key).map(|d| (**d).clone()))
+}
+
+fn global_put(key: String, d: &Dfa) {
+    if let Ok(mut m) = global_cache().lock() {
+        if m.len() > 4096 {
+            m.clear();
+        }
+        m.insert(key, std::sync::Arc::new(d.clone()));
+    }
+}
 
 fn ptr_join(ptr: &str, key: &str) -> Rc<str> {
     let k = key.replace('~', "~0").replace('/', "~1");
@@ -464,20 +504,7 @@ impl<'a> Lowerer<'a> {
             let mut n = node.clone();
             let mut q: Vec<Sub<'a>> = Vec::new();
             for item in alt {
-                match item {
-                    Alt::Sub(s) => q.push(s.clone()),
-                    Alt::Forbid(name) => match n.props.iter_mut().find(|(k, _)| k == name) {
-                        Some((_, c)) => c.push(Sub { v: &FALSE, ptr: "!".into(), base: "".into() }),
-                        None => n.props.push((name.clone(), vec![Sub { v: &FALSE, ptr: "!".into(), base: "".into() }])),
-                    },
-                    Alt::Require(names) => {
-                        for r in names {
-                            if !n.required.contains(r) {
-                                n.required.push(r.clone());
-                            }
-                        }
-                    }
-                }
+                self.apply_alt(&mut n, item, &mut q)?;
             }
             let depth0 = self.stack.len();
             let ok = self.merge_into(&mut n, q, d.keyword)?;
@@ -488,12 +515,17 @@ impl<'a> Lowerer<'a> {
             }
         }
         if d.keyword == "oneOf" && !d.exclusive {
-            for i in 0..branches.len() {
+            let mut all_disjoint = true;
+            'pairs: for i in 0..branches.len() {
                 for j in i + 1..branches.len() {
                     if !self.disjoint(&branches[i].0, &branches[j].0, 2)? {
-                        return Err(SchemaError::Unsupported { keyword: "oneOf".into(), pointer: d.ptr.to_string() });
+                        all_disjoint = false;
+                        break 'pairs;
                     }
                 }
+            }
+            if !all_disjoint {
+                return self.one_of_by_type(branches, &d, any_depth);
             }
         }
         let mut dfas = Vec::new();
@@ -514,6 +546,217 @@ impl<'a> Lowerer<'a> {
         self.union(&dfas, &d.ptr)
     }
 
+    /// Applies one conjunct of an alternative to `n` (sub-schemas go to the queue `q`).
+    fn apply_alt(&mut self, n: &mut Node<'a>, item: &Alt<'a>, q: &mut Vec<Sub<'a>>) -> Result<(), SchemaError> {
+        let tighten = |slot: &mut Option<Bound>, d: &Dec, excl: bool, is_min: bool| {
+            let tighter = match slot {
+                None => true,
+                Some((p, pe)) => {
+                    let c = dec_cmp(d, p);
+                    if is_min {
+                        c.is_gt() || (c.is_eq() && excl && !*pe)
+                    } else {
+                        c.is_lt() || (c.is_eq() && excl && !*pe)
+                    }
+                }
+            };
+            if tighter {
+                *slot = Some((d.clone(), excl));
+            }
+        };
+        match item {
+            Alt::Sub(s) => q.push(s.clone()),
+            Alt::Forbid(name) => self.add_prop(n, name, Sub { v: &FALSE, ptr: "!".into(), base: "".into() })?,
+            Alt::Require(names) => {
+                for r in names {
+                    if !n.required.contains(r) {
+                        n.required.push(r.clone());
+                    }
+                }
+            }
+            Alt::Types(t) => n.types &= *t,
+            Alt::NotEnum(v) => n.not_enums.extend(v.iter().cloned()),
+            Alt::NotPattern(p, pp) => n.not_patterns.push((p.clone(), pp.clone())),
+            Alt::Lo(d, e) => tighten(&mut n.lo, d, *e, true),
+            Alt::Hi(d, e) => tighten(&mut n.hi, d, *e, false),
+            Alt::MinLen(x) => n.min_len = n.min_len.max(*x),
+            Alt::MaxLen(x) => n.max_len = Some(n.max_len.map_or(*x, |p| p.min(*x))),
+            Alt::MinItems(x) => n.min_items = n.min_items.max(*x),
+            Alt::MaxItems(x) => n.max_items = Some(n.max_items.map_or(*x, |p| p.min(*x))),
+            Alt::MinProps(x) => n.min_props = n.min_props.max(*x),
+            Alt::MaxProps(x) => n.max_props = Some(n.max_props.map_or(*x, |p| p.min(*x))),
+            Alt::Contains(sub) => {
+                if n.contains.is_some() {
+                    return Err(SchemaError::Unsupported { keyword: "not".into(), pointer: sub.ptr.to_string() });
+                }
+                n.contains = Some(vec![sub.clone()]);
+                n.min_contains = n.min_contains.max(1);
+            }
+            Alt::Prop(name, sub) => self.add_prop(n, name, sub.clone())?,
+        }
+        Ok(())
+    }
+
+    /// Adds a value constraint for property `name`; a key new to the node also gets the node's
+    /// additional-property rule.
+    fn add_prop(&mut self, n: &mut Node<'a>, name: &str, sub: Sub<'a>) -> Result<(), SchemaError> {
+        match n.props.iter_mut().find(|(k, _)| k == name) {
+            Some((_, c)) => c.push(sub),
+            None => {
+                let mut c = Vec::new();
+                if let Some(a) = &n.additional {
+                    if !n.pattern_props.is_empty() {
+                        return Err(SchemaError::Unsupported { keyword: "allOf".into(), pointer: sub.ptr.to_string() });
+                    }
+                    c.extend(a.iter().cloned());
+                }
+                c.push(sub);
+                n.props.push((name.to_string(), c));
+            }
+        }
+        Ok(())
+    }
+
+    /// The values failing schema `v` as a disjunction of alternatives (each a conjunction).
+    /// Exact: every keyword's failure set is expressed positively; keywords whose failure
+    /// cannot be expressed are refused.
+    fn negate(&mut self, v: &'a Value, ptr: &Rc<str>, base: &Rc<str>) -> Result<Vec<Vec<Alt<'a>>>, SchemaError> {
+        let uns = |k: &str| SchemaError::Unsupported { keyword: format!("not ({k})"), pointer: ptr.to_string() };
+        let map = match v {
+            Value::Bool(true) => return Ok(vec![]),
+            Value::Bool(false) => return Ok(vec![vec![]]),
+            Value::Object(m) => m,
+            _ => return Err(SchemaError::Invalid { keyword: "not".into(), pointer: ptr.to_string(), reason: "schema must be an object or a boolean".into() }),
+        };
+        let neg_sub = |v: &'a Value, p: Rc<str>, b: Rc<str>| Sub { v, ptr: format!("¬{p}").into(), base: b };
+        let mut out: Vec<Vec<Alt<'a>>> = Vec::new();
+        if let Some(r) = map.get("$ref") {
+            let rs = r.as_str().ok_or_else(|| uns("$ref"))?;
+            let (tv, t, nb) = self.resolve(rs, base, ptr)?;
+            out.push(vec![Alt::Sub(neg_sub(tv, t, nb))]);
+            if self.draft == Draft::Legacy {
+                return Ok(out);
+            }
+        }
+        let num = T_INT | T_FRAC;
+        let excl_flag = |k: &str| map.get(k) == Some(&Value::Bool(true));
+        for (k, kv) in map {
+            let k = k.as_str();
+            let bad = || SchemaError::Invalid { keyword: k.to_string(), pointer: ptr.to_string(), reason: "malformed".into() };
+            match k {
+                "$ref" => {}
+                "type" => {
+                    let mut bits = 0u8;
+                    match kv {
+                        Value::String(t) => bits = type_name_bits(t).ok_or_else(bad)?,
+                        Value::Array(a) => {
+                            for t in a {
+                                bits |= t.as_str().and_then(type_name_bits).ok_or_else(bad)?;
+                            }
+                        }
+                        _ => return Err(bad()),
+                    }
+                    if map.get("nullable") == Some(&Value::Bool(true)) {
+                        bits |= T_NULL;
+                    }
+                    let c = T_ALL & !bits;
+                    if c != 0 {
+                        out.push(vec![Alt::Types(c)]);
+                    }
+                }
+                "enum" | "const" => {
+                    let vals: Vec<Value> = if k == "const" { vec![kv.clone()] } else { kv.as_array().ok_or_else(bad)?.clone() };
+                    out.push(vec![Alt::NotEnum(vals)]);
+                }
+                "minimum" | "exclusiveMinimum" | "maximum" | "exclusiveMaximum" => {
+                    if kv.is_boolean() {
+                        continue;
+                    }
+                    let d = dec_of(kv).ok_or_else(bad)?;
+                    let excl = k.starts_with("exclusive") || (k == "minimum" && excl_flag("exclusiveMinimum")) || (k == "maximum" && excl_flag("exclusiveMaximum"));
+                    let alt = if k.ends_with("inimum") { Alt::Hi(d, !excl) } else { Alt::Lo(d, !excl) };
+                    out.push(vec![Alt::Types(num), alt]);
+                }
+                "minLength" => {
+                    let x = as_u64(kv).ok_or_else(bad)?;
+                    if x > 0 {
+                        out.push(vec![Alt::Types(T_STR), Alt::MaxLen(x - 1)]);
+                    }
+                }
+                "maxLength" => out.push(vec![Alt::Types(T_STR), Alt::MinLen(as_u64(kv).ok_or_else(bad)? + 1)]),
+                "pattern" => out.push(vec![Alt::Types(T_STR), Alt::NotPattern(kv.as_str().ok_or_else(bad)?.to_string(), ptr_join(ptr, k))]),
+                "minItems" => {
+                    let x = as_u64(kv).ok_or_else(bad)?;
+                    if x > 0 {
+                        out.push(vec![Alt::Types(T_ARR), Alt::MaxItems(x - 1)]);
+                    }
+                }
+                "maxItems" => out.push(vec![Alt::Types(T_ARR), Alt::MinItems(as_u64(kv).ok_or_else(bad)? + 1)]),
+                "minProperties" => {
+                    let x = as_u64(kv).ok_or_else(bad)?;
+                    if x > 0 {
+                        out.push(vec![Alt::Types(T_OBJ), Alt::MaxProps(x - 1)]);
+                    }
+                }
+                "maxProperties" => out.push(vec![Alt::Types(T_OBJ), Alt::MinProps(as_u64(kv).ok_or_else(bad)? + 1)]),
+                "required" => {
+                    for r in kv.as_array().ok_or_else(bad)? {
+                        out.push(vec![Alt::Types(T_OBJ), Alt::Forbid(r.as_str().ok_or_else(bad)?.to_string())]);
+                    }
+                }
+                "properties" => {
+                    let pp = ptr_join(ptr, k);
+                    for (name, sv) in kv.as_object().ok_or_else(bad)? {
+                        if sv == &Value::Bool(true) {
+                            continue;
+                        }
+                        out.push(vec![
+                            Alt::Types(T_OBJ),
+                            Alt::Require(vec![name.clone()]),
+                            Alt::Prop(name.clone(), neg_sub(sv, ptr_join(&pp, name), base.clone())),
+                        ]);
+                    }
+                }
+                "items" if !kv.is_array() => {
+                    if kv != &Value::Bool(true) {
+                        out.push(vec![Alt::Types(T_ARR), Alt::Contains(neg_sub(kv, ptr_join(ptr, k), base.clone()))]);
+                    }
+                }
+                "anyOf" => {
+                    let pp = ptr_join(ptr, k);
+                    let all: Vec<Alt<'a>> = kv
+                        .as_array()
+                        .ok_or_else(bad)?
+                        .iter()
+                        .enumerate()
+                        .map(|(i, sv)| Alt::Sub(neg_sub(sv, ptr_join(&pp, &i.to_string()), base.clone())))
+                        .collect();
+                    out.push(all);
+                }
+                "allOf" => {
+                    let pp = ptr_join(ptr, k);
+                    for (i, sv) in kv.as_array().ok_or_else(bad)?.iter().enumerate() {
+                        out.push(vec![Alt::Sub(neg_sub(sv, ptr_join(&pp, &i.to_string()), base.clone()))]);
+                    }
+                }
+                "not" => out.push(vec![Alt::Sub(Sub { v: kv, ptr: ptr_join(ptr, k), base: base.clone() })]),
+                "format" => {
+                    if kv.as_str().is_some_and(|f| strings::format_regex(f).is_some()) && self.opts.enforce_formats {
+                        return Err(uns(k));
+                    }
+                }
+                "uniqueItems" if kv == &Value::Bool(false) => {}
+                "multipleOf" | "uniqueItems" | "contains" | "minContains" | "maxContains" | "prefixItems" | "items" | "additionalItems"
+                | "additionalProperties" | "patternProperties" | "propertyNames" | "dependentRequired" | "dependentSchemas"
+                | "dependencies" | "unevaluatedProperties" | "unevaluatedItems" | "oneOf" | "if" | "$dynamicRef" | "$recursiveRef" => {
+                    return Err(uns(k));
+                }
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
     /// Merges the sub-schemas `q` (and what their `$ref`s / `allOf`s pull in) into `n`; pushes
     /// expanded `$ref` targets on the stack. `false` when a member is the `false` schema or a
     /// reference is past the recursion bound.
@@ -526,6 +769,26 @@ impl<'a> Lowerer<'a> {
                 return Err(SchemaError::TooLarge { pointer: m.ptr.to_string(), what: "allOf/$ref expansion".into(), limit: 10_000 });
             }
             match m.v {
+                _ if m.ptr.starts_with('¬') => {
+                    // A negated sub-schema: its failure alternatives. Bounded like a `$ref`
+                    // (a truncated negation would be unsound, so past the bound it is refused).
+                    let count = self.stack.iter().filter(|s| **s == m.ptr).count();
+                    if count >= self.opts.max_recursion as usize {
+                        return Err(SchemaError::Unsupported { keyword: "not".into(), pointer: m.ptr.trim_start_matches('¬').to_string() });
+                    }
+                    self.stack.push(m.ptr.clone());
+                    let inner: Rc<str> = m.ptr.trim_start_matches('¬').into();
+                    let alts = self.negate(m.v, &inner, &m.base)?;
+                    match alts.len() {
+                        0 => return Ok(false),
+                        1 => {
+                            for item in &alts[0] {
+                                self.apply_alt(n, item, &mut q)?;
+                            }
+                        }
+                        _ => n.disj.push(Disj { alts, keyword: "anyOf", ptr: inner, exclusive: false }),
+                    }
+                }
                 Value::Bool(true) => {}
                 Value::Bool(false) => return Ok(false),
                 Value::Object(map) => {
@@ -563,6 +826,66 @@ impl<'a> Lowerer<'a> {
             }
         }
         Ok(true)
+    }
+
+    /// Exact `oneOf` over overlapping branches, one JSON type at a time: for types whose texts
+    /// are canonical (null, booleans, strings, and numbers when every branch admitting numbers
+    /// is integer-only) each branch keeps what no other branch accepts; other types must be
+    /// admitted by one branch only or be provably disjoint.
+    fn one_of_by_type(&mut self, branches: Vec<(Node<'a>, Vec<Rc<str>>)>, d: &Disj<'a>, any_depth: u32) -> Result<Dfa, SchemaError> {
+        let unsupported = || SchemaError::Unsupported { keyword: "oneOf".into(), pointer: d.ptr.to_string() };
+        if branches.iter().any(|(b, _)| !b.disj.is_empty()) {
+            return Err(unsupported());
+        }
+        let tys: Vec<u8> = branches
+            .iter()
+            .map(|(b, _)| {
+                let mut t = effective_types(b);
+                if let Some(e) = &b.enums {
+                    t &= e.iter().fold(0, |acc, v| acc | type_bits(v));
+                }
+                t
+            })
+            .collect();
+        let mut parts: Vec<Dfa> = Vec::new();
+        for g in [T_NULL, T_BOOL, T_INT | T_FRAC, T_STR, T_ARR, T_OBJ] {
+            let s: Vec<usize> = (0..branches.len()).filter(|&i| tys[i] & g != 0).collect();
+            let closed = g & (T_NULL | T_BOOL | T_STR) != 0 || (g == T_INT | T_FRAC && s.iter().all(|&i| tys[i] & T_FRAC == 0));
+            if s.len() > 1 && !closed {
+                for (x, &i) in s.iter().enumerate() {
+                    for &j in &s[x + 1..] {
+                        let mut a = branches[i].0.clone();
+                        a.types &= g;
+                        let mut b = branches[j].0.clone();
+                        b.types &= g;
+                        if !self.disjoint(&a, &b, 2)? {
+                            return Err(unsupported());
+                        }
+                    }
+                }
+            }
+            let mut langs: Vec<Dfa> = Vec::new();
+            for &i in &s {
+                let depth0 = self.stack.len();
+                self.stack.extend(branches[i].1.iter().cloned());
+                let mut n = branches[i].0.clone();
+                n.types &= g;
+                let l = self.lower_node(n, &d.ptr, any_depth);
+                self.stack.truncate(depth0);
+                langs.push(l?);
+            }
+            if s.len() > 1 && closed {
+                for x in 0..langs.len() {
+                    let others: Vec<Dfa> = langs.iter().enumerate().filter(|(y, _)| *y != x).map(|(_, l)| l.clone()).collect();
+                    let o = self.union(&others, &d.ptr)?;
+                    parts.push(Dfa::minus(&langs[x], &o, self.cap).map_err(self.overflow(&d.ptr))?);
+                }
+            } else {
+                parts.extend(langs);
+            }
+        }
+        parts.retain(|p| !p.is_empty());
+        self.union(&parts, &d.ptr)
     }
 
     fn union(&self, dfas: &[Dfa], ptr: &str) -> Result<Dfa, SchemaError> {
@@ -842,17 +1165,24 @@ impl<'a> Lowerer<'a> {
                         node.disj.push(Disj { alts, keyword: "anyOf", ptr: pp.clone(), exclusive: true });
                     }
                 }
-                "not" | "if" | "then" | "else" => {
-                    if k == "then" || k == "else" {
-                        if !map.contains_key("if") {
-                            continue;
-                        }
+                "not" => queue.push(Sub { v, ptr: format!("¬{}", ptr_join(ptr, k)).into(), base: base.clone() }),
+                "then" | "else" => {}
+                "if" => {
+                    let then_ = map.get("then");
+                    let else_ = map.get("else");
+                    if then_.is_none() && else_.is_none() {
                         continue;
                     }
-                    if k == "if" && !map.contains_key("then") && !map.contains_key("else") {
-                        continue;
+                    // (if ∧ then) ∨ (¬if ∧ else): disjoint branches.
+                    let mut yes = vec![Alt::Sub(sub("if", v))];
+                    if let Some(t) = then_ {
+                        yes.push(Alt::Sub(sub("then", t)));
                     }
-                    return Err(SchemaError::Unsupported { keyword: k.to_string(), pointer: ptr.to_string() });
+                    let mut no = vec![Alt::Sub(Sub { v, ptr: format!("¬{}", ptr_join(ptr, "if")).into(), base: base.clone() })];
+                    if let Some(e) = else_ {
+                        no.push(Alt::Sub(sub("else", e)));
+                    }
+                    node.disj.push(Disj { alts: vec![yes, no], keyword: "anyOf", ptr: ptr_join(ptr, "if"), exclusive: true });
                 }
                 _ => {
                     // Unknown keywords are annotations (JSON Schema 2020-12 §4.3.1).
@@ -991,6 +1321,10 @@ impl<'a> Lowerer<'a> {
             if qi > 1000 {
                 break;
             }
+            if m.ptr.starts_with('¬') {
+                // Ignoring a conjunct only widens the node: conservative for disjointness.
+                continue;
+            }
             match m.v {
                 Value::Bool(true) => {}
                 Value::Bool(false) => return Ok(None),
@@ -1015,10 +1349,17 @@ impl<'a> Lowerer<'a> {
         if let Some(d) = self.pattern_cache.get(p) {
             return Ok(d.clone());
         }
+        let gkey = format!("pattern:{}:{p}", self.cap);
+        if let Some(d) = global_get(&gkey) {
+            let d = Rc::new(d);
+            self.pattern_cache.insert(p.to_string(), d.clone());
+            return Ok(d);
+        }
         let d = strings::pattern_dfa(p, self.cap).map_err(|e| match e {
             strings::RegexIssue::Syntax(why) => SchemaError::UnsupportedPattern { pattern: p.to_string(), pointer: ptr.to_string(), reason: why },
             strings::RegexIssue::TooLarge => SchemaError::TooLarge { pointer: ptr.to_string(), what: "pattern automaton".into(), limit: self.cap },
         })?;
+        global_put(gkey, &d);
         let d = Rc::new(d);
         self.pattern_cache.insert(p.to_string(), d.clone());
         Ok(d)
@@ -1031,13 +1372,26 @@ impl<'a> Lowerer<'a> {
             let pd = self.pattern(&p, &pp)?;
             d = Dfa::intersect(&d, &pd, self.cap).map_err(self.overflow(ptr))?;
         }
+        for (p, pp) in node.not_patterns.clone() {
+            let pd = self.pattern(&p, &pp)?;
+            d = Dfa::minus(&d, &pd, self.cap).map_err(self.overflow(ptr))?;
+        }
         for f in &node.formats {
             let re = strings::format_regex(f).unwrap_or_default();
             let key = format!("\u{0}format:{f}");
             let fd = match self.pattern_cache.get(&key) {
                 Some(x) => x.clone(),
                 None => {
-                    let x = Rc::new(strings::full_match_dfa(&re, self.cap).map_err(|_| SchemaError::TooLarge { pointer: ptr.to_string(), what: "format automaton".into(), limit: self.cap })?);
+                    let gkey = format!("{key}:{}", self.cap);
+                    let x = match global_get(&gkey) {
+                        Some(d) => d,
+                        None => {
+                            let d = strings::full_match_dfa(&re, self.cap).map_err(|_| SchemaError::TooLarge { pointer: ptr.to_string(), what: "format automaton".into(), limit: self.cap })?;
+                            global_put(gkey, &d);
+                            d
+                        }
+                    };
+                    let x = Rc::new(x);
                     self.pattern_cache.insert(key, x.clone());
                     x
                 }
@@ -1074,13 +1428,27 @@ impl<'a> Lowerer<'a> {
             let int_only = types & T_FRAC == 0;
             let mut steps = node.steps.iter();
             let first = steps.next();
-            let mut d = numbers::number_dfa(int_only, node.lo.as_ref(), node.hi.as_ref(), first, cap).map_err(|e| match e {
+            // Exponents only where every text's value is plain to compare (see docs).
+            let frac_only = types & T_INT == 0;
+            let num_excluded = node.not_enums.iter().any(|v| v.is_number());
+            let allow_exp = !frac_only && !num_excluded;
+            let mut d = numbers::number_dfa(int_only, node.lo.as_ref(), node.hi.as_ref(), first, allow_exp, cap).map_err(|e| match e {
                 numbers::NumIssue::Overflow(o) => (self.overflow(ptr))(o),
                 numbers::NumIssue::Step => SchemaError::Unsupported { keyword: "multipleOf".into(), pointer: ptr.to_string() },
             })?;
             for s in steps {
-                let e = numbers::number_dfa(int_only, None, None, Some(s), cap).map_err(|_| SchemaError::Unsupported { keyword: "multipleOf".into(), pointer: ptr.to_string() })?;
+                let e = numbers::number_dfa(int_only, None, None, Some(s), true, cap).map_err(|_| SchemaError::Unsupported { keyword: "multipleOf".into(), pointer: ptr.to_string() })?;
                 d = Dfa::intersect(&d, &e, cap).map_err(self.overflow(ptr))?;
+            }
+            if frac_only {
+                let nf = numbers::non_integer_dfa(cap).map_err(self.overflow(ptr))?;
+                d = Dfa::intersect(&d, &nf, cap).map_err(self.overflow(ptr))?;
+            }
+            for v in node.not_enums.iter().filter(|v| v.is_number()) {
+                if let Some(dv) = dec_of(v) {
+                    let vt = numbers::value_texts_dfa(&dv, cap).map_err(self.overflow(ptr))?;
+                    d = Dfa::minus(&d, &vt, cap).map_err(self.overflow(ptr))?;
+                }
             }
             parts.push(d);
         }
@@ -1094,10 +1462,20 @@ impl<'a> Lowerer<'a> {
         if types & T_OBJ != 0 {
             parts.push(self.lower_object(&node, ptr, any_depth)?);
         }
+        let excluded: Vec<Vec<u8>> = node.not_enums.iter().filter(|v| !v.is_number()).flat_map(|v| value_texts(v, self.opts)).collect();
+        if !excluded.is_empty() {
+            if node.not_enums.iter().any(|v| v.is_array() || v.is_object()) {
+                return Err(SchemaError::Unsupported { keyword: "not".into(), pointer: ptr.to_string() });
+            }
+            let ex = Dfa::literals(excluded.iter().map(|t| t.as_slice()), cap).map_err(self.overflow(ptr))?;
+            for p in parts.iter_mut() {
+                *p = Dfa::minus(p, &ex, cap).map_err(self.overflow(ptr))?;
+            }
+        }
         if let Some(e) = &node.enums {
             // Numbers are checked by value (their texts are not unique: 1 = 1.0); the rest by text.
             let num_dfa = if types & (T_INT | T_FRAC) != 0 {
-                Some(numbers::number_dfa(false, node.lo.as_ref(), node.hi.as_ref(), None, cap).map_err(|_| SchemaError::TooLarge { pointer: ptr.to_string(), what: "number".into(), limit: cap })?)
+                Some(numbers::number_dfa(false, node.lo.as_ref(), node.hi.as_ref(), None, true, cap).map_err(|_| SchemaError::TooLarge { pointer: ptr.to_string(), what: "number".into(), limit: cap })?)
             } else {
                 None
             };
@@ -1113,7 +1491,7 @@ impl<'a> Lowerer<'a> {
                     let canon = value_texts(v, self.opts).into_iter().next().unwrap_or_default();
                     let in_range = num_dfa.as_ref().is_some_and(|n| n.matches(&canon));
                     let multiple = node.steps.iter().all(|st| {
-                        numbers::number_dfa(false, None, None, Some(st), cap).is_ok_and(|m| m.matches(&canon))
+                        numbers::number_dfa(false, None, None, Some(st), true, cap).is_ok_and(|m| m.matches(&canon))
                     });
                     let _ = d;
                     if in_range && multiple {
@@ -1144,11 +1522,17 @@ impl<'a> Lowerer<'a> {
         if let Some(d) = self.any_cache.get(&depth) {
             return Ok(d.clone());
         }
+        let gkey = format!("any:{depth}:{:?}:{}", self.opts.whitespace, self.cap);
+        if let Some(d) = global_get(&gkey) {
+            let d = Rc::new(d);
+            self.any_cache.insert(depth, d.clone());
+            return Ok(d);
+        }
         let cap = self.cap;
         let ov = |o: Overflow| SchemaError::TooLarge { pointer: "".into(), what: format!("any-value automaton ({} states)", o.states), limit: cap };
         let mut parts = vec![
             Dfa::literals([&b"null"[..], b"true", b"false"], cap).map_err(ov)?,
-            numbers::number_dfa(false, None, None, None, cap).map_err(|_| ov(Overflow { states: cap }))?,
+            numbers::number_dfa(false, None, None, None, true, cap).map_err(|_| ov(Overflow { states: cap }))?,
         ];
         let strd = strings::encode(&strings::length_dfa(0, None, cap).map_err(ov)?, cap).map_err(ov)?;
         parts.push(strd.clone());
@@ -1183,6 +1567,7 @@ impl<'a> Lowerer<'a> {
             parts.push(nfa.determinize(s, e, cap).map_err(ov)?);
         }
         let d = Rc::new(self.union(&parts, "")?);
+        global_put(gkey, &d);
         self.any_cache.insert(depth, d.clone());
         Ok(d)
     }

@@ -646,3 +646,38 @@ mod debug_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod negation_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn acc(s: &Value, t: &str) -> bool {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let c = CompiledSchema::compile(s, &v, &[eos], &CompileOptions::default()).unwrap();
+        c.advance_bytes(c.start(), t.as_bytes()).is_some_and(|x| c.is_accepting(x))
+    }
+
+    #[test]
+    fn not_and_if() {
+        let s = json!({"not": {"type": "integer"}});
+        assert!(acc(&s, "\"a\"") && acc(&s, "1.5") && !acc(&s, "1") && !acc(&s, "1.0") && !acc(&s, "1e3") && acc(&s, "null"));
+        let s = json!({"type": "string", "not": {"enum": ["a", "b"]}});
+        assert!(acc(&s, "\"c\"") && !acc(&s, "\"a\""));
+        let s = json!({"type": "integer", "not": {"const": 3}});
+        assert!(acc(&s, "4") && !acc(&s, "3"));
+        let s = json!({"type": "number", "not": {"const": 3}});
+        assert!(acc(&s, "4") && !acc(&s, "3") && !acc(&s, "3.00") && acc(&s, "3.5"));
+        let s = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "not": {"required": ["a"]}});
+        assert!(acc(&s, "{}") && !acc(&s, "{\"a\":1}"));
+        let s = json!({"type": "object", "properties": {"k": {"enum": ["x", "y"]}, "v": {}}, "required": ["k"],
+            "if": {"properties": {"k": {"const": "x"}}}, "then": {"properties": {"v": {"type": "integer"}}}, "else": {"properties": {"v": {"type": "string"}}}});
+        assert!(acc(&s, "{\"k\":\"x\",\"v\":1}") && !acc(&s, "{\"k\":\"x\",\"v\":\"s\"}"));
+        assert!(acc(&s, "{\"k\":\"y\",\"v\":\"s\"}") && !acc(&s, "{\"k\":\"y\",\"v\":1}") && acc(&s, "{\"k\":\"y\"}"));
+        let s = json!({"type": "string", "not": {"pattern": "^a"}});
+        assert!(acc(&s, "\"ba\"") && !acc(&s, "\"ab\""));
+        let s = json!({"oneOf": [{"type": ["string", "null"]}, {"type": ["integer", "null"]}]});
+        assert!(acc(&s, "\"a\"") && acc(&s, "1") && !acc(&s, "null"));
+    }
+}

@@ -363,6 +363,7 @@ pub(crate) fn number_dfa(
     lo: Option<&Bound>,
     hi: Option<&Bound>,
     step: Option<&Dec>,
+    allow_exp: bool,
     cap: usize,
 ) -> Result<Dfa, NumIssue> {
     let all = mag_cmp(&Dec { neg: false, int: b"0".to_vec(), frac: vec![] }, GE, int_only, cap)?;
@@ -395,7 +396,7 @@ pub(crate) fn number_dfa(
         pos = Dfa::intersect(&pos, m, cap)?;
         neg = Dfa::intersect(&neg, m, cap)?;
     }
-    let exp = !int_only && lo.is_none() && hi.is_none() && step.is_none();
+    let exp = allow_exp && !int_only && lo.is_none() && hi.is_none() && step.is_none();
     let mut nfa = Nfa::new();
     let s = nfa.state();
     let body = nfa.state();
@@ -448,35 +449,83 @@ mod tests {
 
     #[test]
     fn integer_ranges() {
-        let r = number_dfa(true, Some(&(d("-5"), false)), Some(&(d("123"), false)), None, 10_000).unwrap();
+        let r = number_dfa(true, Some(&(d("-5"), false)), Some(&(d("123"), false)), None, true, 10_000).unwrap();
         check(&r, &["-5", "-1", "0", "9", "10", "99", "100", "123"], &["-6", "-0", "124", "1000", "01", "1.0", "-10"]);
-        let r = number_dfa(true, Some(&(d("0.5"), false)), None, None, 10_000).unwrap();
+        let r = number_dfa(true, Some(&(d("0.5"), false)), None, None, true, 10_000).unwrap();
         check(&r, &["1", "12345678901234567890"], &["0", "-1"]);
-        let r = number_dfa(true, None, Some(&(d("10"), true)), None, 10_000).unwrap();
+        let r = number_dfa(true, None, Some(&(d("10"), true)), None, true, 10_000).unwrap();
         check(&r, &["9", "-100000", "0"], &["10", "11"]);
     }
 
     #[test]
     fn decimal_ranges() {
-        let r = number_dfa(false, Some(&(d("0"), true)), Some(&(d("1.5"), false)), None, 10_000).unwrap();
+        let r = number_dfa(false, Some(&(d("0"), true)), Some(&(d("1.5"), false)), None, true, 10_000).unwrap();
         check(&r, &["0.1", "1", "1.5", "1.50", "0.0001", "1.4999"], &["0", "0.0", "1.51", "2", "-0.1", "1e0"]);
-        let r = number_dfa(false, Some(&(d("-2.25"), false)), None, None, 10_000).unwrap();
+        let r = number_dfa(false, Some(&(d("-2.25"), false)), None, None, true, 10_000).unwrap();
         check(&r, &["-2.25", "-2.2", "-1", "0", "1000.5"], &["-2.26", "-3", "-2.250001"]);
-        let r = number_dfa(false, None, None, None, 10_000).unwrap();
+        let r = number_dfa(false, None, None, None, true, 10_000).unwrap();
         check(&r, &["1e5", "-1.5E-3", "0", "12.0"], &["01", "1.", ".5", "-", "1e"]);
     }
 
     #[test]
     fn multiples() {
-        let r = number_dfa(true, None, None, Some(&d("3")), 10_000).unwrap();
+        let r = number_dfa(true, None, None, Some(&d("3")), true, 10_000).unwrap();
         check(&r, &["0", "3", "-9", "300"], &["1", "10", "-4"]);
-        let r = number_dfa(false, None, None, Some(&d("0.01")), 10_000).unwrap();
+        let r = number_dfa(false, None, None, Some(&d("0.01")), true, 10_000).unwrap();
         check(&r, &["0", "1.5", "1.25", "3.10", "-2.05"], &["1.001", "0.005"]);
-        let r = number_dfa(false, None, None, Some(&d("2.5")), 10_000).unwrap();
+        let r = number_dfa(false, None, None, Some(&d("2.5")), true, 10_000).unwrap();
         check(&r, &["0", "2.5", "5", "7.50", "-10"], &["1", "2.4", "3"]);
-        let r = number_dfa(true, None, None, Some(&d("0.5")), 10_000).unwrap();
+        let r = number_dfa(true, None, None, Some(&d("0.5")), true, 10_000).unwrap();
         check(&r, &["0", "1", "7"], &[]);
-        let r = number_dfa(false, None, None, Some(&d("2")), 10_000).unwrap();
+        let r = number_dfa(false, None, None, Some(&d("2")), true, 10_000).unwrap();
         check(&r, &["4", "4.0", "-2"], &["4.5", "3"]);
     }
+}
+
+/// Texts of non-integer numbers: a fraction with a non-zero digit, no exponent.
+pub(crate) fn non_integer_dfa(cap: usize) -> Result<Dfa, Overflow> {
+    let mut nfa = Nfa::new();
+    let s = nfa.state();
+    let i = nfa.state();
+    nfa.byte(s, b'-', i);
+    nfa.eps(s, i);
+    let z = nfa.state();
+    nfa.byte(i, b'0', z);
+    let d = nfa.state();
+    nfa.range(i, b'1', b'9', d);
+    nfa.range(d, b'0', b'9', d);
+    let dot = nfa.state();
+    nfa.byte(z, b'.', dot);
+    nfa.byte(d, b'.', dot);
+    nfa.range(dot, b'0', b'9', dot);
+    let nz = nfa.state();
+    nfa.range(dot, b'1', b'9', nz);
+    nfa.range(nz, b'0', b'9', nz);
+    nfa.determinize(s, nz, cap)
+}
+
+/// Texts equal in value to `d` under the number policy without exponent (trailing zeros).
+pub(crate) fn value_texts_dfa(d: &Dec, cap: usize) -> Result<Dfa, Overflow> {
+    let mut t = Vec::new();
+    if d.neg {
+        t.push(b'-');
+    }
+    t.extend_from_slice(&d.int);
+    let mut nfa = Nfa::new();
+    let s = nfa.state();
+    let a = nfa.lit(s, &t);
+    let e = nfa.state();
+    if d.frac.is_empty() {
+        nfa.eps(a, e);
+        let dot = nfa.lit(a, b".0");
+        nfa.byte(dot, b'0', dot);
+        nfa.eps(dot, e);
+    } else {
+        let mut f = vec![b'.'];
+        f.extend_from_slice(&d.frac);
+        let b = nfa.lit(a, &f);
+        nfa.byte(b, b'0', b);
+        nfa.eps(b, e);
+    }
+    nfa.determinize(s, e, cap)
 }

@@ -95,6 +95,11 @@ impl Vocabulary {
         self.n_bits == 0
     }
 
+    /// The bytes of token `id` (empty for special tokens and out-of-range ids).
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.tokens.get(id as usize).map_or(&[], |t| t.as_slice())
+    }
+
     pub(crate) fn words(&self) -> usize {
         self.n_bits.div_ceil(64)
     }
