@@ -101,13 +101,15 @@ impl<R: Read> Read for Budget<R> {
             };
         }
         let room = (limit - used).min(buf.len() as u64) as usize;
-        let n = self.inner.read(&mut buf[..room])?;
+        let n = self.inner.read(&mut buf[..room]).map_err(|e| std::io::Error::new(e.kind(), format!("{ZSTD_MARK}{e}")))?;
         self.used.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
     }
 }
 
 const BOMB_MARK: &str = "applianced: decompression budget exceeded";
+/// Prefix of errors raised by the zstd decoder (as opposed to the tar layer above it).
+const ZSTD_MARK: &str = "zstd: ";
 
 fn round512(n: u64) -> u64 {
     n.div_ceil(512) * 512
@@ -178,10 +180,10 @@ fn archive_err(e: std::io::Error, limit: u64) -> BundleError {
     let msg = e.to_string();
     if msg.contains(BOMB_MARK) {
         BundleError::Format(FormatError::Bomb { limit })
+    } else if let Some(i) = msg.find(ZSTD_MARK) {
+        BundleError::Format(FormatError::Compression(msg[i + ZSTD_MARK.len()..].to_string()))
     } else if e.kind() == std::io::ErrorKind::UnexpectedEof {
         BundleError::Format(FormatError::Archive("unexpected end of data".into()))
-    } else if e.kind() == std::io::ErrorKind::Other && !msg.contains("tar") {
-        BundleError::Format(FormatError::Compression(msg))
     } else {
         BundleError::Format(FormatError::Archive(msg))
     }

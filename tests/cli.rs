@@ -1,0 +1,169 @@
+//! The CLI as a user runs it: keygen → build (tiny generated model) → verify / inspect / install /
+//! run, with the exit code and the one `error:` line of each failure pinned.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_applianced"))
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("spawn applianced")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+struct Env {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+}
+
+impl Env {
+    fn p(&self, rel: &str) -> String {
+        self.root.join(rel).to_string_lossy().into_owned()
+    }
+}
+
+fn setup(version: u64) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    applianced::import::testutil::write_tiny_llama_gguf(&root.join("tiny.gguf"), 7).unwrap();
+    write_recipe(&root, version, "2099-01-01T00:00:00Z");
+    let e = Env { _dir: dir, root };
+    let o = run(&["keygen", "--out", &e.p("keys/dev")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    e
+}
+
+fn write_recipe(root: &Path, version: u64, expires: &str) {
+    let recipe = format!(
+        "[bundle]\nname = \"tiny\"\nversion = {version}\ncreated = \"2026-01-01T00:00:00Z\"\nexpires = \"{expires}\"\n\n[model]\nsource = \"tiny.gguf\"\n"
+    );
+    std::fs::write(root.join(format!("tiny-{version}.toml")), recipe).unwrap();
+}
+
+fn build(e: &Env, version: u64, out: &str) -> Output {
+    run(&["build", &e.p(&format!("tiny-{version}.toml")), "--key", &e.p("keys/dev.key"), "--out", &e.p(out), "-q"])
+}
+
+#[test]
+fn keygen_writes_0600_and_refuses_overwrite() {
+    let e = setup(1);
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(e.p("keys/dev.key")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let pubkey = std::fs::read_to_string(e.p("keys/dev.pub")).unwrap();
+    assert!(pubkey.starts_with("applianced-public-key-v1 ed25519 "));
+    let o = run(&["keygen", "--out", &e.p("keys/dev")]);
+    assert_eq!(o.status.code(), Some(5));
+    assert!(stderr(&o).starts_with("error: ") && stderr(&o).contains("exists (pass --force to overwrite)"), "{}", stderr(&o));
+    assert!(run(&["keygen", "--out", &e.p("keys/dev"), "--force"]).status.success());
+}
+
+#[test]
+fn build_verify_inspect_install_run() {
+    let e = setup(1);
+    let o = build(&e, 1, "a.zlb");
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Deterministic: a second build is byte-identical.
+    assert!(build(&e, 1, "b.zlb").status.success());
+    assert_eq!(std::fs::read(e.p("a.zlb")).unwrap(), std::fs::read(e.p("b.zlb")).unwrap());
+
+    let o = run(&["verify", &e.p("a.zlb"), "--trust", &e.p("keys/dev.pub")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("OK tiny version 1"));
+
+    let o = run(&["verify", &e.p("a.zlb"), "--trust", &e.p("keys"), "--json"]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["ok"], true);
+    assert!(j["identity"].as_str().unwrap().starts_with("sha256:"));
+
+    let o = run(&["inspect", &e.p("a.zlb")]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("UNVERIFIED"), "{out}");
+    assert!(out.contains("model/weights.safetensors"));
+
+    let store = e.p("store");
+    let o = run(&["bundle", "install", &e.p("a.zlb"), "--trust", &e.p("keys/dev.pub"), "--store", &store, "--json"]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["reused"], false);
+    let o = run(&["bundle", "install", &e.p("a.zlb"), "--trust", &e.p("keys/dev.pub"), "--store", &store, "--json"]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["reused"], true);
+
+    // The tiny model's output is noise, but it must run, stop, and be deterministic at temperature 0.
+    let args = ["run", &e.p("a.zlb"), "--trust", &e.p("keys/dev.pub"), "--store", &store, "--prompt", "hi", "--max-tokens", "8"];
+    let o1 = run(&args);
+    assert!(o1.status.success(), "{}", stderr(&o1));
+    let o2 = run(&args);
+    assert_eq!(o1.stdout, o2.stdout);
+}
+
+#[test]
+fn verify_failures_have_distinct_exit_codes_and_one_line() {
+    let e = setup(1);
+    assert!(build(&e, 1, "a.zlb").status.success());
+    let check = |args: &[&str], code: i32, needle: &str| {
+        let o = run(args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.starts_with("error: ") && err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    };
+    // Untrusted signer.
+    assert!(run(&["keygen", "--out", &e.p("other/k")]).status.success());
+    check(&["verify", &e.p("a.zlb"), "--trust", &e.p("other/k.pub")], 5, "signature threshold not met");
+    // Threshold higher than the signers.
+    check(&["verify", &e.p("a.zlb"), "--trust", &e.p("keys"), "--threshold", "2"], 5, "1 of 2");
+    // Revoked key.
+    let id = std::fs::read_to_string(e.p("keys/dev.pub")).unwrap().split(' ').nth(2).unwrap().to_string();
+    std::fs::write(e.p("keys/revoked"), format!("# compromised\n{id}\n")).unwrap();
+    check(&["verify", &e.p("a.zlb"), "--trust", &e.p("keys")], 6, "is revoked");
+    std::fs::remove_file(e.p("keys/revoked")).unwrap();
+    // Member digest mismatch: flip a byte of the weights, recompress.
+    let raw = zstd::decode_all(std::fs::File::open(e.p("a.zlb")).unwrap()).unwrap();
+    let mut tampered = raw.clone();
+    let header = (0..tampered.len() / 512).map(|b| b * 512).find(|&o| tampered[o..].starts_with(b"model/weights.safetensors\0")).unwrap();
+    let pos = header + 512 + 600;
+    tampered[pos] ^= 1;
+    std::fs::write(e.p("t.zlb"), zstd::encode_all(&tampered[..], 3).unwrap()).unwrap();
+    check(&["verify", &e.p("t.zlb"), "--trust", &e.p("keys")], 7, "member model/weights.safetensors: digest mismatch");
+    // Malformed: not zstd at all.
+    std::fs::write(e.p("junk.zlb"), b"this is not a bundle").unwrap();
+    check(&["verify", &e.p("junk.zlb"), "--trust", &e.p("keys")], 4, "not a zstd stream");
+    // Missing file.
+    check(&["verify", &e.p("nope.zlb"), "--trust", &e.p("keys")], 3, "No such file");
+    // Expired.
+    write_recipe(&e.root, 9, "2026-06-01T00:00:00Z");
+    assert!(build(&e, 9, "old.zlb").status.success());
+    check(&["verify", &e.p("old.zlb"), "--trust", &e.p("keys")], 8, "bundle expired at 2026-06-01T00:00:00Z");
+    // Rollback: accept version 2, then refuse version 1.
+    write_recipe(&e.root, 2, "2099-01-01T00:00:00Z");
+    assert!(build(&e, 2, "v2.zlb").status.success());
+    let st = e.p("state");
+    assert!(run(&["verify", &e.p("v2.zlb"), "--trust", &e.p("keys"), "--state", &st]).status.success());
+    check(&["verify", &e.p("a.zlb"), "--trust", &e.p("keys"), "--state", &st], 9, "rollback refused");
+    // --json failure: one JSON object on stdout, same exit code.
+    let o = run(&["verify", &e.p("a.zlb"), "--trust", &e.p("keys"), "--state", &st, "--json"]);
+    assert_eq!(o.status.code(), Some(9));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["ok"], false);
+    assert_eq!(j["exit_code"], 9);
+}
+
+#[test]
+fn build_errors_are_clear() {
+    let e = setup(1);
+    std::fs::write(e.p("bad.toml"), "[bundle]\nname = \"x\"\nversion = 1\nexpires_days = 1\n[model]\nsource = \"tiny.gguf\"\n[kernels]\nsm = [80]\n").unwrap();
+    let o = run(&["build", &e.p("bad.toml"), "--key", &e.p("keys/dev.key"), "--out", &e.p("x.zlb")]);
+    assert_eq!(o.status.code(), Some(11));
+    assert!(stderr(&o).contains("unknown field `kernels`"), "{}", stderr(&o));
+    std::fs::write(e.p("pin.toml"), "[bundle]\nname = \"x\"\nversion = 1\nexpires_days = 1\n[model]\nsource = \"tiny.gguf\"\nsha256 = \"00\"\n").unwrap();
+    let o = run(&["build", &e.p("pin.toml"), "--key", &e.p("keys/dev.key"), "--out", &e.p("x.zlb")]);
+    assert_eq!(o.status.code(), Some(11));
+    assert!(stderr(&o).contains("does not match the recipe's pin"), "{}", stderr(&o));
+    assert!(!Path::new(&e.p("x.zlb")).exists(), "no partial output");
+}
