@@ -37,7 +37,7 @@ const ANNOTATIONS: &[&str] = &[
 ];
 
 /// Keywords of the standard vocabularies this compiler does not enforce.
-const UNSUPPORTED: &[&str] = &["uniqueItems", "maxContains", "unevaluatedItems", "$dynamicRef"];
+const UNSUPPORTED: &[&str] = &["maxContains", "unevaluatedItems", "$dynamicRef"];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Draft {
@@ -53,6 +53,17 @@ pub(crate) struct Sub<'a> {
     ptr: Rc<str>,
     /// Pointer of the enclosing schema resource (for `#...` references).
     base: Rc<str>,
+}
+
+/// A step of a JSON path pattern (for run-time `uniqueItems`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum PStep {
+    /// An object member with this key (canonical JSON text, quotes included).
+    Key(Vec<u8>),
+    /// Any object member.
+    AnyKey,
+    /// Any array element.
+    AnyIndex,
 }
 
 /// One conjunct of a disjunction's alternative.
@@ -117,6 +128,8 @@ struct Node<'a> {
     min_props: u64,
     max_props: Option<u64>,
     disj: Vec<Disj<'a>>,
+    /// `uniqueItems: true`.
+    unique: bool,
     /// Values excluded (from `not: {enum/const}`).
     not_enums: Vec<Value>,
     /// Patterns strings must not match (from `not: {pattern}`).
@@ -134,6 +147,12 @@ pub(crate) struct Lowerer<'a> {
     anchors: HashMap<String, Rc<str>>,
     any_cache: HashMap<u32, Rc<Dfa>>,
     conj_cache: HashMap<(Vec<Rc<str>>, Vec<(Rc<str>, usize)>, u32), Rc<Dfa>>,
+    /// Relative paths of `uniqueItems` arrays under each cached conjunction.
+    conj_unique: HashMap<(Vec<Rc<str>>, Vec<(Rc<str>, usize)>, u32), Vec<Vec<PStep>>>,
+    /// JSON path of the value being lowered.
+    path: Vec<PStep>,
+    /// Paths of arrays whose (scalar) items must be unique, enforced at run time.
+    pub unique: Vec<Vec<PStep>>,
     refs_under: HashMap<Rc<str>, Rc<Vec<Rc<str>>>>,
     pattern_cache: HashMap<String, Rc<Dfa>>,
 }
@@ -283,6 +302,9 @@ impl<'a> Lowerer<'a> {
             anchors: HashMap::new(),
             any_cache: HashMap::new(),
             conj_cache: HashMap::new(),
+            conj_unique: HashMap::new(),
+            path: Vec::new(),
+            unique: Vec::new(),
             refs_under: HashMap::new(),
             pattern_cache: HashMap::new(),
         };
@@ -467,17 +489,29 @@ impl<'a> Lowerer<'a> {
             ptrs.sort();
             let key = (ptrs, sig, any_depth);
             if let Some(d) = self.conj_cache.get(&key) {
-                return Ok(d.clone());
+                let d = d.clone();
+                for rel in self.conj_unique.get(&key).cloned().unwrap_or_default() {
+                    let mut p = self.path.clone();
+                    p.extend(rel);
+                    if !self.unique.contains(&p) {
+                        self.unique.push(p);
+                    }
+                }
+                return Ok(d);
             }
             Some(key)
         } else {
             None
         };
         let depth0 = self.stack.len();
+        let u0 = self.unique.len();
         let res = self.lower_conj_inner(members, any_depth);
         self.stack.truncate(depth0);
         let d = Rc::new(res?);
         if let Some(k) = key {
+            let plen = self.path.len();
+            let rel: Vec<Vec<PStep>> = self.unique[u0..].iter().map(|p| p[plen.min(p.len())..].to_vec()).collect();
+            self.conj_unique.insert(k.clone(), rel);
             self.conj_cache.insert(k, d.clone());
         }
         Ok(d)
@@ -1047,6 +1081,12 @@ impl<'a> Lowerer<'a> {
                         }
                     }
                 }
+                "uniqueItems" => {
+                    let trivial = v == &Value::Bool(false) || map.get("maxItems").and_then(as_u64).is_some_and(|m| m <= 1);
+                    if !trivial {
+                        node.unique = true;
+                    }
+                }
                 "minItems" => node.min_items = node.min_items.max(as_u64(v).ok_or_else(|| bad(k, "expected an integer"))?),
                 "maxItems" => {
                     let m = as_u64(v).ok_or_else(|| bad(k, "expected an integer"))?;
@@ -1517,6 +1557,14 @@ impl<'a> Lowerer<'a> {
         self.union(&parts, ptr)
     }
 
+    /// Number texts with an exponent (their value is not determined by the digits alone).
+    fn non_unique_texts(&mut self) -> Result<Dfa, SchemaError> {
+        let cap = self.cap;
+        let all = numbers::number_dfa(false, None, None, None, true, cap).map_err(|_| SchemaError::TooLarge { pointer: String::new(), what: "number".into(), limit: cap })?;
+        let plain = numbers::number_dfa(false, None, None, None, false, cap).map_err(|_| SchemaError::TooLarge { pointer: String::new(), what: "number".into(), limit: cap })?;
+        Dfa::minus(&all, &plain, cap).map_err(self.overflow(""))
+    }
+
     /// Any JSON value nested at most `depth` levels.
     fn any(&mut self, depth: u32) -> Result<Rc<Dfa>, SchemaError> {
         if let Some(d) = self.any_cache.get(&depth) {
@@ -1579,7 +1627,10 @@ impl<'a> Lowerer<'a> {
             if c.is_empty() {
                 this.any(inner_depth)
             } else {
-                this.lower_conj(c.clone(), inner_depth)
+                this.path.push(PStep::AnyIndex);
+                let r = this.lower_conj(c.clone(), inner_depth);
+                this.path.pop();
+                r
             }
         };
         let items: Rc<Dfa> = match &node.items {
@@ -1602,16 +1653,44 @@ impl<'a> Lowerer<'a> {
                 if let Some(i) = &node.items {
                     conj.extend(i.iter().cloned());
                 }
-                let ci = self.lower_conj(conj, inner_depth)?;
+                let ci = item_dfa(self, &conj)?;
                 let mut pc = Vec::new();
                 for p in &node.prefix {
                     let mut conj = c.clone();
                     conj.extend(p.iter().cloned());
-                    pc.push(self.lower_conj(conj, inner_depth)?);
+                    pc.push(item_dfa(self, &conj)?);
                 }
                 Some((ci, pc))
             }
             _ => None,
+        };
+        let (items, prefix, contains) = if node.unique {
+            // Run-time uniqueness needs items whose texts are one per value: scalars, numbers
+            // without exponent (compared after dropping trailing fraction zeros). Exponent
+            // spellings are removed (every such value has a plain spelling too).
+            let bad = self.non_unique_texts()?;
+            let cap = self.cap;
+            let fix = |this: &Self, d: &Rc<Dfa>| -> Result<Rc<Dfa>, SchemaError> {
+                if d.is_empty() {
+                    return Ok(d.clone());
+                }
+                if d.next(d.start, b'[') != 0 || d.next(d.start, b'{') != 0 {
+                    return Err(SchemaError::Unsupported { keyword: "uniqueItems".into(), pointer: ptr.to_string() });
+                }
+                Ok(Rc::new(Dfa::minus(d, &bad, cap).map_err(this.overflow(ptr))?))
+            };
+            let items = fix(self, &items)?;
+            let prefix = prefix.iter().map(|p| fix(self, p)).collect::<Result<Vec<_>, _>>()?;
+            let contains = match contains {
+                Some((ci, pc)) => Some((fix(self, &ci)?, pc.iter().map(|p| fix(self, p)).collect::<Result<Vec<_>, _>>()?)),
+                None => None,
+            };
+            if !self.unique.contains(&self.path) {
+                self.unique.push(self.path.clone());
+            }
+            (items, prefix, contains)
+        } else {
+            (items, prefix, contains)
         };
         let need_c = if contains.is_some() { node.min_contains.min(8) as usize } else { 0 };
         if contains.is_some() && node.min_contains > 8 {
@@ -1723,7 +1802,10 @@ impl<'a> Lowerer<'a> {
                     conj.extend(pc.iter().cloned());
                 }
             }
-            let v = if allowed_name { self.lower_conj(conj, inner_depth)? } else { Rc::new(Dfa::empty()) };
+            self.path.push(PStep::Key(text.clone()));
+            let v = if allowed_name { self.lower_conj(conj, inner_depth) } else { Ok(Rc::new(Dfa::empty())) };
+            self.path.pop();
+            let v = v?;
             let required = node.required.contains(name);
             if v.is_empty() && required {
                 return Ok(Dfa::empty());
@@ -1746,14 +1828,17 @@ impl<'a> Lowerer<'a> {
                     matched = true;
                 }
             }
+            self.path.push(PStep::Key(text.clone()));
             let v = if !matched {
                 match &node.additional {
-                    Some(a) => self.lower_conj(a.clone(), inner_depth)?,
-                    None => self.any(inner_depth)?,
+                    Some(a) => self.lower_conj(a.clone(), inner_depth),
+                    None => self.any(inner_depth),
                 }
             } else {
-                self.lower_conj(conj, inner_depth)?
+                self.lower_conj(conj, inner_depth)
             };
+            self.path.pop();
+            let v = v?;
             if v.is_empty() {
                 return Ok(Dfa::empty());
             }
@@ -1794,11 +1879,17 @@ impl<'a> Lowerer<'a> {
                 continue;
             }
             let v = if mask != 0 {
-                self.lower_conj(conj, inner_depth)?
+                self.path.push(PStep::AnyKey);
+                let r = self.lower_conj(conj, inner_depth);
+                self.path.pop();
+                r?
             } else if additional_forbidden {
                 continue;
             } else if let Some(a) = &node.additional {
-                self.lower_conj(a.clone(), inner_depth)?
+                self.path.push(PStep::AnyKey);
+                let r = self.lower_conj(a.clone(), inner_depth);
+                self.path.pop();
+                r?
             } else if allow_any {
                 self.any(inner_depth)?
             } else {

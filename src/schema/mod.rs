@@ -15,6 +15,7 @@
 
 mod automata;
 mod lower;
+mod matcher;
 mod numbers;
 mod strings;
 mod tokens;
@@ -26,6 +27,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+pub use matcher::Matcher;
 pub use tokens::Vocabulary;
 
 use automata::{Dfa, DEAD};
@@ -172,6 +174,9 @@ pub struct SchemaStats {
 /// words      u32            = ceil(n_bits / 64), n_bits = max(n_tokens, max eos + 1)
 /// masks      n_masks × words × u64
 /// state_mask n_states × u32, each < n_masks
+/// n_unique   u32            ≤ 4096 JSON-path patterns of uniqueItems arrays, each:
+///              u16 n_steps ≤ 256, steps: 0 = key (u16 len, canonical key text), 1 = any key,
+///              2 = any index
 /// stats      5 × u64        states, distinct_masks, lower µs, mask µs, compile µs
 /// ```
 /// Nothing may follow. Readers check every count against its cap and the remaining input before
@@ -183,6 +188,8 @@ pub struct CompiledSchema {
     words: usize,
     masks: Vec<u64>,
     state_mask: Vec<u32>,
+    /// JSON-path patterns of arrays whose scalar items must be unique (see [`Matcher`]).
+    pub(crate) unique: Vec<Vec<lower::PStep>>,
     stats: SchemaStats,
 }
 
@@ -206,6 +213,7 @@ impl CompiledSchema {
         }
         let mut lw = lower::Lowerer::new(schema, opts);
         let dfa = lw.lower_root()?;
+        let unique = std::mem::take(&mut lw.unique);
         if dfa.is_empty() {
             return Err(SchemaError::Unsatisfiable { pointer: String::new() });
         }
@@ -245,7 +253,7 @@ impl CompiledSchema {
             mask_time,
             compile_time: t0.elapsed(),
         };
-        Ok(CompiledSchema { vocab: vocab.clone(), dfa, words, masks, state_mask, stats })
+        Ok(CompiledSchema { vocab: vocab.clone(), dfa, words, masks, state_mask, unique, stats })
     }
 
     /// The start state.
@@ -307,6 +315,17 @@ impl CompiledSchema {
         &self.vocab
     }
 
+    /// Words (`u64`) of a mask.
+    pub fn mask_words(&self) -> usize {
+        self.words
+    }
+
+    /// Whether generation needs a [`Matcher`] (the schema has run-time checks: `uniqueItems`).
+    /// Without one, `allowed` / `advance` on states alone are exact.
+    pub fn needs_matcher(&self) -> bool {
+        !self.unique.is_empty()
+    }
+
     /// Number of tokens (bits) a mask covers.
     pub fn mask_bits(&self) -> usize {
         self.vocab.n_bits
@@ -349,6 +368,21 @@ impl CompiledSchema {
         }
         for m in &self.state_mask {
             out.extend_from_slice(&m.to_le_bytes());
+        }
+        out.extend_from_slice(&(self.unique.len() as u32).to_le_bytes());
+        for p in &self.unique {
+            out.extend_from_slice(&(p.len() as u16).to_le_bytes());
+            for st in p {
+                match st {
+                    lower::PStep::Key(k) => {
+                        out.push(0);
+                        out.extend_from_slice(&(k.len() as u16).to_le_bytes());
+                        out.extend_from_slice(k);
+                    }
+                    lower::PStep::AnyKey => out.push(1),
+                    lower::PStep::AnyIndex => out.push(2),
+                }
+            }
         }
         let s = &self.stats;
         for x in [s.states as u64, s.distinct_masks as u64, s.lower_time.as_micros() as u64, s.mask_time.as_micros() as u64, s.compile_time.as_micros() as u64] {
@@ -444,6 +478,30 @@ impl CompiledSchema {
             }
             state_mask.push(m);
         }
+        let n_unique = r.u32()? as usize;
+        if n_unique > 4096 {
+            return Err(dec_err("too many uniqueItems paths"));
+        }
+        let mut unique = Vec::with_capacity(n_unique);
+        for _ in 0..n_unique {
+            let len = r.u16()? as usize;
+            if len > 256 {
+                return Err(dec_err("uniqueItems path too long"));
+            }
+            let mut p = Vec::with_capacity(len);
+            for _ in 0..len {
+                p.push(match r.take(1)?[0] {
+                    0 => {
+                        let kl = r.u16()? as usize;
+                        lower::PStep::Key(r.take(kl)?.to_vec())
+                    }
+                    1 => lower::PStep::AnyKey,
+                    2 => lower::PStep::AnyIndex,
+                    _ => return Err(dec_err("bad path step")),
+                });
+            }
+            unique.push(p);
+        }
         let st: Vec<u64> = (0..5).map(|_| r.u64()).collect::<Result<_, _>>()?;
         if r.remaining() != 0 {
             return Err(dec_err("trailing bytes"));
@@ -459,7 +517,7 @@ impl CompiledSchema {
             mask_time: Duration::from_micros(st[3]),
             compile_time: Duration::from_micros(st[4]),
         };
-        Ok(CompiledSchema { vocab, dfa, words, masks, state_mask, stats })
+        Ok(CompiledSchema { vocab, dfa, words, masks, state_mask, unique, stats })
     }
 }
 
@@ -568,7 +626,7 @@ mod tests {
 
     pub(crate) fn byte_vocab() -> Vec<Vec<u8>> {
         let mut v: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
-        for s in ["{\"", "\":", "\": ", "\",", "\", \"", "true", "false", "null", "12", "00", "ab", "\"}", "}}", "]}", "\\\"", "é"] {
+        for s in ["{\"", "\":", "\": ", "\",", "\", \"", "true", "false", "null", "12", "00", "ab", "\"}", "}}", "]}", "\"]}", "\\\"", "é"] {
             v.push(s.as_bytes().to_vec());
         }
         v.push(Vec::new()); // EOS
@@ -644,6 +702,58 @@ mod debug_tests {
                 eprintln!("prop {k}: {:?}", r.err());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod unique_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn unique_items_at_run_time() {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let s = json!({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": true},
+            "n": {"type": "array", "items": {"type": "number"}, "uniqueItems": true}, "free": {"type": "array", "items": {"type": "string"}}}});
+        let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
+        assert!(c.needs_matcher());
+        let run = |text: &str| -> bool {
+            let mut m = Matcher::new(&c);
+            let mut buf = vec![0u64; c.mask_words()];
+            for b in text.bytes() {
+                m.allowed(&mut buf);
+                let id = b as u32;
+                let masked = buf[id as usize / 64] >> (id % 64) & 1 == 1;
+                let ok = m.advance(id);
+                assert_eq!(masked, ok, "mask/advance disagree at {text:?}");
+                if !ok {
+                    return false;
+                }
+            }
+            m.is_accepting()
+        };
+        assert!(run(r#"{"tags":["a","b"]}"#));
+        assert!(!run(r#"{"tags":["a","a"]}"#));
+        assert!(!run(r#"{"tags":["a", "b", "a"]}"#));
+        assert!(run(r#"{"free":["a","a"]}"#));
+        assert!(!run(r#"{"n":[1,1.0]}"#) && !run(r#"{"n":[1.50,1.5]}"#) && run(r#"{"n":[1,10]}"#));
+        // multi-byte token completing a duplicate is masked
+        let mut m = Matcher::new(&c);
+        for b in r#"{"tags":["ab","a"#.bytes() {
+            assert!(m.advance(b as u32));
+        }
+        let mut buf = vec![0u64; c.mask_words()];
+        m.allowed(&mut buf);
+        let tok = v.iter().position(|t| t == br#""]}"#).unwrap() as u32;
+        let tok_b = v.iter().position(|t| t == b"b").unwrap() as u32;
+        assert!(buf[tok as usize / 64] >> (tok % 64) & 1 == 1, "a then a closing token is fine");
+        assert!(m.advance(tok_b));
+        m.allowed(&mut buf);
+        assert!(buf[tok as usize / 64] >> (tok % 64) & 1 == 0, "ab again is a duplicate");
+        let bytes = c.to_bytes();
+        let d = CompiledSchema::from_bytes(&bytes).unwrap();
+        assert_eq!(d.to_bytes(), bytes);
     }
 }
 

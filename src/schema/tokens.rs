@@ -18,6 +18,11 @@ pub struct Vocabulary {
     edge_child: Vec<u32>,
     node_tok: Vec<(u32, u32)>, // (first, count) into tok_ids
     tok_ids: Vec<u32>,
+    /// Per node: one past the last token id index (in `tok_ids`) of its subtree.
+    sub_end: Vec<u32>,
+    /// Tokens that can complete a JSON array item on their own: containing `,` or `]`, or at
+    /// least two `"`.
+    completing: Vec<u32>,
 }
 
 impl Vocabulary {
@@ -74,8 +79,31 @@ impl Vocabulary {
             node_tok.push((tok_ids.len() as u32, toks[n].len() as u32));
             tok_ids.extend_from_slice(&toks[n]);
         }
+        // Preorder numbering: a subtree is a contiguous node range, hence a contiguous token range.
+        let nn = node_edges.len();
+        let mut size = vec![1u32; nn];
+        for n in (0..nn).rev() {
+            let (fe, ne) = node_edges[n];
+            for e in fe..fe + ne {
+                size[n] += size[edge_child[e as usize] as usize];
+            }
+        }
+        let sub_end: Vec<u32> = (0..nn)
+            .map(|n| {
+                let last = n + size[n] as usize - 1;
+                node_tok[last].0 + node_tok[last].1
+            })
+            .collect();
+        let completing: Vec<u32> = tokens
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.iter().any(|&b| b == b',' || b == b']') || t.iter().filter(|&&b| b == b'"').count() >= 2)
+            .map(|(i, _)| i as u32)
+            .collect();
         let max_eos = eos_ids.iter().map(|&e| e as usize + 1).max().unwrap_or(0);
         Vocabulary {
+            sub_end,
+            completing,
             tokens: tokens.to_vec(),
             eos: eos_ids.to_vec(),
             n_bits: tokens.len().max(max_eos),
@@ -93,6 +121,28 @@ impl Vocabulary {
 
     pub fn is_empty(&self) -> bool {
         self.n_bits == 0
+    }
+
+    /// The trie node spelling `bytes`, if any token starts with them.
+    pub(crate) fn find(&self, bytes: &[u8]) -> Option<u32> {
+        let mut n = 0usize;
+        for &b in bytes {
+            let (fe, ne) = self.node_edges[n];
+            let edges = &self.edge_byte[fe as usize..(fe + ne) as usize];
+            let i = edges.binary_search(&b).ok()?;
+            n = self.edge_child[fe as usize + i] as usize;
+        }
+        Some(n as u32)
+    }
+
+    /// Every token whose bytes start with the spelling of `node`.
+    pub(crate) fn subtree_tokens(&self, node: u32) -> &[u32] {
+        let start = self.node_tok[node as usize].0 as usize;
+        &self.tok_ids[start..self.sub_end[node as usize] as usize]
+    }
+
+    pub(crate) fn completing_tokens(&self) -> &[u32] {
+        &self.completing
     }
 
     /// The bytes of token `id` (empty for special tokens and out-of-range ids).

@@ -1,0 +1,245 @@
+//! Run-time matcher: the precomputed DFA masks plus the one check a finite automaton cannot do,
+//! `uniqueItems` over scalar items.
+//!
+//! The matcher follows the JSON structure of the text it has accepted (a stack of containers,
+//! each with the JSON-path patterns it still matches). Inside an array whose path matches a
+//! `uniqueItems` location, it remembers the canonical text of every completed item (strings as
+//! written, which is canonical; numbers without trailing fraction zeros) and removes from the mask
+//! the tokens that would complete a duplicate. Enforcing uniqueness wherever *some* schema branch
+//! asks for it only ever removes texts, so it cannot let an invalid document through.
+
+use std::collections::HashSet;
+use std::rc::Rc;
+
+use super::lower::PStep;
+use super::{CompiledSchema, StateId};
+
+#[derive(Clone, Debug)]
+struct Frame {
+    is_arr: bool,
+    /// (pattern index, steps matched) for the patterns this container's path still follows.
+    live: Vec<(u16, u16)>,
+    unique: bool,
+    items: Rc<HashSet<Vec<u8>>>,
+    key: Vec<u8>,
+    expect_key: bool,
+}
+
+/// Duplicate item detected.
+#[derive(Debug)]
+pub(crate) struct Dup;
+
+/// Incremental JSON structure tracker over bytes already accepted by the DFA.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Tracker {
+    stack: Vec<Frame>,
+    in_str: bool,
+    esc: bool,
+    scalar: bool,
+    buf: Vec<u8>,
+    buf_is_key: bool,
+}
+
+fn canon_number(mut t: Vec<u8>) -> Vec<u8> {
+    if t.contains(&b'.') && !t.iter().any(|&c| c == b'e' || c == b'E') {
+        while t.last() == Some(&b'0') {
+            t.pop();
+        }
+        if t.last() == Some(&b'.') {
+            t.pop();
+        }
+    }
+    if t == b"-0" {
+        t = b"0".to_vec();
+    }
+    t
+}
+
+impl Tracker {
+    fn value_done(&mut self, text: Option<Vec<u8>>) -> Result<(), Dup> {
+        if let Some(top) = self.stack.last_mut() {
+            if top.is_arr && top.unique {
+                if let Some(t) = text {
+                    if top.items.contains(&t) {
+                        return Err(Dup);
+                    }
+                    Rc::make_mut(&mut top.items).insert(t);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn child(&self, patterns: &[Vec<PStep>], is_arr: bool) -> Frame {
+        let live: Vec<(u16, u16)> = match self.stack.last() {
+            None => (0..patterns.len()).map(|i| (i as u16, 0)).collect(),
+            Some(parent) => parent
+                .live
+                .iter()
+                .filter_map(|&(i, pos)| {
+                    let p = &patterns[i as usize];
+                    let step = p.get(pos as usize)?;
+                    let ok = match step {
+                        PStep::Key(k) => !parent.is_arr && *k == parent.key,
+                        PStep::AnyKey => !parent.is_arr,
+                        PStep::AnyIndex => parent.is_arr,
+                    };
+                    ok.then_some((i, pos + 1))
+                })
+                .collect(),
+        };
+        let unique = is_arr && live.iter().any(|&(i, pos)| patterns[i as usize].len() == pos as usize);
+        Frame { is_arr, live, unique, items: Rc::new(HashSet::new()), key: Vec::new(), expect_key: !is_arr }
+    }
+
+    pub(crate) fn step(&mut self, b: u8, patterns: &[Vec<PStep>]) -> Result<(), Dup> {
+        if self.in_str {
+            self.buf.push(b);
+            if self.esc {
+                self.esc = false;
+            } else if b == b'\\' {
+                self.esc = true;
+            } else if b == b'"' {
+                self.in_str = false;
+                let text = std::mem::take(&mut self.buf);
+                if self.buf_is_key {
+                    if let Some(top) = self.stack.last_mut() {
+                        top.key = text;
+                        top.expect_key = false;
+                    }
+                } else {
+                    self.value_done(Some(text))?;
+                }
+            }
+            return Ok(());
+        }
+        if self.scalar {
+            if matches!(b, b'0'..=b'9' | b'.' | b'-' | b'+' | b'a'..=b'z' | b'A'..=b'Z') {
+                self.buf.push(b);
+                return Ok(());
+            }
+            self.scalar = false;
+            let text = canon_number(std::mem::take(&mut self.buf));
+            self.value_done(Some(text))?;
+        }
+        match b {
+            b'"' => {
+                self.in_str = true;
+                self.buf.clear();
+                self.buf.push(b);
+                self.buf_is_key = self.stack.last().is_some_and(|f| !f.is_arr && f.expect_key);
+            }
+            b'{' | b'[' => {
+                let f = self.child(patterns, b == b'[');
+                self.stack.push(f);
+            }
+            b'}' | b']' => {
+                self.stack.pop();
+                self.value_done(None)?;
+            }
+            b',' => {
+                if let Some(top) = self.stack.last_mut() {
+                    if !top.is_arr {
+                        top.expect_key = true;
+                    }
+                }
+            }
+            b':' | b' ' | b'\t' | b'\n' | b'\r' => {}
+            _ => {
+                self.scalar = true;
+                self.buf.clear();
+                self.buf.push(b);
+            }
+        }
+        Ok(())
+    }
+
+    /// Completed items of the innermost array, when it is a unique array with any.
+    fn unique_top(&self) -> Option<&Frame> {
+        self.stack.last().filter(|f| f.is_arr && f.unique && !f.items.is_empty())
+    }
+}
+
+/// Stateful matcher for one generation: the automaton state plus what a finite automaton cannot
+/// track (`uniqueItems`). For schemas without `uniqueItems` it costs one mask copy per token.
+#[derive(Clone, Debug)]
+pub struct Matcher<'c> {
+    schema: &'c CompiledSchema,
+    state: StateId,
+    tracker: Tracker,
+    track: bool,
+}
+
+impl<'c> Matcher<'c> {
+    pub fn new(schema: &'c CompiledSchema) -> Matcher<'c> {
+        Matcher { schema, state: schema.start(), tracker: Tracker::default(), track: !schema.unique.is_empty() }
+    }
+
+    /// The automaton state.
+    pub fn state(&self) -> StateId {
+        self.state
+    }
+
+    /// Whether the text so far is a complete valid document (EOS allowed).
+    pub fn is_accepting(&self) -> bool {
+        self.schema.is_accepting(self.state)
+    }
+
+    /// Writes the allowed-token bitset into `out` (at least `schema.mask_words()` words).
+    pub fn allowed(&mut self, out: &mut [u64]) {
+        let m = self.schema.allowed(self.state);
+        let n = m.len().min(out.len());
+        out[..n].copy_from_slice(&m[..n]);
+        if !self.track {
+            return;
+        }
+        let Some(top) = self.tracker.unique_top() else { return };
+        let vocab = self.schema.vocabulary();
+        let pats = &self.schema.unique;
+        if self.tracker.in_str && !self.tracker.buf_is_key {
+            // A string item in progress: tokens spelling the rest of an earlier item (closing
+            // quote included) complete a duplicate; so does everything below them in the trie.
+            let x = &self.tracker.buf;
+            for p in top.items.iter() {
+                if p.len() > x.len() && p.starts_with(x) {
+                    if let Some(node) = vocab.find(&p[x.len()..]) {
+                        for &id in vocab.subtree_tokens(node) {
+                            out[id as usize / 64] &= !(1u64 << (id % 64));
+                        }
+                    }
+                }
+            }
+        }
+        // Tokens that may complete an item on their own: simulate the allowed ones.
+        for &id in vocab.completing_tokens() {
+            let (w, bit) = (id as usize / 64, 1u64 << (id % 64));
+            if w >= out.len() || out[w] & bit == 0 {
+                continue;
+            }
+            let mut t = self.tracker.clone();
+            if vocab.token_bytes(id).iter().any(|&b| t.step(b, pats).is_err()) {
+                out[w] &= !bit;
+            }
+        }
+    }
+
+    /// Advances by `token`; `false` (and no change) if the token is not allowed. EOS is accepted
+    /// only in an accepting state and leaves the matcher where it is.
+    pub fn advance(&mut self, token: u32) -> bool {
+        if self.schema.vocabulary().eos.contains(&token) {
+            return self.is_accepting();
+        }
+        let Some(next) = self.schema.advance(self.state, token) else { return false };
+        if self.track {
+            let mut t = self.tracker.clone();
+            for &b in self.schema.vocabulary().token_bytes(token) {
+                if t.step(b, &self.schema.unique).is_err() {
+                    return false;
+                }
+            }
+            self.tracker = t;
+        }
+        self.state = next;
+        true
+    }
+}
