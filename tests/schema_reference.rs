@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use applianced::schema::{CompileOptions, CompiledSchema, SchemaError, StateId, Vocabulary};
+use applianced::schema::{CompileOptions, CompiledSchema, Matcher, SchemaError, Vocabulary};
 use serde_json::Value;
 
 /// Schemas expected not to compile, with the keyword (or error kind) that stops them. A schema
@@ -150,23 +150,25 @@ fn bit(mask: &[u64], id: u32) -> bool {
     mask[id as usize / 64] >> (id % 64) & 1 == 1
 }
 
-/// Walks `ids` through the schema checking each token is in the mask; then checks EOS.
+/// Walks `ids` through a [`Matcher`] checking that each token is in its mask exactly when
+/// `advance` takes it; then checks EOS against acceptance.
 fn walk(c: &CompiledSchema, ids: &[u32], eos: u32, lookups: &mut Vec<Duration>) -> bool {
-    let mut s: StateId = c.start();
+    let mut m = Matcher::new(c);
+    let mut buf = vec![0u64; c.mask_words()];
     for &id in ids {
         let t = Instant::now();
-        let m = c.allowed(s);
-        let allowed = bit(m, id);
+        m.allowed(&mut buf);
+        let allowed = bit(&buf, id);
         lookups.push(t.elapsed());
-        let next = c.advance(s, id);
-        assert_eq!(allowed, next.is_some(), "mask and advance disagree on token {id}");
-        match next {
-            Some(n) => s = n,
-            None => return false,
+        let ok = m.advance(id);
+        assert_eq!(allowed, ok, "mask and advance disagree on token {id}");
+        if !ok {
+            return false;
         }
     }
-    let ok = c.is_accepting(s);
-    assert_eq!(ok, bit(c.allowed(s), eos), "EOS bit and accepting disagree");
+    let ok = m.is_accepting();
+    m.allowed(&mut buf);
+    assert_eq!(ok, bit(&buf, eos), "EOS bit and accepting disagree");
     ok
 }
 

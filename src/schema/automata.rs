@@ -341,45 +341,13 @@ impl Dfa {
         if self.start == DEAD || !live[self.start as usize] {
             return Dfa::empty();
         }
-        // Moore refinement over live states; every non-live state is class 0.
-        let mut cls: Vec<u32> = (0..n)
-            .map(|s| if !live[s] { 0 } else if self.accept[s] { 1 } else { 2 })
-            .collect();
-        let mut count = {
-            let mut k = 1;
-            if (0..n).any(|s| live[s] && self.accept[s]) {
-                k += 1;
-            }
-            if (0..n).any(|s| live[s] && !self.accept[s]) {
-                k += 1;
-            }
-            k
-        };
-        let mut sig: Vec<u32> = Vec::with_capacity(ncls + 1);
-        loop {
-            let mut map: HashMap<Vec<u32>, u32> = HashMap::new();
-            map.insert(vec![u32::MAX], 0);
-            let mut next = vec![0u32; n];
-            for s in 0..n {
-                if !live[s] {
-                    continue;
-                }
-                sig.clear();
-                sig.push(cls[s]);
-                for &t in self.row(s as u32) {
-                    sig.push(cls[t as usize]);
-                }
-                let len = map.len() as u32;
-                let id = *map.entry(sig.clone()).or_insert(len);
-                next[s] = id;
-            }
-            let new_count = map.len();
-            cls = next;
-            if new_count == count {
-                break;
-            }
-            count = new_count;
-        }
+        // Hopcroft refinement over all states; the initial partition puts every non-live state
+        // with the dead state.
+        let init: Vec<u32> = (0..n).map(|s| if !live[s] { 0 } else if self.accept[s] { 1 } else { 2 }).collect();
+        let (cls, count) = hopcroft(n, ncls, &self.trans, &init);
+        // Make sure the dead state's class is 0.
+        let dead_c = cls[DEAD as usize];
+        let cls: Vec<u32> = cls.iter().map(|&c| if c == dead_c { 0 } else if c == 0 { dead_c } else { c }).collect();
         // Renumber in BFS order from the start.
         let mut order: Vec<u32> = vec![u32::MAX; count];
         order[0] = 0;
@@ -554,6 +522,138 @@ impl Dfa {
         }
         nfa.determinize(self.start, fin, cap)
     }
+}
+
+/// Hopcroft's partition refinement. `init[s]` is the initial block of state `s` (block ids
+/// dense from 0). Returns the final block of every state and the number of blocks.
+fn hopcroft(n: usize, k: usize, trans: &[u32], init: &[u32]) -> (Vec<u32>, usize) {
+    // Inverse transitions, CSR per class: inv[c] = sources grouped by target.
+    let mut inv_start = vec![0u32; k * (n + 1)];
+    for s in 0..n {
+        for c in 0..k {
+            inv_start[c * (n + 1) + trans[s * k + c] as usize + 1] += 1;
+        }
+    }
+    for c in 0..k {
+        let base = c * (n + 1);
+        for t in 0..n {
+            inv_start[base + t + 1] += inv_start[base + t];
+        }
+    }
+    let mut fill = inv_start.clone();
+    let mut inv = vec![0u32; k * n];
+    for s in 0..n {
+        for c in 0..k {
+            let t = trans[s * k + c] as usize;
+            let slot = &mut fill[c * (n + 1) + t];
+            inv[c * n + *slot as usize] = s as u32;
+            *slot += 1;
+        }
+    }
+    // Refinable partition.
+    let nblocks0 = init.iter().map(|&b| b as usize + 1).max().unwrap_or(1);
+    let mut elems: Vec<u32> = (0..n as u32).collect();
+    elems.sort_by_key(|&s| init[s as usize]);
+    let mut loc = vec![0usize; n];
+    for (i, &s) in elems.iter().enumerate() {
+        loc[s as usize] = i;
+    }
+    let mut block_of: Vec<u32> = init.to_vec();
+    let mut bstart: Vec<usize> = Vec::new();
+    let mut bend: Vec<usize> = Vec::new();
+    {
+        let mut i = 0;
+        for b in 0..nblocks0 {
+            bstart.push(i);
+            while i < n && init[elems[i] as usize] as usize == b {
+                i += 1;
+            }
+            bend.push(i);
+        }
+    }
+    // Drop empty initial blocks by keeping them (they never split and are never splitters).
+    let mut marked = vec![0usize; bstart.len()];
+    let mut in_work: Vec<bool> = vec![false; bstart.len() * k];
+    let mut work: Vec<(u32, u32)> = Vec::new();
+    for b in 0..bstart.len() {
+        if bend[b] > bstart[b] {
+            for c in 0..k {
+                work.push((b as u32, c as u32));
+                in_work[b * k + c] = true;
+            }
+        }
+    }
+    let mut touched: Vec<u32> = Vec::new();
+    let mut splitter: Vec<u32> = Vec::new();
+    while let Some((b, c)) = work.pop() {
+        let (b, c) = (b as usize, c as usize);
+        in_work[b * k + c] = false;
+        splitter.clear();
+        splitter.extend_from_slice(&elems[bstart[b]..bend[b]]);
+        touched.clear();
+        for &t in &splitter {
+            let base = c * (n + 1) + t as usize;
+            for &src in &inv[c * n + inv_start[base] as usize..c * n + inv_start[base + 1] as usize] {
+                let sb = block_of[src as usize] as usize;
+                // Move src to the marked front part of its block.
+                let pos = loc[src as usize];
+                let front = bstart[sb] + marked[sb];
+                if pos < front {
+                    continue; // already marked
+                }
+                let other = elems[front];
+                elems.swap(pos, front);
+                loc[other as usize] = pos;
+                loc[src as usize] = front;
+                if marked[sb] == 0 {
+                    touched.push(sb as u32);
+                }
+                marked[sb] += 1;
+            }
+        }
+        for &yb in &touched {
+            let y = yb as usize;
+            let m = marked[y];
+            marked[y] = 0;
+            let size = bend[y] - bstart[y];
+            if m == size {
+                continue;
+            }
+            // Split: the marked front part becomes a new block.
+            let nb = bstart.len();
+            bstart.push(bstart[y]);
+            bend.push(bstart[y] + m);
+            bstart[y] += m;
+            marked.push(0);
+            in_work.extend(std::iter::repeat(false).take(k));
+            for i in bstart[nb]..bend[nb] {
+                block_of[elems[i] as usize] = nb as u32;
+            }
+            let (small, _large) = if m <= size - m { (nb, y) } else { (y, nb) };
+            for c2 in 0..k {
+                if in_work[y * k + c2] {
+                    in_work[nb * k + c2] = true;
+                    work.push((nb as u32, c2 as u32));
+                } else {
+                    in_work[small * k + c2] = true;
+                    work.push((small as u32, c2 as u32));
+                }
+            }
+        }
+    }
+    // Dense renumbering of non-empty blocks.
+    let mut remap = vec![u32::MAX; bstart.len()];
+    let mut next = 0u32;
+    let mut out = vec![0u32; n];
+    for s in 0..n {
+        let b = block_of[s] as usize;
+        if remap[b] == u32::MAX {
+            remap[b] = next;
+            next += 1;
+        }
+        out[s] = remap[b];
+    }
+    (out, next as usize)
 }
 
 #[cfg(test)]

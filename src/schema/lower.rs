@@ -1407,7 +1407,14 @@ impl<'a> Lowerer<'a> {
 
     /// Decoded-level string automaton of a node's string constraints.
     fn string_decoded(&mut self, node: &Node<'a>, ptr: &str) -> Result<Dfa, SchemaError> {
-        let mut d = strings::length_dfa(node.min_len, node.max_len, self.cap).map_err(self.overflow(ptr))?;
+        // Length counters cost one automaton state per character: a `maxLength` above the
+        // bound is generated up to the bound (a subset: sound); a `minLength` above it is refused.
+        let bound = self.opts.max_length_bound;
+        if node.min_len > bound {
+            return Err(SchemaError::TooLarge { pointer: ptr.to_string(), what: format!("minLength {}", node.min_len), limit: bound as usize });
+        }
+        let max_len = node.max_len.map(|m| m.min(bound));
+        let mut d = strings::length_dfa(node.min_len, max_len, self.cap).map_err(self.overflow(ptr))?;
         for (p, pp) in node.patterns.clone() {
             let pd = self.pattern(&p, &pp)?;
             d = Dfa::intersect(&d, &pd, self.cap).map_err(self.overflow(ptr))?;

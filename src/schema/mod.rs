@@ -105,6 +105,9 @@ pub struct CompileOptions {
     pub max_recursion: u32,
     /// Nesting depth of unconstrained values (`{}`, `true`, undeclared properties' values).
     pub max_any_depth: u32,
+    /// Strings with a `maxLength` above this are generated up to this many characters (a sound
+    /// restriction); a `minLength` above it is refused as too large.
+    pub max_length_bound: u64,
     /// Cap on the states of any intermediate or final automaton.
     pub max_states: usize,
     /// Wall-clock cap on the schema lowering.
@@ -124,6 +127,7 @@ impl Default for CompileOptions {
             whitespace: Whitespace::Flexible,
             max_recursion: 3,
             max_any_depth: 3,
+            max_length_bound: 1024,
             max_states: 200_000,
             max_compile_time: Duration::from_secs(10),
             enforce_formats: true,
