@@ -559,7 +559,41 @@ impl<'a> Lowerer<'a> {
                 }
             }
             if !all_disjoint {
-                return self.one_of_by_type(branches, &d, any_depth);
+                match self.one_of_by_type(branches, &d, any_depth) {
+                    Err(SchemaError::Unsupported { keyword, .. }) if keyword == "oneOf" => {
+                        // Exactly one: A_i ∧ ¬A_j for every j ≠ i (disjoint by construction).
+                        let subs: Option<Vec<Sub<'a>>> = d
+                            .alts
+                            .iter()
+                            .map(|a| match a.as_slice() {
+                                [Alt::Sub(s)] => Some(s.clone()),
+                                _ => None,
+                            })
+                            .collect();
+                        let Some(subs) = subs else {
+                            return Err(SchemaError::Unsupported { keyword: "oneOf".into(), pointer: d.ptr.to_string() });
+                        };
+                        let alts: Vec<Vec<Alt<'a>>> = (0..subs.len())
+                            .map(|i| {
+                                let mut alt = vec![Alt::Sub(subs[i].clone())];
+                                for (j, sj) in subs.iter().enumerate() {
+                                    if j != i {
+                                        alt.push(Alt::Sub(Sub { v: sj.v, ptr: format!("¬{}", sj.ptr).into(), base: sj.base.clone() }));
+                                    }
+                                }
+                                alt
+                            })
+                            .collect();
+                        node.disj.insert(0, Disj { alts, keyword: "anyOf", ptr: d.ptr.clone(), exclusive: true });
+                        return self.distribute(node, conj, any_depth).map_err(|e| match e {
+                            SchemaError::Unsupported { keyword, .. } if keyword.starts_with("not") => {
+                                SchemaError::Unsupported { keyword: "oneOf".into(), pointer: d.ptr.to_string() }
+                            }
+                            other => other,
+                        });
+                    }
+                    other => return other,
+                }
             }
         }
         let mut dfas = Vec::new();
@@ -802,6 +836,14 @@ impl<'a> Lowerer<'a> {
             if q.len() > 10_000 {
                 return Err(SchemaError::TooLarge { pointer: m.ptr.to_string(), what: "allOf/$ref expansion".into(), limit: 10_000 });
             }
+            // Double negations cancel.
+            let m = if m.ptr.starts_with("¬¬") {
+                let p: Rc<str> = m.ptr.trim_start_matches('¬').into();
+                let k = m.ptr.chars().take_while(|&c| c == '¬').count();
+                Sub { v: m.v, ptr: if k % 2 == 0 { p } else { format!("¬{p}").into() }, base: m.base.clone() }
+            } else {
+                m
+            };
             match m.v {
                 _ if m.ptr.starts_with('¬') => {
                     // A negated sub-schema: its failure alternatives. Bounded like a `$ref`

@@ -795,3 +795,24 @@ mod negation_tests {
         assert!(acc(&s, "\"a\"") && acc(&s, "1") && !acc(&s, "null"));
     }
 }
+
+#[cfg(test)]
+mod one_of_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn overlapping_one_of_is_exact() {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let s = json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+            "oneOf": [{"required": ["a"]}, {"required": ["b"]}]});
+        let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
+        let acc = |t: &str| c.advance_bytes(c.start(), t.as_bytes()).is_some_and(|x| c.is_accepting(x));
+        assert!(acc(r#"{"a":"x"}"#) && acc(r#"{"b":"x"}"#) && !acc(r#"{"a":"x","b":"y"}"#) && !acc("{}"));
+        let s = json!({"not": {"not": {"type": "string"}}});
+        let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
+        assert!(c.advance_bytes(c.start(), b"\"x\"").is_some_and(|x| c.is_accepting(x)));
+        assert!(c.advance_bytes(c.start(), b"1").is_none());
+    }
+}
