@@ -229,20 +229,31 @@ impl CompiledSchema {
         let mut state_mask = vec![0u32; n];
         let mut seen: HashMap<Vec<u64>, u32> = HashMap::new();
         seen.insert(vec![0; words], 0);
-        let mut buf = vec![0u64; words];
-        let mut stack = Vec::new();
-        for s in 1..n {
-            vocab.mask(&dfa, s as u32, &mut buf, &mut stack);
-            let id = match seen.get(&buf) {
-                Some(&id) => id,
-                None => {
-                    let id = seen.len() as u32;
-                    seen.insert(buf.clone(), id);
-                    masks.extend_from_slice(&buf);
-                    id
-                }
-            };
-            state_mask[s] = id;
+        // Masks in parallel chunks (bounded memory), deduplicated in state order.
+        use rayon::prelude::*;
+        const CHUNK: usize = 256;
+        let states: Vec<u32> = (1..n as u32).collect();
+        for chunk in states.chunks(CHUNK) {
+            let computed: Vec<Vec<u64>> = chunk
+                .par_iter()
+                .map_init(Vec::new, |stack, &s| {
+                    let mut buf = vec![0u64; words];
+                    vocab.mask(&dfa, s, &mut buf, stack);
+                    buf
+                })
+                .collect();
+            for (&s, buf) in chunk.iter().zip(computed) {
+                let id = match seen.get(&buf) {
+                    Some(&id) => id,
+                    None => {
+                        let id = seen.len() as u32;
+                        masks.extend_from_slice(&buf);
+                        seen.insert(buf, id);
+                        id
+                    }
+                };
+                state_mask[s as usize] = id;
+            }
         }
         let mask_time = t1.elapsed();
         let distinct = masks.len() / words.max(1);
@@ -814,5 +825,31 @@ mod one_of_tests {
         let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
         assert!(c.advance_bytes(c.start(), b"\"x\"").is_some_and(|x| c.is_accepting(x)));
         assert!(c.advance_bytes(c.start(), b"1").is_none());
+    }
+}
+
+#[cfg(test)]
+mod mask_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Every precomputed mask equals the token-by-token definition.
+    #[test]
+    fn masks_match_definition() {
+        let mut v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        for extra in ["hello", "a\"b", "é\"", "x\\n", "12.5", "\", \"b\": ", "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyz"] {
+            v.insert(v.len() - 1, extra.as_bytes().to_vec());
+        }
+        let eos = eos + 7;
+        let s = json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string", "maxLength": 3}, "c": {"type": "number"}, "d": {}}});
+        let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
+        for st in 1..c.dfa.n_states() as u32 {
+            let m = c.allowed(StateId(st));
+            for id in 0..v.len() as u32 {
+                let expect = if id == eos { c.is_accepting(StateId(st)) } else { c.advance(StateId(st), id).is_some() };
+                assert_eq!(m[id as usize / 64] >> (id % 64) & 1 == 1, expect, "state {st} token {id} {:?}", String::from_utf8_lossy(&v[id as usize]));
+            }
+        }
     }
 }

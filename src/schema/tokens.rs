@@ -1,6 +1,18 @@
 //! Vocabulary trie and per-state token masks.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use super::automata::{Dfa, DEAD};
+
+/// For a set C of bytes: the tokens made only of C (a bitset), and for every other token the
+/// offset of its first byte outside C. A state whose self-loops cover C keeps every C-token in
+/// itself, so its mask is the bitset plus short walks for the other tokens.
+#[derive(Debug)]
+struct LoopTable {
+    full: Vec<u64>,
+    partial: Vec<(u32, u16)>,
+}
 
 /// A model vocabulary as raw token bytes, with a prefix trie for mask computation.
 ///
@@ -23,6 +35,7 @@ pub struct Vocabulary {
     /// Tokens that can complete a JSON array item on their own: containing `,` or `]`, or at
     /// least two `"`.
     completing: Vec<u32>,
+    loop_tables: Mutex<HashMap<[u64; 4], Arc<LoopTable>>>,
 }
 
 impl Vocabulary {
@@ -102,6 +115,7 @@ impl Vocabulary {
             .collect();
         let max_eos = eos_ids.iter().map(|&e| e as usize + 1).max().unwrap_or(0);
         Vocabulary {
+            loop_tables: Mutex::new(HashMap::new()),
             sub_end,
             completing,
             tokens: tokens.to_vec(),
@@ -154,6 +168,34 @@ impl Vocabulary {
         self.n_bits.div_ceil(64)
     }
 
+    fn loop_table(&self, set: [u64; 4]) -> Arc<LoopTable> {
+        if let Ok(m) = self.loop_tables.lock() {
+            if let Some(t) = m.get(&set) {
+                return t.clone();
+            }
+        }
+        let inset = |b: u8| set[b as usize / 64] >> (b % 64) & 1 == 1;
+        let mut full = vec![0u64; self.words()];
+        let mut partial = Vec::new();
+        for (id, t) in self.tokens.iter().enumerate() {
+            if t.is_empty() || self.eos.contains(&(id as u32)) {
+                continue;
+            }
+            match t.iter().position(|&b| !inset(b)) {
+                None => full[id / 64] |= 1u64 << (id % 64),
+                Some(off) => partial.push((id as u32, off as u16)),
+            }
+        }
+        let t = Arc::new(LoopTable { full, partial });
+        if let Ok(mut m) = self.loop_tables.lock() {
+            if m.len() > 256 {
+                m.clear();
+            }
+            m.insert(set, t.clone());
+        }
+        t
+    }
+
     /// Sets in `out` the bit of every token whose bytes lead from `state` to a live state, and
     /// the EOS bits if `state` accepts. `stack` is scratch space.
     pub(crate) fn mask(&self, dfa: &Dfa, state: u32, out: &mut [u64], stack: &mut Vec<(u32, u32)>) {
@@ -165,6 +207,35 @@ impl Vocabulary {
             for &e in &self.eos {
                 out[e as usize / 64] |= 1u64 << (e % 64);
             }
+        }
+        // Self-loop bytes of the state: with many of them (string bodies) use the loop table.
+        let mut set = [0u64; 4];
+        let mut n_loop = 0;
+        for b in 0..256usize {
+            if dfa.trans[state as usize * dfa.ncls + dfa.classes[b] as usize] == state {
+                set[b / 64] |= 1u64 << (b % 64);
+                n_loop += 1;
+            }
+        }
+        if n_loop >= 64 {
+            let table = self.loop_table(set);
+            for (o, f) in out.iter_mut().zip(&table.full) {
+                *o |= f;
+            }
+            for &(id, off) in &table.partial {
+                let t = &self.tokens[id as usize];
+                let mut q = state;
+                for &b in &t[off as usize..] {
+                    q = dfa.trans[q as usize * dfa.ncls + dfa.classes[b as usize] as usize];
+                    if q == DEAD {
+                        break;
+                    }
+                }
+                if q != DEAD {
+                    out[id as usize / 64] |= 1u64 << (id % 64);
+                }
+            }
+            return;
         }
         stack.clear();
         stack.push((0, state));
