@@ -5,8 +5,10 @@ use std::path::Path;
 
 use super::{BundleError, FormatError, Member, MANIFEST_NAME, SIGNATURES_NAME};
 
-/// zstd level used by `build`; any level is valid for readers.
-pub const ZSTD_LEVEL: i32 = 3;
+/// zstd level used by `build`; any level is valid for readers. Level -1 is zstd's fast mode, which
+/// stores literals without Huffman coding: quantized weights compress by only ~5% at level 3, and
+/// fast mode decodes about 3x faster (≈ 3 GB/s here), so verification is bound by SHA-256 instead.
+pub const ZSTD_LEVEL: i32 = -1;
 
 /// The canonical 512-byte ustar header of a member (FORMAT.md §4.1). Readers compare every header
 /// byte for byte against this, so no unsigned metadata (mtime, owner, mode) can vary.
