@@ -4,7 +4,49 @@
 //! Every schema node is lowered to a minimised [`Dfa`]; composite nodes embed their children's DFAs
 //! into an [`Nfa`] and determinise again. State 0 of every DFA is the dead state.
 
-use std::collections::HashMap;
+use std::collections::HashMap as StdHashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Small multiplicative hasher (FxHash): the keys here are state ids and id vectors, hashed
+/// millions of times per compilation; SipHash's DoS resistance buys nothing for them.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(w));
+        }
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+pub(crate) type HashMap<K, V> = StdHashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// The dead state of every [`Dfa`].
 pub(crate) const DEAD: u32 = 0;
@@ -167,7 +209,7 @@ impl Nfa {
             out.sort_unstable();
             out
         };
-        let mut map: HashMap<Vec<u32>, u32> = HashMap::new();
+        let mut map: HashMap<Vec<u32>, u32> = HashMap::default();
         let mut sets: Vec<Vec<u32>> = vec![Vec::new()];
         let mut trans: Vec<u32> = vec![DEAD; ncls];
         let mut acc = vec![false];
@@ -314,13 +356,25 @@ impl Dfa {
             }
         }
         // Co-reachable (can reach an accepting state).
-        let mut rev: Vec<Vec<u32>> = vec![Vec::new(); n];
+        let mut rstart = vec![0u32; n + 1];
         for s in 0..n {
-            if !reach[s] {
-                continue;
+            if reach[s] {
+                for &t in self.row(s as u32) {
+                    rstart[t as usize + 1] += 1;
+                }
             }
-            for &t in self.row(s as u32) {
-                rev[t as usize].push(s as u32);
+        }
+        for i in 0..n {
+            rstart[i + 1] += rstart[i];
+        }
+        let mut fill = rstart.clone();
+        let mut rsrc = vec![0u32; rstart[n] as usize];
+        for s in 0..n {
+            if reach[s] {
+                for &t in self.row(s as u32) {
+                    rsrc[fill[t as usize] as usize] = s as u32;
+                    fill[t as usize] += 1;
+                }
             }
         }
         let mut live = vec![false; n];
@@ -331,7 +385,7 @@ impl Dfa {
             }
         }
         while let Some(s) = stack.pop() {
-            for &p in &rev[s as usize] {
+            for &p in &rsrc[rstart[s as usize] as usize..rstart[s as usize + 1] as usize] {
                 if !live[p as usize] && p != DEAD {
                     live[p as usize] = true;
                     stack.push(p);
@@ -382,7 +436,7 @@ impl Dfa {
     /// Merges byte classes whose columns are identical.
     fn compact_classes(mut self) -> Dfa {
         let n = self.n_states();
-        let mut colmap: HashMap<Vec<u32>, u8> = HashMap::new();
+        let mut colmap: HashMap<Vec<u32>, u8> = HashMap::default();
         let mut remap = vec![0u8; self.ncls];
         let mut keep: Vec<usize> = Vec::new();
         for c in 0..self.ncls {
@@ -416,7 +470,7 @@ impl Dfa {
     /// dead state of `b` must be treated as "not accepted" which this does naturally.
     pub fn product(a: &Dfa, b: &Dfa, keep: impl Fn(bool, bool) -> bool, cap: usize) -> Result<Dfa, Overflow> {
         // Joint classes.
-        let mut pair_id: HashMap<(u8, u8), u8> = HashMap::new();
+        let mut pair_id: HashMap<(u8, u8), u8> = HashMap::default();
         let mut classes = [0u8; 256];
         let mut pairs: Vec<(u8, u8)> = Vec::new();
         for byte in 0..256 {
@@ -429,7 +483,7 @@ impl Dfa {
             classes[byte] = id;
         }
         let ncls = pairs.len();
-        let mut map: HashMap<(u32, u32), u32> = HashMap::new();
+        let mut map: HashMap<(u32, u32), u32> = HashMap::default();
         map.insert((DEAD, DEAD), DEAD);
         let mut states: Vec<(u32, u32)> = vec![(DEAD, DEAD), (a.start, b.start)];
         map.insert((a.start, b.start), 1);

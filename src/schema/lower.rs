@@ -9,7 +9,7 @@
 //! `max_recursion` simultaneous expansions of one target; a deeper expansion is the empty
 //! language (the automaton never opens it).
 
-use std::collections::HashMap;
+use super::automata::HashMap;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -163,7 +163,7 @@ static FALSE: Value = Value::Bool(false);
 /// patterns): they are rebuilt for no schema. Bounded by entry count.
 fn global_cache() -> &'static std::sync::Mutex<HashMap<String, std::sync::Arc<Dfa>>> {
     static CACHE: std::sync::OnceLock<std::sync::Mutex<HashMap<String, std::sync::Arc<Dfa>>>> = std::sync::OnceLock::new();
-    CACHE.get_or_init(|| std::sync::Mutex::new(HashMap::new()))
+    CACHE.get_or_init(|| std::sync::Mutex::new(HashMap::default()))
 }
 
 fn global_get(key: &str) -> Option<Dfa> {
@@ -299,14 +299,14 @@ impl<'a> Lowerer<'a> {
             start: Instant::now(),
             stack: Vec::new(),
             ids: Vec::new(),
-            anchors: HashMap::new(),
-            any_cache: HashMap::new(),
-            conj_cache: HashMap::new(),
-            conj_unique: HashMap::new(),
+            anchors: HashMap::default(),
+            any_cache: HashMap::default(),
+            conj_cache: HashMap::default(),
+            conj_unique: HashMap::default(),
             path: Vec::new(),
             unique: Vec::new(),
-            refs_under: HashMap::new(),
-            pattern_cache: HashMap::new(),
+            refs_under: HashMap::default(),
+            pattern_cache: HashMap::default(),
         };
         l.index(root, "".into());
         l
@@ -1974,7 +1974,7 @@ impl<'a> Lowerer<'a> {
                 continue;
             }
             // One embedding of the value per target count.
-            let mut entry: HashMap<usize, u32> = HashMap::new();
+            let mut entry: HashMap<usize, u32> = HashMap::default();
             for c in 0..width {
                 if !max_ok(c) {
                     continue;
@@ -1996,7 +1996,7 @@ impl<'a> Lowerer<'a> {
             }
         }
         for (key, v) in &extras {
-            let mut entry: HashMap<usize, u32> = HashMap::new();
+            let mut entry: HashMap<usize, u32> = HashMap::default();
             for c in 0..width {
                 if !max_ok(c) {
                     continue;

@@ -227,7 +227,7 @@ impl CompiledSchema {
         let n = dfa.n_states();
         let mut masks: Vec<u64> = vec![0; words]; // mask 0: the dead state's (empty)
         let mut state_mask = vec![0u32; n];
-        let mut seen: HashMap<Vec<u64>, u32> = HashMap::new();
+        let mut seen: automata::HashMap<Vec<u64>, u32> = automata::HashMap::default();
         seen.insert(vec![0; words], 0);
         // Masks in parallel chunks (bounded memory), deduplicated in state order.
         use rayon::prelude::*;
