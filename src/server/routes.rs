@@ -313,22 +313,33 @@ fn model_not_found(state: &State, m: &str) -> ApiError {
     e
 }
 
+/// Past the body limit, read and discard up to this much more before answering 413, so the client
+/// (still sending) sees the response rather than a connection reset.
+const DISCARD_AFTER_LIMIT: usize = 16 << 20;
+
 async fn read_body(req: Request<Incoming>, max: usize, limit: Duration) -> Result<Bytes, ApiError> {
     let too_big = || ApiError::new(413, format!("request body is larger than the limit of {max} bytes (limits.max_body_bytes)"));
-    if let Some(len) = req.headers().get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok()) {
-        if len > max as u64 {
-            return Err(too_big());
-        }
+    let declared = req.headers().get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let mut s = Body::new(req.into_body()).into_data_stream();
+    if declared.is_some_and(|len| len > (max + DISCARD_AFTER_LIMIT) as u64) {
+        return Err(too_big());
     }
     let read = async {
-        let mut s = Body::new(req.into_body()).into_data_stream();
         let mut buf = BytesMut::new();
+        let mut over = 0usize;
         while let Some(chunk) = s.next().await {
             let c = chunk.map_err(|e| ApiError::new(400, format!("reading the request body: {e}")))?;
-            if buf.len() + c.len() > max {
-                return Err(too_big());
+            if over > 0 || buf.len() + c.len() > max {
+                over += c.len();
+                if over > DISCARD_AFTER_LIMIT {
+                    break;
+                }
+                continue;
             }
             buf.extend_from_slice(&c);
+        }
+        if over > 0 || declared.is_some_and(|len| len > max as u64) {
+            return Err(too_big());
         }
         Ok(buf.freeze())
     };
@@ -339,16 +350,32 @@ async fn read_body(req: Request<Incoming>, max: usize, limit: Duration) -> Resul
 }
 
 /// The prompt text and its tokens.
+///
+/// The chat template's own control tokens (`<|im_start|>`, ...) must become control ids, but the
+/// same text inside a message must not: a user could otherwise close their turn and forge a system
+/// or assistant turn. The common case — no message contains the text of any control token — is
+/// tokenized in one piece (exactly as the template's reference tokenization). Otherwise the
+/// prompt is tokenized in segments: template text with control tokens recognised, message text
+/// as plain text.
 fn build_prompt(state: &State, creq: &ChatRequest, flavor: Flavor) -> Result<(String, Vec<u32>), ApiError> {
     let prefill = flavor == Flavor::Anthropic && creq.ends_with_prefill();
     let msgs = if prefill { &creq.messages[..creq.messages.len() - 1] } else { &creq.messages[..] };
-    let mut text = state.template.render(msgs, true).map_err(|e| ApiError::unsupported("messages", format!("the model's chat template refuses this conversation: {e}")))?;
-    if prefill {
-        if let Some(last) = creq.messages.last() {
-            text.push_str(&last.content);
-        }
+    let refuse = |e: crate::tokenizer::TokenizerError| ApiError::unsupported("messages", format!("the model's chat template refuses this conversation: {e}"));
+    let mut text = state.template.render(msgs, true).map_err(refuse)?;
+    let prefill_text = if prefill { creq.messages.last().map(|m| m.content.as_str()) } else { None };
+    if let Some(p) = prefill_text {
+        text.push_str(p);
     }
-    let mut tokens = state.tokenizer.encode(&text, true).map_err(|e| ApiError::new(400, format!("tokenizing the prompt: {e}")))?;
+    let tok = &state.tokenizer;
+    let enc_err = |e: crate::tokenizer::TokenizerError| ApiError::new(400, format!("tokenizing the prompt: {e}"));
+    let specials: Vec<&str> = tok.special_ids().iter().filter_map(|&id| std::str::from_utf8(tok.token_bytes(id)).ok()).filter(|s| !s.is_empty()).collect();
+    let contents: Vec<&str> = msgs.iter().map(|m| m.content.as_str()).chain(prefill_text).collect();
+    let injected = contents.iter().any(|c| specials.iter().any(|s| c.contains(s)));
+    let mut tokens = if !injected {
+        tok.encode(&text, true).map_err(enc_err)?
+    } else {
+        segment_tokens(state, msgs, &text, prefill_text).map_err(|e| e.unwrap_or_else(|| ApiError::bad("messages", "message text contains control-token text that cannot be separated from the chat template; remove it")))?
+    };
     if state.model_cfg.add_bos_token {
         if let Some(bos) = state.model_cfg.bos_token_id {
             if tokens.first() != Some(&bos) {
@@ -357,6 +384,64 @@ fn build_prompt(state: &State, creq: &ChatRequest, flavor: Flavor) -> Result<(St
         }
     }
     Ok((text, tokens))
+}
+
+/// Tokenize `rendered` in segments: the template's text (control tokens recognised) and each
+/// message's text (plain). The template segments come from rendering the conversation with
+/// unguessable markers in place of the contents. Err(None) when the segments cannot be matched.
+fn segment_tokens(state: &State, msgs: &[crate::tokenizer::ChatMessage], rendered: &str, prefill: Option<&str>) -> Result<Vec<u32>, Option<ApiError>> {
+    let nonce = random_id("");
+    let marker = |i: usize| format!("\u{E000}{nonce}{i}\u{E001}");
+    let marked: Vec<crate::tokenizer::ChatMessage> =
+        msgs.iter().enumerate().map(|(i, m)| crate::tokenizer::ChatMessage::new(&m.role, &marker(i))).collect();
+    let mut m = state.template.render(&marked, true).map_err(|_| None)?;
+    let mut contents: Vec<&str> = msgs.iter().map(|m| m.content.as_str()).collect();
+    if let Some(p) = prefill {
+        m.push_str(&marker(msgs.len()));
+        contents.push(p);
+    }
+    // Template segments between markers (in order; a template may drop a message, e.g. none here).
+    let mut segs: Vec<String> = Vec::new();
+    let mut order: Vec<usize> = Vec::new();
+    let mut rest = m.as_str();
+    loop {
+        let next = (0..contents.len()).filter_map(|i| rest.find(&marker(i)).map(|p| (p, i))).min();
+        match next {
+            Some((p, i)) => {
+                segs.push(rest[..p].to_string());
+                order.push(i);
+                rest = &rest[p + marker(i).len()..];
+            }
+            None => {
+                segs.push(rest.to_string());
+                break;
+            }
+        }
+    }
+    let enc = |t: &str, special: bool| state.tokenizer.encode(t, special).map_err(|e| Some(ApiError::new(400, format!("tokenizing the prompt: {e}"))));
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    for (k, seg) in segs.iter().enumerate() {
+        if !rendered[pos..].starts_with(seg.as_str()) {
+            return Err(None);
+        }
+        out.extend(enc(seg, true)?);
+        pos += seg.len();
+        let Some(&i) = order.get(k) else { break };
+        let next_seg = segs[k + 1].as_str();
+        // The template may trim the content; take the form that lines up with what follows.
+        let c = contents[i];
+        let shown = [c, c.trim(), c.trim_end(), c.trim_start()]
+            .into_iter()
+            .find(|v| rendered[pos..].starts_with(v) && rendered[pos + v.len()..].starts_with(next_seg))
+            .ok_or(None)?;
+        out.extend(enc(shown, false)?);
+        pos += shown.len();
+    }
+    if pos != rendered.len() {
+        return Err(None);
+    }
+    Ok(out)
 }
 
 async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut rec: Record, counting: bool) -> Response<Body> {
