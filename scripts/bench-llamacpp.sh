@@ -13,8 +13,8 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import llama_cpp" 2>/
   CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=2 "$VENV/bin/pip" install --quiet llama-cpp-python==0.3.36 numpy
 fi
 GGUF=$(scripts/fetch-model.sh)
-cargo build --release --quiet
-BIN=target/release/applianced
+[ -n "${APPLIANCED_BIN:-}" ] || cargo build --release --quiet
+BIN=${APPLIANCED_BIN:-target/release/applianced}
 WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
 "$BIN" keygen --out "$WORK/k" >/dev/null
 "$BIN" build bundles/smollm2-135m.toml --model "$GGUF" --key "$WORK/k.key" --out "$WORK/b.zlb" -q >/dev/null

@@ -4,6 +4,7 @@ Prints one JSON line. Usage: llamacpp_bench.py GGUF --threads T --prompt-tokens 
 import argparse, json, time
 
 t_start = time.perf_counter()
+import llama_cpp  # noqa: E402
 from llama_cpp import Llama  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -21,15 +22,24 @@ text = ("The quick brown fox jumps over the lazy dog while the appliance answers
         "hospital records and bank statements. ")
 base = llm.tokenize(text.encode(), add_bos=False, special=False)
 prompt = (base * (a.prompt_tokens // len(base) + 1))[: a.prompt_tokens]
+n_vocab = llm.n_vocab()
+
+
+def last_argmax():
+    # The last evaluated row's logits straight from llama.cpp (no logits_all copy).
+    ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(n_vocab,))))
+
+
 llm.reset()
 t = time.perf_counter()
 llm.eval(prompt)
-tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+tok = last_argmax()
 prefill_s = time.perf_counter() - t
 t = time.perf_counter()
 for _ in range(a.gen_tokens):
     llm.eval([tok])
-    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    tok = last_argmax()
 decode_s = time.perf_counter() - t
 print(json.dumps({"bench": "llama.cpp", "threads": a.threads, "prompt_tokens": a.prompt_tokens,
                   "gen_tokens": a.gen_tokens, "prefill_tok_s": a.prompt_tokens / prefill_s,
