@@ -372,7 +372,11 @@ fn validate(check: Check, before: &str, m: &str, after: &str, eof: bool) -> Vali
         Check::Builtin(PiiKind::Card) => {
             let d = digits(m);
             let seps: Vec<char> = m.chars().filter(|c| !c.is_ascii_digit()).collect();
-            (13..=19).contains(&d.len()) && seps.windows(2).all(|w| w[0] == w[1]) && d.iter().any(|&x| x != d[0]) && luhn_ok(m)
+            let groups: Vec<usize> = m.split([' ', '-']).map(str::len).collect();
+            let (last, head) = groups.split_last().unwrap_or((&0, &[]));
+            // Printed groupings only: 4-4-4-4(-1..4), Amex 4-6-5, Diners 4-6-4, or none.
+            let grouped = groups.len() == 1 || (head.iter().all(|&g| g == 4) && (1..=4).contains(last)) || groups == [4, 6, 5] || groups == [4, 6, 4];
+            (13..=19).contains(&d.len()) && seps.windows(2).all(|w| w[0] == w[1]) && grouped && d.iter().any(|&x| x != d[0]) && luhn_ok(m)
         }
         Check::Builtin(PiiKind::Iban) => iban_ok(m),
         Check::Builtin(PiiKind::Ipv4) => true,

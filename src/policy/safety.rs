@@ -72,6 +72,13 @@ pub enum Intersection {
 #[inline]
 pub fn combine(a: &[u64], b: &[u64], out: &mut [u64]) -> Intersection {
     let mut any = 0u64;
+    if a.len() == out.len() && b.len() == out.len() {
+        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+            *o = x & y;
+            any |= *o;
+        }
+        return if any == 0 { Intersection::Empty } else { Intersection::NonEmpty };
+    }
     for (i, o) in out.iter_mut().enumerate() {
         let w = a.get(i).copied().unwrap_or(0) & b.get(i).copied().unwrap_or(0);
         *o = w;
@@ -88,6 +95,13 @@ pub fn combine(a: &[u64], b: &[u64], out: &mut [u64]) -> Intersection {
 #[inline]
 pub fn combine_into(acc: &mut [u64], m: &[u64]) -> Intersection {
     let mut any = 0u64;
+    if acc.len() == m.len() {
+        for (o, &x) in acc.iter_mut().zip(m) {
+            *o &= x;
+            any |= *o;
+        }
+        return if any == 0 { Intersection::Empty } else { Intersection::NonEmpty };
+    }
     for (i, o) in acc.iter_mut().enumerate() {
         *o &= m.get(i).copied().unwrap_or(0);
         any |= *o;
