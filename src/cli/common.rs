@@ -128,6 +128,9 @@ impl Progress {
             return;
         }
         let pct = done * 100 / total;
+        if !self.tty && pct == 0 {
+            return;
+        }
         let step = if self.tty { 1 } else { 25 };
         if self.last != u64::MAX && pct / step == self.last / step {
             return;
