@@ -181,9 +181,10 @@ pub trait Backend: Send {
     /// `out (idx.len(), cols) = x[idx]`.
     fn gather_rows(&self, x: &Self::Buf, cols: usize, idx: &[usize], out: &mut Self::Buf);
 
-    /// A new, empty KV cache for `n_layers` layers of `kv_dim` keys and values per position.
-    fn kv_new(&self, n_layers: usize, kv_dim: usize) -> Self::Kv;
-    /// Write rows `row0..row0+n` of `k` and `v` `(·, kv_dim)` at positions `pos0..pos0+n` of layer
+    /// A new, empty KV cache for `n_layers` layers of `n_kv_heads × head_dim` keys and values per
+    /// position.
+    fn kv_new(&self, n_layers: usize, n_kv_heads: usize, head_dim: usize) -> Self::Kv;
+    /// Write rows `row0..row0+n` of `k` and `v` `(·, n_kv_heads·head_dim)` at positions `pos0..pos0+n` of layer
     /// `layer`, growing the cache as needed.
     #[allow(clippy::too_many_arguments)]
     fn kv_write(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, row0: usize, n: usize, pos0: usize);

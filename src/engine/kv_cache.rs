@@ -10,7 +10,7 @@ pub struct SeqCache<B: Backend> {
 }
 
 impl<B: Backend> SeqCache<B> {
-    pub fn new(backend: &B, n_layers: usize, kv_dim: usize) -> Self {
-        SeqCache { kv: backend.kv_new(n_layers, kv_dim), len: 0 }
+    pub fn new(backend: &B, n_layers: usize, n_kv_heads: usize, head_dim: usize) -> Self {
+        SeqCache { kv: backend.kv_new(n_layers, n_kv_heads, head_dim), len: 0 }
     }
 }

@@ -160,7 +160,7 @@ impl<B: Backend> Llama<B> {
         }
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
-        self.seqs.insert(id, SeqCache::new(&self.b, self.c.n_layers, self.c.n_kv_heads * self.c.head_dim));
+        self.seqs.insert(id, SeqCache::new(&self.b, self.c.n_layers, self.c.n_kv_heads, self.c.head_dim));
         Ok(id)
     }
 

@@ -4,8 +4,21 @@ use super::quant;
 
 /// `dot(weight row bytes, activation int8 row, block scales d, Q8_1 sums s) -> f32`.
 pub type DotQ8Fn = fn(&[u8], &[i8], &[f32], &[f32]) -> f32;
+/// `out[t] = dot(weight row, activation row t0 + t)` for `t < out.len()` (1..=4 rows at once).
+pub type RowsQ8Fn = fn(&[u8], &super::quant::Q8Act, usize, &mut [f32]);
 /// `dot(a, b) -> f32` over f32 slices of equal length.
 pub type DotF32Fn = fn(&[f32], &[f32]) -> f32;
+/// Attention scores against a tiled key cache: `kt` is `(tiles, hd, 16)` (16 positions per tile,
+/// transposed), `q` is `(hd)`; `out[16·t + l] = q · key(16·t + l)` for every lane of every tile.
+pub type ScoresFn = fn(&[f32], &[f32], &mut [f32]);
+/// `x[i] = exp(x[i] - max)`; returns `Σ x[i]`.
+pub type ExpSumFn = fn(&mut [f32], f32) -> f32;
+/// `out (hd) += Σ_j p[j] · v[j·hd .. (j+1)·hd]` with `hd = out.len()`.
+pub type PvFn = fn(&[f32], &[f32], &mut [f32]);
+/// `g = silu(g) · u`.
+pub type SiluMulFn = fn(&mut [f32], &[f32]);
+/// Round every value to the nearest f16 (kept as f32).
+pub type RoundF16Fn = fn(&mut [f32]);
 
 /// One set of kernels. Every entry is a safe function: SIMD entries are only handed out by
 /// [`Kernels::detect`] after the features they need were detected.
@@ -15,13 +28,36 @@ pub struct Kernels {
     pub q4_0: DotQ8Fn,
     pub q4_1: DotQ8Fn,
     pub q8_0: DotQ8Fn,
+    /// Optional grouped variants (several activation rows per weight row); None = loop over `q*`.
+    pub q4_0_rows: Option<RowsQ8Fn>,
+    pub q4_1_rows: Option<RowsQ8Fn>,
+    pub q8_0_rows: Option<RowsQ8Fn>,
     pub dot_f32: DotF32Fn,
+    pub scores: ScoresFn,
+    pub exp_sum: ExpSumFn,
+    pub pv: PvFn,
+    pub silu_mul: SiluMulFn,
+    pub round_f16: RoundF16Fn,
 }
 
 impl Kernels {
     /// The plain reference kernels (the oracle).
     pub fn reference() -> Kernels {
-        Kernels { name: "scalar", q4_0: quant::dot_q4_0_ref, q4_1: quant::dot_q4_1_ref, q8_0: quant::dot_q8_0_ref, dot_f32: dot_f32_ref }
+        Kernels {
+            name: "scalar",
+            q4_0: quant::dot_q4_0_ref,
+            q4_1: quant::dot_q4_1_ref,
+            q8_0: quant::dot_q8_0_ref,
+            q4_0_rows: None,
+            q4_1_rows: None,
+            q8_0_rows: None,
+            dot_f32: dot_f32_ref,
+            scores: scores_ref,
+            exp_sum: exp_sum_ref,
+            pv: pv_ref,
+            silu_mul: silu_mul_ref,
+            round_f16: round_f16_ref,
+        }
     }
 
     /// The fastest set this CPU supports. `APPLIANCED_CPU_KERNELS=scalar` forces the reference set.
@@ -56,4 +92,46 @@ pub fn dot_f32_ref(a: &[f32], b: &[f32]) -> f32 {
         s += x * y;
     }
     s
+}
+
+pub fn scores_ref(q: &[f32], kt: &[f32], out: &mut [f32]) {
+    let hd = q.len();
+    for (tile, o) in kt.chunks_exact(hd * 16).zip(out.chunks_exact_mut(16)) {
+        o.fill(0.0);
+        for (d, &qd) in q.iter().enumerate() {
+            for (l, ol) in o.iter_mut().enumerate() {
+                *ol += qd * tile[d * 16 + l];
+            }
+        }
+    }
+}
+
+pub fn exp_sum_ref(x: &mut [f32], max: f32) -> f32 {
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    sum
+}
+
+pub fn pv_ref(p: &[f32], v: &[f32], out: &mut [f32]) {
+    let hd = out.len();
+    for (&pj, vj) in p.iter().zip(v.chunks_exact(hd)) {
+        for (o, &x) in out.iter_mut().zip(vj) {
+            *o += pj * x;
+        }
+    }
+}
+
+pub fn silu_mul_ref(g: &mut [f32], u: &[f32]) {
+    for (g, &u) in g.iter_mut().zip(u) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+pub fn round_f16_ref(x: &mut [f32]) {
+    for v in x.iter_mut() {
+        *v = quant::round_f16(*v);
+    }
 }

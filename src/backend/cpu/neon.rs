@@ -8,7 +8,7 @@ use super::kernels::{dot_f32_ref, Kernels};
 
 /// NEON is architecturally guaranteed on aarch64.
 pub fn detect() -> Option<Kernels> {
-    Some(Kernels { name: "neon", q4_0: q4_0_neon, q4_1: q4_1_neon, q8_0: q8_0_neon, dot_f32: dot_f32_ref })
+    Some(Kernels { name: "neon", q4_0: q4_0_neon, q4_1: q4_1_neon, q8_0: q8_0_neon, dot_f32: dot_f32_ref, ..Kernels::reference() })
 }
 
 #[inline]

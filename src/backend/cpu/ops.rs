@@ -3,7 +3,6 @@
 use rayon::prelude::*;
 
 use super::kernels::Kernels;
-use super::quant::round_f16;
 use super::CpuKv;
 use crate::backend::{AttnSeg, AttnShape, RopeTable};
 
@@ -47,25 +46,17 @@ pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, cache: &[f32], n_dim
     }
 }
 
-/// `gate = silu(gate) * up`.
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
-}
-
 /// Causal GQA attention over each segment's KV cache. Work items are (segment, head, block of
 /// queries), run on `pool`; each writes its own staging block, scattered into `out` afterwards.
 ///
 /// As llama.cpp with its default f16 cache: K and V hold f16-rounded values, the query is rounded
-/// to f16 before `q·k`; scores are scaled by `1/sqrt(head_dim)`, softmax in f32 with an f64 sum,
+/// to f16 before `q·k`; scores are scaled by `1/sqrt(head_dim)`, softmax in f32,
 /// and the probabilities are rounded to f16 before weighting V (ggml's `mul_mat(v, kq)` converts
 /// them). Measured against the reference this halves the KL compared with f32 probabilities.
 pub fn attention(pool: &rayon::ThreadPool, k: &Kernels, layer: usize, q: &[f32], segs: &[AttnSeg<'_, CpuKv>], shape: AttnShape, out: &mut [f32]) {
     let AttnShape { n_heads, n_kv_heads, head_dim: hd } = shape;
     let group = n_heads / n_kv_heads.max(1);
     let q_dim = n_heads * hd;
-    let kv_dim = n_kv_heads * hd;
     let scale = 1.0 / (hd as f32).sqrt();
     const QBLOCK: usize = 16;
     let mut tasks = Vec::new();
@@ -81,41 +72,30 @@ pub fn attention(pool: &rayon::ThreadPool, k: &Kernels, layer: usize, q: &[f32],
             .par_iter()
             .map(|&(si, h, i0, i1)| {
                 let s = &segs[si];
-                let kvh = h / group;
-                let kc = &s.kv.k[layer];
-                let vc = &s.kv.v[layer];
-                let mut res = vec![0.0f32; (i1 - i0) * hd];
-                let mut scores = Vec::with_capacity(s.pos0 + i1);
+                let slot = layer * n_kv_heads + h / group;
+                let (kt, vc) = (&s.kv.k[slot], &s.kv.v[slot]); // (tiles, hd, 16), (positions, hd)
+                let mut res = vec![0.0f32; (i1 - i0) * hd]; // (queries, hd)
+                let mut scores = vec![0.0f32; (s.pos0 + i1).div_ceil(16) * 16]; // (keys rounded to tiles)
                 let mut qh = vec![0.0f32; hd];
                 for i in i0..i1 {
                     let row = s.row0 + i;
-                    for (d, &v) in qh.iter_mut().zip(&q[row * q_dim + h * hd..row * q_dim + (h + 1) * hd]) {
-                        *d = round_f16(v);
-                    }
-                    let n_keys = s.pos0 + i + 1;
-                    scores.clear();
+                    qh.copy_from_slice(&q[row * q_dim + h * hd..row * q_dim + (h + 1) * hd]);
+                    (k.round_f16)(&mut qh);
+                    let n_keys = s.pos0 + i + 1; // causal: keys 0..=pos
+                    let tiles = n_keys.div_ceil(16);
+                    (k.scores)(&qh, &kt[..tiles * 16 * hd], &mut scores[..tiles * 16]);
+                    let sc = &mut scores[..n_keys];
                     let mut max = f32::NEG_INFINITY;
-                    for j in 0..n_keys {
-                        let kj = &kc[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
-                        let sc = (k.dot_f32)(&qh, kj) * scale;
-                        max = max.max(sc);
-                        scores.push(sc);
+                    for v in sc.iter_mut() {
+                        *v *= scale;
+                        max = max.max(*v);
                     }
-                    let mut sum = 0.0f64;
-                    for sc in scores.iter_mut() {
-                        *sc = (*sc - max).exp();
-                        sum += *sc as f64;
+                    let inv = 1.0 / (k.exp_sum)(sc, max);
+                    for v in sc.iter_mut() {
+                        *v *= inv;
                     }
-                    let inv = (1.0 / sum) as f32;
-                    let o = &mut res[(i - i0) * hd..(i - i0 + 1) * hd];
-                    for (j, &p) in scores.iter().enumerate() {
-                        // llama.cpp (no flash attention) multiplies V by the probabilities converted to f16
-                        let p = round_f16(p * inv);
-                        let vj = &vc[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
-                        for (a, &b) in o.iter_mut().zip(vj) {
-                            *a += p * b;
-                        }
-                    }
+                    (k.round_f16)(sc);
+                    (k.pv)(sc, &vc[..n_keys * hd], &mut res[(i - i0) * hd..(i - i0 + 1) * hd]);
                 }
                 res
             })

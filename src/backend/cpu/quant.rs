@@ -54,8 +54,9 @@ impl Q8Act {
             let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
             let mut sum = 0i32;
             for (q, &v) in self.qs[b * QK..(b + 1) * QK].iter_mut().zip(xb) {
-                // round half to even, as `_mm256_round_ps(_MM_ROUND_NEAREST)`
-                let r = (v * id).round_ties_even() as i32;
+                // round half to even, as `_mm256_round_ps(_MM_ROUND_NEAREST)`: adding and removing
+                // 1.5·2²³ leaves the nearest-even integer for |v·id| ≤ 127 (no libm call).
+                let r = ((v * id + 12_582_912.0) - 12_582_912.0) as i32;
                 *q = r as i8;
                 sum += r;
             }
@@ -321,6 +322,13 @@ mod tests {
             let got = f(&w, qs, d, s);
             // Q4_1's `s` is f16-rounded: allow that rounding on top of float reassociation
             assert!((got - expect).abs() <= 2e-3 * (1.0 + expect.abs()), "{ty:?}: {got} vs {expect}");
+        }
+    }
+
+    #[test]
+    fn magic_rounding_is_round_half_even() {
+        for v in [-127.0f32, -2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.49, 126.5, 127.0] {
+            assert_eq!(((v + 12_582_912.0) - 12_582_912.0), v.round_ties_even(), "{v}");
         }
     }
 

@@ -5,7 +5,8 @@
 
 use std::arch::x86_64::*;
 
-use super::kernels::Kernels;
+use super::kernels::{pv_ref, round_f16_ref, silu_mul_ref, Kernels};
+use super::quant::Q8Act;
 
 /// The best kernel set this CPU supports, or None for the reference set.
 pub fn detect() -> Option<Kernels> {
@@ -13,11 +14,28 @@ pub fn detect() -> Option<Kernels> {
     if !avx2 {
         return None;
     }
-    let vnni = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") && is_x86_feature_detected!("avx512vnni");
+    let vnni = is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni");
     if vnni && std::env::var("APPLIANCED_CPU_KERNELS").map_or(true, |v| v != "avx2") {
-        Some(Kernels { name: "avx512vnni", q4_0: q4_0_vnni, q4_1: q4_1_vnni, q8_0: q8_0_vnni, dot_f32: f32_avx2 })
+        Some(Kernels {
+            name: "avx512vnni",
+            q4_0: q4_0_vnni,
+            q4_1: q4_1_vnni,
+            q8_0: q8_0_vnni,
+            q4_0_rows: Some(q4_0_rows_vnni),
+            q4_1_rows: Some(q4_1_rows_vnni),
+            q8_0_rows: Some(q8_0_rows_vnni),
+            dot_f32: f32_avx2,
+            scores: scores_512,
+            exp_sum: exp_sum_512,
+            pv: pv_512,
+            silu_mul: silu_mul_512,
+            round_f16: round_f16_512,
+        })
     } else {
-        Some(Kernels { name: "avx2", q4_0: q4_0_avx2, q4_1: q4_1_avx2, q8_0: q8_0_avx2, dot_f32: f32_avx2 })
+        Some(Kernels { name: "avx2", q4_0: q4_0_avx2, q4_1: q4_1_avx2, q8_0: q8_0_avx2, dot_f32: f32_avx2, ..Kernels::reference() })
     }
 }
 
@@ -171,6 +189,307 @@ unsafe fn f32_avx2_inner(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+
+// ---- Grouped kernels (AVX-512 VNNI): one weight row against up to 4 activation rows. ----
+//
+// Blocks are taken 8 at a time: the 8 per-block dot products (8 i32 lanes each) are reduced with a
+// horizontal-add tree into one vector of 8 block sums, so the block scales are applied with one
+// vector multiply-add per 8 blocks (weight scales fetched with one gather) instead of per-block
+// scalar work. Unpacked weights are reused across the activation rows (prefill, batched decode).
+
+/// Sums of each of 8 vectors' 8 lanes, as one vector `[Σp0, …, Σp7]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn reduce8(p: &[__m256i; 8]) -> __m256i {
+    let h01 = _mm256_hadd_epi32(p[0], p[1]);
+    let h23 = _mm256_hadd_epi32(p[2], p[3]);
+    let h45 = _mm256_hadd_epi32(p[4], p[5]);
+    let h67 = _mm256_hadd_epi32(p[6], p[7]);
+    let a = _mm256_hadd_epi32(h01, h23); // lo128: p0..p3 low halves, hi128: high halves
+    let b = _mm256_hadd_epi32(h45, h67);
+    _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31))
+}
+
+/// Gather the two f16 at the start of 8 blocks (`stride` bytes apart) as f32 vectors `(first, second)`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,f16c")]
+unsafe fn gather_scales(p: *const u8, stride: i32) -> (__m256, __m256) {
+    let idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
+    // SAFETY: caller guarantees 8 blocks of `stride` ≥ 4 bytes at p.
+    let g = unsafe { _mm256_i32gather_epi32::<1>(p as *const i32, idx) };
+    let first = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g));
+    let second = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16)));
+    (first, second)
+}
+
+#[inline]
+#[target_feature(enable = "f16c")]
+fn f16c(b: &[u8], i: usize) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([b[i], b[i + 1]]) as i32)))
+}
+
+macro_rules! grouped {
+    ($name:ident, $bb:expr, $kind:tt) => {
+        #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx512bw,avx2,fma,f16c")]
+        unsafe fn $name<const NT: usize>(w: &[u8], q8: &Q8Act, t0: usize, out: &mut [f32]) {
+            const BB: usize = $bb;
+            let nb = w.len() / BB;
+            let cols = nb * 32;
+            assert!(q8.cols == cols && t0 + NT <= q8.n && out.len() >= NT);
+            let mut acc = [_mm256_setzero_ps(); NT];
+            #[allow(unused_mut)] // only Q4_1 has a min term
+            let mut accm = [_mm256_setzero_ps(); NT];
+            let m4 = _mm256_set1_epi8(0x0F);
+            let _ = m4;
+            let groups = nb / 8;
+            for g in 0..groups {
+                let wb = &w[g * 8 * BB..(g + 1) * 8 * BB];
+                // SAFETY: wb holds 8 whole blocks.
+                let (dw, mw) = unsafe { gather_scales(wb.as_ptr(), BB as i32) };
+                let mut wv = [_mm256_setzero_si256(); 8];
+                for i in 0..8 {
+                    // SAFETY: block i of wb is BB bytes; the quants start at the offset named per kind.
+                    wv[i] = unsafe { grouped!(@load $kind, wb.as_ptr().add(i * BB)) };
+                }
+                for t in 0..NT {
+                    let row = t0 + t;
+                    let xq = &q8.qs[row * cols + g * 256..row * cols + g * 256 + 256];
+                    let mut p = [_mm256_setzero_si256(); 8];
+                    for i in 0..8 {
+                        // SAFETY: xq holds 256 bytes = 8 blocks of 32.
+                        let x = unsafe { _mm256_loadu_si256(xq.as_ptr().add(i * 32) as *const __m256i) };
+                        p[i] = grouped!(@dot $kind, wv[i], x);
+                    }
+                    let sumi = _mm256_cvtepi32_ps(reduce8(&p));
+                    let nbr = row * nb + g * 8;
+                    // SAFETY: d and s hold n*nb entries; nbr + 8 <= (row+1)*nb.
+                    let (dx, sx) = unsafe { (_mm256_loadu_ps(q8.d.as_ptr().add(nbr)), _mm256_loadu_ps(q8.s.as_ptr().add(nbr))) };
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), sumi, acc[t]);
+                    grouped!(@min $kind, accm[t], mw, sx);
+                }
+            }
+            for t in 0..NT {
+                let (qs, d, s) = q8.row(t0 + t);
+                let mut tail = 0.0f32;
+                for b in groups * 8..nb {
+                    let blk = &w[b * BB..(b + 1) * BB];
+                    // SAFETY: blk is one whole block; qs has 32 bytes at b*32.
+                    let (wq, x) = unsafe { (grouped!(@load $kind, blk.as_ptr()), _mm256_loadu_si256(qs.as_ptr().add(b * 32) as *const __m256i)) };
+                    let sumi = hsum(_mm256_cvtepi32_ps(grouped!(@dot $kind, wq, x)));
+                    tail += f16c(blk, 0) * d[b] * sumi;
+                    tail += grouped!(@mtail $kind, blk, s[b]);
+                }
+                out[t] = hsum(acc[t]) + hsum(accm[t]) + tail;
+            }
+        }
+    };
+    (@load q4_1, $p:expr) => { unpack_nibbles($p.add(4)) };
+    (@load q4_0, $p:expr) => { unpack_nibbles($p.add(2)) };
+    (@load q8_0, $p:expr) => { _mm256_loadu_si256($p.add(2) as *const __m256i) };
+    (@dot q4_1, $w:expr, $x:expr) => { dot_u8i8_vnni($w, $x) };
+    (@dot q4_0, $w:expr, $x:expr) => { _mm256_sub_epi32(dot_u8i8_vnni($w, $x), dot_u8i8_vnni(_mm256_set1_epi8(8), $x)) };
+    (@dot q8_0, $w:expr, $x:expr) => { dot_u8i8_vnni(_mm256_sign_epi8($w, $w), _mm256_sign_epi8($x, $w)) };
+    (@min q4_1, $a:expr, $m:expr, $s:expr) => { $a = _mm256_fmadd_ps($m, $s, $a) };
+    (@min q4_0, $a:expr, $m:expr, $s:expr) => { let _ = (&$a, $m, $s); };
+    (@min q8_0, $a:expr, $m:expr, $s:expr) => { let _ = (&$a, $m, $s); };
+    (@mtail q4_1, $blk:expr, $s:expr) => { f16c($blk, 2) * $s };
+    (@mtail q4_0, $blk:expr, $s:expr) => { { let _ = ($blk, $s); 0.0 } };
+    (@mtail q8_0, $blk:expr, $s:expr) => { { let _ = ($blk, $s); 0.0 } };
+}
+
+grouped!(q4_1_grouped, 20, q4_1);
+grouped!(q4_0_grouped, 18, q4_0);
+grouped!(q8_0_grouped, 34, q8_0);
+
+macro_rules! rows_entry {
+    ($name:ident, $inner:ident) => {
+        fn $name(w: &[u8], q8: &Q8Act, t0: usize, out: &mut [f32]) {
+            // SAFETY: only handed out by `detect()` after avx512f/vl/bw/vnni, avx2, fma and f16c were
+            // detected; the inner function checks every length it relies on.
+            unsafe {
+                match out.len() {
+                    1 => $inner::<1>(w, q8, t0, out),
+                    2 => $inner::<2>(w, q8, t0, out),
+                    3 => $inner::<3>(w, q8, t0, out),
+                    _ => $inner::<4>(w, q8, t0, &mut out[..4]),
+                }
+            }
+        }
+    };
+}
+rows_entry!(q4_1_rows_vnni, q4_1_grouped);
+rows_entry!(q4_0_rows_vnni, q4_0_grouped);
+rows_entry!(q8_0_rows_vnni, q8_0_grouped);
+
+
+// ---- Attention and element-wise kernels (AVX-512F + F16C). ----
+
+fn scores_512(q: &[f32], kt: &[f32], out: &mut [f32]) {
+    // SAFETY: handed out by `detect()` only after avx512f was detected.
+    unsafe { scores_512_inner(q, kt, out) }
+}
+fn exp_sum_512(x: &mut [f32], max: f32) -> f32 {
+    // SAFETY: as above.
+    unsafe { exp_sum_512_inner(x, max) }
+}
+fn pv_512(p: &[f32], v: &[f32], out: &mut [f32]) {
+    // SAFETY: as above.
+    unsafe { pv_512_inner(p, v, out) }
+}
+fn silu_mul_512(g: &mut [f32], u: &[f32]) {
+    // SAFETY: as above.
+    unsafe { silu_mul_512_inner(g, u) }
+}
+fn round_f16_512(x: &mut [f32]) {
+    // SAFETY: as above (avx512f includes the 512-bit f16 conversions).
+    unsafe { round_f16_512_inner(x) }
+}
+
+/// e^x for 16 lanes: x = n·ln2 + r with |r| ≤ ln2/2, e^r by its degree-6 Taylor polynomial
+/// (relative error < 2e-7), scaled by 2^n. Inputs are clamped to [-87, 88] (results stay normal).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn exp512(x: __m512) -> __m512 {
+    let x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0)), _mm512_set1_ps(88.0));
+    let n = _mm512_roundscale_ps::<0x08>(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)));
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm512_set1_ps(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    _mm512_scalef_ps(p, n)
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn scores_512_inner(q: &[f32], kt: &[f32], out: &mut [f32]) {
+    let hd = q.len();
+    let tiles = (kt.len() / (hd * 16)).min(out.len() / 16);
+    let mut t = 0;
+    while t + 4 <= tiles {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for (d, &qd) in q.iter().enumerate() {
+            let qv = _mm512_set1_ps(qd);
+            for (a, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: tile t+a < tiles has hd·16 floats; row d of it is at (t+a)·hd·16 + d·16.
+                let k = unsafe { _mm512_loadu_ps(kt.as_ptr().add(((t + a) * hd + d) * 16)) };
+                *acc = _mm512_fmadd_ps(qv, k, *acc);
+            }
+        }
+        for (a, acc) in acc.iter().enumerate() {
+            // SAFETY: out holds 16 floats per tile.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add((t + a) * 16), *acc) };
+        }
+        t += 4;
+    }
+    while t < tiles {
+        let mut acc = _mm512_setzero_ps();
+        for (d, &qd) in q.iter().enumerate() {
+            // SAFETY: as above.
+            let k = unsafe { _mm512_loadu_ps(kt.as_ptr().add((t * hd + d) * 16)) };
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(qd), k, acc);
+        }
+        // SAFETY: as above.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(t * 16), acc) };
+        t += 1;
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn exp_sum_512_inner(x: &mut [f32], max: f32) -> f32 {
+    let m = _mm512_set1_ps(max);
+    let mut sum = _mm512_setzero_ps();
+    let mut chunks = x.chunks_exact_mut(16);
+    for c in &mut chunks {
+        // SAFETY: c has 16 floats.
+        unsafe {
+            let e = exp512(_mm512_sub_ps(_mm512_loadu_ps(c.as_ptr()), m));
+            _mm512_storeu_ps(c.as_mut_ptr(), e);
+            sum = _mm512_add_ps(sum, e);
+        }
+    }
+    let rest = chunks.into_remainder();
+    if !rest.is_empty() {
+        let k: __mmask16 = (1u32 << rest.len()).wrapping_sub(1) as u16;
+        // SAFETY: masked load/store touch only the first rest.len() lanes.
+        unsafe {
+            let e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, rest.as_ptr()), m));
+            _mm512_mask_storeu_ps(rest.as_mut_ptr(), k, e);
+            sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
+        }
+    }
+    _mm512_reduce_add_ps(sum)
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn pv_512_inner(p: &[f32], v: &[f32], out: &mut [f32]) {
+    let hd = out.len();
+    if hd % 16 != 0 || hd > 256 {
+        return pv_ref(p, v, out);
+    }
+    let nv = hd / 16;
+    let n = p.len().min(v.len() / hd);
+    let mut acc = [_mm512_setzero_ps(); 16];
+    let mut acc2 = [_mm512_setzero_ps(); 16];
+    let mut j = 0;
+    while j + 2 <= n {
+        let (p0, p1) = (_mm512_set1_ps(p[j]), _mm512_set1_ps(p[j + 1]));
+        for c in 0..nv {
+            // SAFETY: positions j, j+1 < n have hd floats each in v.
+            unsafe {
+                acc[c] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v.as_ptr().add(j * hd + c * 16)), acc[c]);
+                acc2[c] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v.as_ptr().add((j + 1) * hd + c * 16)), acc2[c]);
+            }
+        }
+        j += 2;
+    }
+    if j < n {
+        let p0 = _mm512_set1_ps(p[j]);
+        for c in 0..nv {
+            // SAFETY: as above.
+            unsafe { acc[c] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v.as_ptr().add(j * hd + c * 16)), acc[c]) };
+        }
+    }
+    for c in 0..nv {
+        // SAFETY: out has hd = nv·16 floats.
+        unsafe {
+            let o = _mm512_loadu_ps(out.as_ptr().add(c * 16));
+            _mm512_storeu_ps(out.as_mut_ptr().add(c * 16), _mm512_add_ps(o, _mm512_add_ps(acc[c], acc2[c])));
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn silu_mul_512_inner(g: &mut [f32], u: &[f32]) {
+    let n = g.len().min(u.len());
+    let mut i = 0;
+    let one = _mm512_set1_ps(1.0);
+    while i + 16 <= n {
+        // SAFETY: i + 16 <= n <= both lengths.
+        unsafe {
+            let x = _mm512_loadu_ps(g.as_ptr().add(i));
+            let e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+            let s = _mm512_div_ps(x, _mm512_add_ps(one, e));
+            _mm512_storeu_ps(g.as_mut_ptr().add(i), _mm512_mul_ps(s, _mm512_loadu_ps(u.as_ptr().add(i))));
+        }
+        i += 16;
+    }
+    silu_mul_ref(&mut g[i..n], &u[i..n]);
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn round_f16_512_inner(x: &mut [f32]) {
+    let mut chunks = x.chunks_exact_mut(16);
+    for c in &mut chunks {
+        // SAFETY: c has 16 floats.
+        unsafe {
+            let v = _mm512_loadu_ps(c.as_ptr());
+            _mm512_storeu_ps(c.as_mut_ptr(), _mm512_cvtph_ps(_mm512_cvtps_ph::<0x08>(v)));
+        }
+    }
+    round_f16_ref(chunks.into_remainder());
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::kernels::{dot_f32_ref, Kernels};
@@ -181,12 +500,63 @@ mod tests {
     fn sets() -> Vec<Kernels> {
         let mut v = Vec::new();
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            v.push(Kernels { name: "avx2", q4_0: q4_0_avx2, q4_1: q4_1_avx2, q8_0: q8_0_avx2, dot_f32: f32_avx2 });
-            if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
-                v.push(Kernels { name: "vnni", q4_0: q4_0_vnni, q4_1: q4_1_vnni, q8_0: q8_0_vnni, dot_f32: f32_avx2 });
+            v.push(Kernels { name: "avx2", q4_0: q4_0_avx2, q4_1: q4_1_avx2, q8_0: q8_0_avx2, dot_f32: f32_avx2, ..Kernels::reference() });
+            if let Some(k) = detect().filter(|k| k.name == "avx512vnni") {
+                v.push(k);
             }
         }
         v
+    }
+
+    #[test]
+    fn attention_and_elementwise_kernels_match_reference() {
+        let Some(k) = detect().filter(|k| k.name == "avx512vnni") else { return };
+        let r = Kernels::reference();
+        let mut rng = Rng(5);
+        for hd in [64usize, 128] {
+            let tiles = 7;
+            let q: Vec<f32> = (0..hd).map(|_| rng.f()).collect();
+            let kt: Vec<f32> = (0..tiles * hd * 16).map(|_| rng.f()).collect();
+            let (mut a, mut b) = (vec![0.0; tiles * 16], vec![0.0; tiles * 16]);
+            (r.scores)(&q, &kt, &mut a);
+            (k.scores)(&q, &kt, &mut b);
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() < 1e-4 * (1.0 + x.abs()), "scores {x} {y}");
+            }
+            let n = 37;
+            let p: Vec<f32> = (0..n).map(|_| rng.f()).collect();
+            let v: Vec<f32> = (0..n * hd).map(|_| rng.f()).collect();
+            let (mut a, mut b) = (vec![0.5; hd], vec![0.5; hd]);
+            (r.pv)(&p, &v, &mut a);
+            (k.pv)(&p, &v, &mut b);
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() < 1e-4 * (1.0 + x.abs()), "pv {x} {y}");
+            }
+        }
+        for n in [5usize, 16, 53] {
+            let x: Vec<f32> = (0..n).map(|_| rng.f() * 30.0).collect();
+            let (mut a, mut b) = (x.clone(), x.clone());
+            let (sa, sb) = ((r.exp_sum)(&mut a, 30.0), (k.exp_sum)(&mut b, 30.0));
+            assert!((sa - sb).abs() <= 1e-6 * sa, "exp sum {sa} {sb}");
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-6 * x.abs() + 1e-37, "exp {x} {y}");
+            }
+            let u: Vec<f32> = (0..n).map(|_| rng.f()).collect();
+            let (mut a, mut b) = (x.clone(), x.clone());
+            (r.silu_mul)(&mut a, &u);
+            (k.silu_mul)(&mut b, &u);
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-6 * (1.0 + x.abs()), "silu {x} {y}");
+            }
+            let (mut a, mut b) = (x.clone(), x.clone());
+            (r.round_f16)(&mut a);
+            (k.round_f16)(&mut b);
+            assert_eq!(a, b);
+        }
+        // extremes stay finite and ordered
+        let mut e = vec![-1000.0f32, -87.5, 0.0, 1e-8];
+        let s = (k.exp_sum)(&mut e, 0.0);
+        assert!(e[0] >= 0.0 && e[0] < 1e-37 && e[2] == 1.0 && s.is_finite());
     }
 
     #[test]
@@ -204,6 +574,24 @@ mod tests {
                     let (a, b) = (fr(&w, qs, d, s), fk(&w, qs, d, s));
                     // same integer sums; f32 accumulation order differs
                     assert!((a - b).abs() <= 1e-4 * (1.0 + a.abs()), "{} {ty:?} cols {cols}: {a} vs {b}", k.name);
+                }
+                // grouped row kernels: 1..4 activation rows at once, from an offset
+                let n = 6;
+                let xs: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+                let mut qn = Q8Act::default();
+                qn.quantize(&xs, n, cols);
+                for (ty, fr, rows) in [(TensorType::Q4_0, r.q4_0, k.q4_0_rows), (TensorType::Q4_1, r.q4_1, k.q4_1_rows), (TensorType::Q8_0, r.q8_0, k.q8_0_rows)] {
+                    let Some(rows) = rows else { continue };
+                    let w = random_row(&mut rng, ty, cols);
+                    for nt in 1..=4 {
+                        let mut out = vec![0.0; nt];
+                        rows(&w, &qn, 2, &mut out);
+                        for (t, &b) in out.iter().enumerate() {
+                            let (qs, d, s) = qn.row(2 + t);
+                            let a = fr(&w, qs, d, s);
+                            assert!((a - b).abs() <= 1e-4 * (1.0 + a.abs()), "{} rows {ty:?} cols {cols} nt {nt}: {a} vs {b}", k.name);
+                        }
+                    }
                 }
                 let y: Vec<f32> = (0..cols + 3).map(|_| rng.f()).collect();
                 let x3: Vec<f32> = (0..cols + 3).map(|_| rng.f()).collect();
