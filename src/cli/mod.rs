@@ -7,6 +7,7 @@ mod bundle_cmds;
 mod common;
 mod serve;
 mod run;
+mod schema_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -44,6 +45,9 @@ pub enum Command {
     /// Bundle lifecycle on this box.
     #[command(subcommand)]
     Bundle(BundleCommand),
+    /// Structured output: compile JSON Schemas to token automata.
+    #[command(subcommand)]
+    Schema(schema_cmd::SchemaCommand),
     /// Verify a bundle, load it and answer one prompt, streaming the answer to stdout.
     Run(run::RunArgs),
     /// Verify and load a bundle, then measure prefill and decode tok/s, batched decode, time to
@@ -76,6 +80,7 @@ pub fn main() -> i32 {
         Command::Serve(a) => serve::exec(a),
         Command::Audit(a) => audit_cmd::exec(a),
         Command::Bundle(BundleCommand::Install(a)) => bundle_cmds::install(a),
+        Command::Schema(c) => schema_cmd::exec(c),
         Command::Run(a) => run::run(a),
         Command::Bench(a) => run::bench(a, start),
     };

@@ -51,6 +51,10 @@ pub struct RunArgs {
     /// Worker threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Constrain the answer to JSON valid under this JSON Schema (compiled to a token automaton;
+    /// every step samples only tokens that keep the output a valid prefix).
+    #[arg(long, value_name = "FILE")]
+    pub schema: Option<PathBuf>,
     /// Print token counts and speed to stderr at the end.
     #[arg(long, short)]
     pub verbose: bool,
@@ -72,6 +76,24 @@ pub fn load(root: &Path, threads: usize, max_seqs: usize) -> Result<Loaded, CliE
     let tokenizer = Tokenizer::load(&root.join(TOKENIZER_PATH)).map_err(|e| CliError::Engine(e.to_string()))?;
     let template = ChatTemplate::load(&root.join(CHAT_TEMPLATE_PATH)).map_err(|e| CliError::Engine(e.to_string()))?;
     Ok(Loaded { engine, tokenizer, template })
+}
+
+/// The vocabulary as the schema compiler and safety masks see it: each id's bytes, with special
+/// (control) tokens empty so no mask ever allows them; plus the end-of-generation ids.
+pub fn generation_vocab(tok: &Tokenizer, cfg: &crate::model::ModelConfig) -> (Vec<Vec<u8>>, Vec<u32>) {
+    let vocab = (0..cfg.vocab_size as u32)
+        .map(|id| if tok.is_special(id) || id as usize >= tok.vocab_size() { Vec::new() } else { tok.token_bytes(id).to_vec() })
+        .collect();
+    (vocab, cfg.eog_token_ids.clone())
+}
+
+/// Compile a JSON Schema file against a loaded bundle's vocabulary.
+pub fn compile_schema_file(l: &Loaded, path: &Path) -> Result<crate::schema::CompiledSchema, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| CliError::Schema(format!("{}: not JSON: {e}", path.display())))?;
+    let (vocab, eos) = generation_vocab(&l.tokenizer, l.engine.config());
+    crate::schema::CompiledSchema::compile(&v, &vocab, &eos, &Default::default())
+        .map_err(|e| CliError::Schema(format!("{}: {e}", path.display())))
 }
 
 /// Render and tokenize a chat prompt the way the model was trained.
@@ -124,6 +146,12 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
         ..Default::default()
     };
     let mut sampler = Sampler::new(params);
+    let schema = match &a.schema {
+        Some(p) => Some(compile_schema_file(&l, p)?),
+        None => None,
+    };
+    let mut matcher = schema.as_ref().map(crate::schema::Matcher::new);
+    let mut mask = vec![0u64; schema.as_ref().map(|s| s.mask_words()).unwrap_or(0)];
     let eog = l.engine.config().eog_token_ids.clone();
     let seq = l.engine.new_seq().map_err(|e| CliError::Engine(e.to_string()))?;
     let t0 = Instant::now();
@@ -139,11 +167,32 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
     let max_stop = a.stop.iter().map(|s| s.len()).max().unwrap_or(0);
     let t1 = Instant::now();
     while n_gen < max_new {
+        if let Some(m) = matcher.as_mut() {
+            m.allowed(&mut mask);
+            let mut any = false;
+            for (id, x) in logits.iter_mut().enumerate() {
+                if mask.get(id / 64).is_some_and(|w| w >> (id % 64) & 1 == 1) {
+                    any = true;
+                } else {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+            if !any {
+                reason = "schema_dead_end";
+                break;
+            }
+        }
         let Some(tok) = sampler.sample(&mut logits, &history, None) else { break };
         n_gen += 1;
         if eog.contains(&tok) {
             reason = "end_turn";
             break;
+        }
+        if let Some(m) = matcher.as_mut() {
+            if !m.advance(tok) {
+                reason = "schema_dead_end";
+                break;
+            }
         }
         history.push(tok);
         text.push_str(&dec.push(tok));
@@ -171,6 +220,11 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
         let _ = out.write_all(text[printed..].as_bytes());
     }
     let _ = writeln!(out);
+    if let Some(m) = &matcher {
+        if !m.is_accepting() {
+            eprintln!("warning: the answer stopped ({reason}) before the JSON was complete; raise --max-tokens");
+        }
+    }
     if a.verbose {
         let dt = t1.elapsed().as_secs_f64();
         eprintln!(
