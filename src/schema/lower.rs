@@ -149,6 +149,7 @@ pub(crate) struct Lowerer<'a> {
     conj_cache: HashMap<(Vec<Rc<str>>, Vec<(Rc<str>, usize)>, u32), Rc<Dfa>>,
     /// Relative paths of `uniqueItems` arrays under each cached conjunction.
     conj_unique: HashMap<(Vec<Rc<str>>, Vec<(Rc<str>, usize)>, u32), Vec<Vec<PStep>>>,
+    branch_budget: usize,
     /// JSON path of the value being lowered.
     path: Vec<PStep>,
     /// Paths of arrays whose (scalar) items must be unique, enforced at run time.
@@ -158,6 +159,9 @@ pub(crate) struct Lowerer<'a> {
 }
 
 static FALSE: Value = Value::Bool(false);
+
+/// How many disjunction branches one compilation may explore.
+const BRANCH_BUDGET: usize = 20_000;
 
 /// Process-wide cache of automata that depend only on options (unconstrained values, formats,
 /// patterns): they are rebuilt for no schema. Bounded by entry count.
@@ -303,6 +307,7 @@ impl<'a> Lowerer<'a> {
             any_cache: HashMap::default(),
             conj_cache: HashMap::default(),
             conj_unique: HashMap::default(),
+            branch_budget: BRANCH_BUDGET,
             path: Vec::new(),
             unique: Vec::new(),
             refs_under: HashMap::default(),
@@ -535,6 +540,12 @@ impl<'a> Lowerer<'a> {
         // Each branch: the merged node and the `$ref` targets its expansion pushed.
         let mut branches: Vec<(Node<'a>, Vec<Rc<str>>)> = Vec::new();
         for alt in &d.alts {
+            // Distribution multiplies branches: bound the work.
+            self.check_time(&d.ptr)?;
+            self.branch_budget = self.branch_budget.saturating_sub(1);
+            if self.branch_budget == 0 {
+                return Err(SchemaError::TooLarge { pointer: d.ptr.to_string(), what: format!("{} branches", d.keyword), limit: BRANCH_BUDGET });
+            }
             let mut n = node.clone();
             let mut q: Vec<Sub<'a>> = Vec::new();
             for item in alt {
