@@ -330,11 +330,6 @@ impl Dfa {
         s != DEAD && self.accept[s as usize]
     }
 
-    /// Whether the language contains the empty string.
-    pub fn accepts_empty(&self) -> bool {
-        self.start != DEAD && self.accept[self.start as usize]
-    }
-
     /// Removes unreachable / useless states and merges equivalent ones (Moore refinement).
     /// The result is numbered in breadth-first order from the start, dead state 0.
     pub fn minimize(&self) -> Dfa {
@@ -746,26 +741,5 @@ mod tests {
         let e2 = n2.lit(m2, b"]");
         let d2 = n2.determinize(s2, e2, 100).unwrap();
         assert!(d2.matches(b"[]") && d2.matches(b"[12]") && !d2.matches(b"[1a]"));
-    }
-}
-
-#[cfg(test)]
-mod dbg_tests {
-    use super::*;
-    #[test]
-    fn dbg_product() {
-        // any-digit-string DFA vs literal
-        let mut nfa = Nfa::new();
-        let s = nfa.state();
-        let e = nfa.state();
-        let m = nfa.lit(s, b"{");
-        nfa.range(m, b'0', b'9', m);
-        nfa.lit_to(m, b"}", e);
-        let d = nfa.determinize(s, e, 100).unwrap();
-        let l = Dfa::literals([&b"{12}"[..], b"{1.0}"], 100).unwrap();
-        eprintln!("d={:?}\nl={:?}", d, l);
-        let i = Dfa::intersect(&l, &d, 100).unwrap();
-        eprintln!("i={:?}", i);
-        assert!(i.matches(b"{12}"));
     }
 }

@@ -1617,14 +1617,6 @@ impl<'a> Lowerer<'a> {
         self.union(&parts, ptr)
     }
 
-    /// Number texts with an exponent (their value is not determined by the digits alone).
-    fn non_unique_texts(&mut self) -> Result<Dfa, SchemaError> {
-        let cap = self.cap;
-        let all = numbers::number_dfa(false, None, None, None, true, cap).map_err(|_| SchemaError::TooLarge { pointer: String::new(), what: "number".into(), limit: cap })?;
-        let plain = numbers::number_dfa(false, None, None, None, false, cap).map_err(|_| SchemaError::TooLarge { pointer: String::new(), what: "number".into(), limit: cap })?;
-        Dfa::minus(&all, &plain, cap).map_err(self.overflow(""))
-    }
-
     /// Any JSON value nested at most `depth` levels.
     fn any(&mut self, depth: u32) -> Result<Rc<Dfa>, SchemaError> {
         if let Some(d) = self.any_cache.get(&depth) {
@@ -1724,34 +1716,10 @@ impl<'a> Lowerer<'a> {
             }
             _ => None,
         };
-        let (items, prefix, contains) = if node.unique {
-            // Run-time uniqueness needs items whose texts are one per value: scalars, numbers
-            // without exponent (compared after dropping trailing fraction zeros). Exponent
-            // spellings are removed (every such value has a plain spelling too).
-            let bad = self.non_unique_texts()?;
-            let cap = self.cap;
-            let fix = |this: &Self, d: &Rc<Dfa>| -> Result<Rc<Dfa>, SchemaError> {
-                if d.is_empty() {
-                    return Ok(d.clone());
-                }
-                if d.next(d.start, b'[') != 0 || d.next(d.start, b'{') != 0 {
-                    return Err(SchemaError::Unsupported { keyword: "uniqueItems".into(), pointer: ptr.to_string() });
-                }
-                Ok(Rc::new(Dfa::minus(d, &bad, cap).map_err(this.overflow(ptr))?))
-            };
-            let items = fix(self, &items)?;
-            let prefix = prefix.iter().map(|p| fix(self, p)).collect::<Result<Vec<_>, _>>()?;
-            let contains = match contains {
-                Some((ci, pc)) => Some((fix(self, &ci)?, pc.iter().map(|p| fix(self, p)).collect::<Result<Vec<_>, _>>()?)),
-                None => None,
-            };
-            if !self.unique.contains(&self.path) {
-                self.unique.push(self.path.clone());
-            }
-            (items, prefix, contains)
-        } else {
-            (items, prefix, contains)
-        };
+        if node.unique && !self.unique.contains(&self.path) {
+            // Enforced at run time by the Matcher (items compared by canonical value).
+            self.unique.push(self.path.clone());
+        }
         let need_c = if contains.is_some() { node.min_contains.min(8) as usize } else { 0 };
         if contains.is_some() && node.min_contains > 8 {
             return Err(SchemaError::Unsupported { keyword: "minContains".into(), pointer: ptr.to_string() });

@@ -17,6 +17,8 @@ use super::{CompiledSchema, StateId};
 #[derive(Clone, Debug)]
 struct Frame {
     is_arr: bool,
+    /// Absolute position where the current item starts (arrays).
+    item_start: usize,
     /// (pattern index, steps matched) for the patterns this container's path still follows.
     live: Vec<(u16, u16)>,
     unique: bool,
@@ -38,33 +40,76 @@ pub(crate) struct Tracker {
     scalar: bool,
     buf: Vec<u8>,
     buf_is_key: bool,
+    /// Bytes from absolute position `base` on, kept while a unique array is open.
+    text: Vec<u8>,
+    base: usize,
+    pos: usize,
 }
 
-fn canon_number(mut t: Vec<u8>) -> Vec<u8> {
-    if t.contains(&b'.') && !t.iter().any(|&c| c == b'e' || c == b'E') {
-        while t.last() == Some(&b'0') {
-            t.pop();
-        }
-        if t.last() == Some(&b'.') {
-            t.pop();
+/// Canonical text of a JSON value: keys sorted, numbers by value (as JSON Schema compares).
+fn canon_value(raw: &[u8]) -> Vec<u8> {
+    fn write(v: &serde_json::Value, out: &mut Vec<u8>) {
+        match v {
+            serde_json::Value::Number(n) => {
+                let f = n.as_f64().unwrap_or(0.0);
+                if n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15 {
+                    out.extend_from_slice((f as i64).to_string().as_bytes());
+                } else {
+                    out.extend_from_slice(n.to_string().as_bytes());
+                }
+            }
+            serde_json::Value::Array(a) => {
+                out.push(b'[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write(x, out);
+                }
+                out.push(b']');
+            }
+            serde_json::Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                out.push(b'{');
+                for (i, k) in keys.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(serde_json::to_string(k).unwrap_or_default().as_bytes());
+                    out.push(b':');
+                    write(&m[*k], out);
+                }
+                out.push(b'}');
+            }
+            other => out.extend_from_slice(serde_json::to_string(other).unwrap_or_default().as_bytes()),
         }
     }
-    if t == b"-0" {
-        t = b"0".to_vec();
+    let start = raw.iter().position(|&b| !matches!(b, b',' | b' ' | b'\t' | b'\n' | b'\r')).unwrap_or(raw.len());
+    match serde_json::from_slice::<serde_json::Value>(&raw[start..]) {
+        Ok(v) => {
+            let mut out = Vec::new();
+            write(&v, &mut out);
+            out
+        }
+        Err(_) => raw[start..].to_vec(),
     }
-    t
 }
 
 impl Tracker {
     fn value_done(&mut self, text: Option<Vec<u8>>) -> Result<(), Dup> {
+        let (base, pos) = (self.base, self.pos);
         if let Some(top) = self.stack.last_mut() {
             if top.is_arr && top.unique {
-                if let Some(t) = text {
-                    if top.items.contains(&t) {
-                        return Err(Dup);
-                    }
-                    Rc::make_mut(&mut top.items).insert(t);
+                let t = match text {
+                    Some(t) => t,
+                    // A container item ends at the current byte.
+                    None => canon_value(&self.text[top.item_start.saturating_sub(base).min(self.text.len())..(pos + 1 - base).min(self.text.len())]),
+                };
+                if top.items.contains(&t) {
+                    return Err(Dup);
                 }
+                Rc::make_mut(&mut top.items).insert(t);
             }
         }
         Ok(())
@@ -89,10 +134,22 @@ impl Tracker {
                 .collect(),
         };
         let unique = is_arr && live.iter().any(|&(i, pos)| patterns[i as usize].len() == pos as usize);
-        Frame { is_arr, live, unique, items: Rc::new(HashSet::new()), key: Vec::new(), expect_key: !is_arr }
+        Frame { is_arr, item_start: self.pos + 1, live, unique, items: Rc::new(HashSet::new()), key: Vec::new(), expect_key: !is_arr }
     }
 
     pub(crate) fn step(&mut self, b: u8, patterns: &[Vec<PStep>]) -> Result<(), Dup> {
+        if self.stack.iter().any(|f| f.unique) {
+            self.text.push(b);
+        } else {
+            self.text.clear();
+            self.base = self.pos + 1;
+        }
+        let r = self.step_inner(b, patterns);
+        self.pos += 1;
+        r
+    }
+
+    fn step_inner(&mut self, b: u8, patterns: &[Vec<PStep>]) -> Result<(), Dup> {
         if self.in_str {
             self.buf.push(b);
             if self.esc {
@@ -119,7 +176,7 @@ impl Tracker {
                 return Ok(());
             }
             self.scalar = false;
-            let text = canon_number(std::mem::take(&mut self.buf));
+            let text = canon_value(&std::mem::take(&mut self.buf));
             self.value_done(Some(text))?;
         }
         match b {
@@ -138,9 +195,20 @@ impl Tracker {
                 self.value_done(None)?;
             }
             b',' => {
+                let pos = self.pos;
                 if let Some(top) = self.stack.last_mut() {
-                    if !top.is_arr {
+                    if top.is_arr {
+                        top.item_start = pos + 1;
+                    } else {
                         top.expect_key = true;
+                    }
+                }
+                // Drop text no open unique array still needs.
+                if let Some(keep) = self.stack.iter().filter(|f| f.unique).map(|f| f.item_start).min() {
+                    let cut = keep.saturating_sub(self.base).min(self.text.len());
+                    if cut > 4096 {
+                        self.text.drain(..cut);
+                        self.base += cut;
                     }
                 }
             }
@@ -193,10 +261,12 @@ impl<'c> Matcher<'c> {
         if !self.track {
             return;
         }
-        let Some(top) = self.tracker.unique_top() else { return };
+        if !self.tracker.stack.iter().any(|f| f.is_arr && f.unique && !f.items.is_empty()) {
+            return;
+        }
         let vocab = self.schema.vocabulary();
         let pats = &self.schema.unique;
-        if self.tracker.in_str && !self.tracker.buf_is_key {
+        if let (Some(top), true) = (self.tracker.unique_top(), self.tracker.in_str && !self.tracker.buf_is_key) {
             // A string item in progress: tokens spelling the rest of an earlier item (closing
             // quote included) complete a duplicate; so does everything below them in the trie.
             let x = &self.tracker.buf;
@@ -216,8 +286,12 @@ impl<'c> Matcher<'c> {
             if w >= out.len() || out[w] & bit == 0 {
                 continue;
             }
+            let bytes = vocab.token_bytes(id);
+            if self.tracker.in_str && !bytes.contains(&b'"') {
+                continue; // the string goes on: nothing completes
+            }
             let mut t = self.tracker.clone();
-            if vocab.token_bytes(id).iter().any(|&b| t.step(b, pats).is_err()) {
+            if bytes.iter().any(|&b| t.step(b, pats).is_err()) {
                 out[w] &= !bit;
             }
         }

@@ -753,6 +753,23 @@ mod unique_tests {
         assert!(!run(r#"{"tags":["a", "b", "a"]}"#));
         assert!(run(r#"{"free":["a","a"]}"#));
         assert!(!run(r#"{"n":[1,1.0]}"#) && !run(r#"{"n":[1.50,1.5]}"#) && run(r#"{"n":[1,10]}"#));
+        let s2 = json!({"type": "array", "uniqueItems": true, "items": {"type": "object"}});
+        let c2 = CompiledSchema::compile(&s2, &v, &[eos], &CompileOptions::default()).unwrap();
+        let run2 = |text: &str| -> bool {
+            let mut m = Matcher::new(&c2);
+            let mut buf = vec![0u64; c2.mask_words()];
+            for b in text.bytes() {
+                m.allowed(&mut buf);
+                let masked = buf[b as usize / 64] >> (b % 64) & 1 == 1;
+                let ok = m.advance(b as u32);
+                assert_eq!(masked, ok, "mask/advance disagree at {text:?}");
+                if !ok {
+                    return false;
+                }
+            }
+            m.is_accepting()
+        };
+        assert!(run2(r#"[{"a":1},{"a":2}]"#) && !run2(r#"[{"a":1,"b":[true]},{"b": [true], "a": 1.0}]"#));
         // multi-byte token completing a duplicate is masked
         let mut m = Matcher::new(&c);
         for b in r#"{"tags":["ab","a"#.bytes() {

@@ -110,7 +110,7 @@ impl Vocabulary {
         let completing: Vec<u32> = tokens
             .iter()
             .enumerate()
-            .filter(|(_, t)| t.iter().any(|&b| b == b',' || b == b']') || t.iter().filter(|&&b| b == b'"').count() >= 2)
+            .filter(|(_, t)| t.iter().any(|&b| b == b',' || b == b']' || b == b'}') || t.iter().filter(|&&b| b == b'"').count() >= 2)
             .map(|(i, _)| i as u32)
             .collect();
         let max_eos = eos_ids.iter().map(|&e| e as usize + 1).max().unwrap_or(0);
