@@ -196,8 +196,48 @@ fn fix_item(item: &mut ClassSetItem) {
     }
 }
 
+/// Textual ECMA-262 → regex-syntax rewrites the AST cannot express: in a class, `-` right after
+/// a class escape (`[\w-_]`) is a literal; `\b` / `\B` are ASCII word boundaries.
+fn ecma_text(pattern: &str) -> String {
+    let mut out = String::with_capacity(pattern.len() + 8);
+    let mut chars = pattern.chars().peekable();
+    let mut in_class = false;
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            let Some(n) = chars.next() else {
+                out.push(c);
+                break;
+            };
+            if !in_class && (n == 'b' || n == 'B') {
+                out.push_str(if n == 'b' { "(?-u:\\b)" } else { "(?-u:\\B)" });
+                continue;
+            }
+            out.push(c);
+            out.push(n);
+            if in_class && matches!(n, 'w' | 'W' | 'd' | 'D' | 's' | 'S') && chars.peek() == Some(&'-') {
+                chars.next();
+                out.push_str("\\-");
+            }
+            continue;
+        }
+        if c == '[' && !in_class {
+            in_class = true;
+            out.push(c);
+            // A leading `]` or `^]` is literal in neither dialect; keep as is.
+            continue;
+        }
+        if c == ']' && in_class {
+            in_class = false;
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Parses an ECMA-262 pattern (the supported subset) into HIR.
 fn parse_ecma(pattern: &str) -> Result<Hir, RegexIssue> {
+    let text = ecma_text(pattern);
+    let pattern = text.as_str();
     let mut ast = ast::parse::ParserBuilder::new()
         .nest_limit(200)
         .build()
@@ -404,6 +444,9 @@ mod tests {
         assert!(pattern_dfa("(?=a)", 1000).is_err());
         assert!(pattern_dfa("(a)\\1", 1000).is_err());
         assert!(pattern_dfa("^[\\w-]+$", 1000).unwrap().matches(b"a-_9"));
+        assert!(pattern_dfa("^[\\w-_.]+$", 1000).unwrap().matches(b"a-_.9"));
+        let wb = pattern_dfa("\\bab", 10_000).unwrap();
+        assert!(wb.matches(b"x ab") && !wb.matches(b"xab") && wb.matches("é ab".as_bytes()));
     }
 
     #[test]
