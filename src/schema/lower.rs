@@ -495,12 +495,12 @@ impl<'a> Lowerer<'a> {
             let key = (ptrs, sig, any_depth);
             if let Some(d) = self.conj_cache.get(&key) {
                 let d = d.clone();
+                // (Duplicates are kept while lowering, so every computation's own log is
+                // complete; they are removed at the end.)
                 for rel in self.conj_unique.get(&key).cloned().unwrap_or_default() {
                     let mut p = self.path.clone();
                     p.extend(rel);
-                    if !self.unique.contains(&p) {
-                        self.unique.push(p);
-                    }
+                    self.unique.push(p);
                 }
                 return Ok(d);
             }
@@ -1716,7 +1716,7 @@ impl<'a> Lowerer<'a> {
             }
             _ => None,
         };
-        if node.unique && !self.unique.contains(&self.path) {
+        if node.unique {
             // Enforced at run time by the Matcher (items compared by canonical value).
             self.unique.push(self.path.clone());
         }

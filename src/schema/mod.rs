@@ -217,7 +217,12 @@ impl CompiledSchema {
         }
         let mut lw = lower::Lowerer::new(schema, opts);
         let dfa = lw.lower_root()?;
-        let unique = std::mem::take(&mut lw.unique);
+        let mut unique = std::mem::take(&mut lw.unique);
+        unique.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+        unique.dedup();
+        if unique.len() > 4096 {
+            return Err(SchemaError::TooLarge { pointer: String::new(), what: format!("{} uniqueItems locations", unique.len()), limit: 4096 });
+        }
         if dfa.is_empty() {
             return Err(SchemaError::Unsatisfiable { pointer: String::new() });
         }
