@@ -498,7 +498,7 @@ mod walks {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
+        #![proptest_config(ProptestConfig::with_cases(512))]
         /// Random walks through the automaton only produce valid prefixes; every state reached
         /// has an allowed token; an accepted text parses and validates.
         #[test]
@@ -526,6 +526,13 @@ mod walks {
                     text.extend_from_slice(&vocab_bytes(&vocab, id));
                     s = c.advance(s, id).expect("allowed token advances");
                 }
+                // Out of choices: close the document the shortest way; it must validate.
+                let rest = c.shortest_completion(s).expect("every live state can finish");
+                text.extend_from_slice(&rest);
+                let end = c.advance_bytes(s, &rest).expect("completion stays in the language");
+                prop_assert!(c.is_accepting(end));
+                let v: Value = serde_json::from_slice(&text).map_err(|e| TestCaseError::fail(format!("{e}: {}", String::from_utf8_lossy(&text))))?;
+                prop_assert!(valid(&v), "invalid: {}", String::from_utf8_lossy(&text));
                 Ok(())
             })?;
         }

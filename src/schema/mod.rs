@@ -326,6 +326,49 @@ impl CompiledSchema {
         self.dfa.accept.get(s.0 as usize).copied().unwrap_or(false)
     }
 
+    /// The shortest byte string that takes `s` to an accepting state (e.g. to close a document
+    /// when the token budget runs out). `None` only for the dead / an invalid state. Run-time
+    /// checks ([`Matcher`]) are not considered.
+    pub fn shortest_completion(&self, s: StateId) -> Option<Vec<u8>> {
+        let n = self.dfa.n_states();
+        if s.0 as usize >= n || s.0 == DEAD {
+            return None;
+        }
+        let mut reps: Vec<u8> = Vec::new();
+        let mut seen_cls = vec![false; self.dfa.ncls];
+        for b in 0..=255u8 {
+            let c = self.dfa.classes[b as usize] as usize;
+            if !seen_cls[c] {
+                seen_cls[c] = true;
+                reps.push(b);
+            }
+        }
+        let mut prev: Vec<(u32, u8)> = vec![(u32::MAX, 0); n];
+        let mut queue = std::collections::VecDeque::from([s.0]);
+        prev[s.0 as usize] = (s.0, 0);
+        while let Some(q) = queue.pop_front() {
+            if self.dfa.accept[q as usize] {
+                let mut out = Vec::new();
+                let mut cur = q;
+                while cur != s.0 {
+                    let (p, b) = prev[cur as usize];
+                    out.push(b);
+                    cur = p;
+                }
+                out.reverse();
+                return Some(out);
+            }
+            for &b in &reps {
+                let t = self.dfa.next(q, b);
+                if t != DEAD && prev[t as usize].0 == u32::MAX {
+                    prev[t as usize] = (q, b);
+                    queue.push_back(t);
+                }
+            }
+        }
+        None
+    }
+
     pub fn stats(&self) -> SchemaStats {
         self.stats
     }
