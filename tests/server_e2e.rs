@@ -611,3 +611,91 @@ fn e2e_refused_peer_and_audit_fail_closed() {
     assert_eq!(r.status, 503);
     assert!(r.body.contains("audit log"));
 }
+
+#[test]
+fn e2e_systemd_socket_activation_notify_and_watchdog() {
+    let b = need_model!();
+    let Ok(activate) = which("systemd-socket-activate") else {
+        println!("skipped: systemd-socket-activate not found");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let notify_path = dir.path().join("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let sock = dir.path().join("activated.sock");
+    let audit = dir.path().join("audit.jsonl");
+    // A --config naming a missing file is an error (not silently the defaults).
+    let st = Command::new(BIN).args(["serve", "--bundle"]).arg(&b.0).arg("--config").arg(dir.path().join("absent.toml")).output().unwrap();
+    assert_eq!(st.status.code(), Some(2), "{}", String::from_utf8_lossy(&st.stderr));
+    // systemd-socket-activate passes only the variables named with -E.
+    let mut child = Command::new(activate)
+        .arg("-l")
+        .arg(&sock)
+        .arg(format!("-E=NOTIFY_SOCKET={}", notify_path.display()))
+        .arg("-E=WATCHDOG_USEC=400000")
+        .arg(BIN)
+        .args(["serve", "--bundle"])
+        .arg(&b.0)
+        .arg("--trust")
+        .arg(&b.1)
+        .arg("--store")
+        .arg(dir.path().join("store"))
+        .arg("--socket")
+        .arg(dir.path().join("not-used.sock"))
+        .arg("--audit-log")
+        .arg(&audit)
+        .arg("--threads")
+        .arg("2")
+        .env("NOTIFY_SOCKET", &notify_path)
+        .env("WATCHDOG_USEC", "400000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    while !sock.exists() {
+        assert!(Instant::now() < until);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // systemd-socket-activate starts the server on the first connection.
+    let mut msgs = Vec::new();
+    let mut ready = false;
+    let mut first = UnixStream::connect(&sock).unwrap();
+    first.write_all(request_bytes("GET", "/healthz", None, &[]).as_bytes()).unwrap();
+    let mut buf = [0u8; 512];
+    while Instant::now() < until && !(ready && msgs.iter().filter(|m: &&String| m.contains("WATCHDOG=1")).count() >= 2) {
+        if let Ok(n) = notify.recv(&mut buf) {
+            let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+            ready |= m.contains("READY=1");
+            msgs.push(m);
+        }
+    }
+    assert!(ready, "no READY=1: {msgs:?}");
+    assert!(msgs.iter().filter(|m| m.contains("WATCHDOG=1")).count() >= 2, "no watchdog pings: {msgs:?}");
+    let mut resp = Vec::new();
+    first.read_to_end(&mut resp).unwrap();
+    assert_eq!(parse_response(&resp).status, 200);
+    assert!(!dir.path().join("not-used.sock").exists(), "bound its own socket despite activation");
+    let mut c = UnixStream::connect(&sock).unwrap();
+    c.write_all(request_bytes("POST", "/v1/messages", Some(HELLO), &[]).as_bytes()).unwrap();
+    let mut resp = Vec::new();
+    c.read_to_end(&mut resp).unwrap();
+    assert_eq!(parse_response(&resp).status, 200);
+    Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap();
+    let mut stopping = false;
+    while Instant::now() < until && !stopping {
+        if let Ok(n) = notify.recv(&mut buf) {
+            stopping |= String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1");
+        }
+    }
+    assert!(stopping, "no STOPPING=1");
+    let st = child.wait().unwrap();
+    assert!(st.success(), "{st}");
+}
+
+fn which(name: &str) -> Result<PathBuf, ()> {
+    std::env::var_os("PATH")
+        .and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()))
+        .ok_or(())
+}
