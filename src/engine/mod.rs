@@ -8,9 +8,9 @@
 //! Continuous batching: [`Engine::forward`] takes several sequences at once, each with a prefill
 //! chunk or one decode token; all their rows go through every weight matrix in one pass.
 //!
-//! Deviations from llama.cpp, flagged: the CPU KV cache holds f16-rounded values in f32 storage
-//! (same numbers as llama.cpp's f16 cache, twice the memory); K-quant matrices are dotted in f32
-//! against dequantized weights instead of Q8_K integer dots.
+//! Deviations from llama.cpp, flagged: K-quant matrices are dotted in f32 against dequantized
+//! weights instead of Q8_K integer dots; f32 summation orders differ (see tests/engine_reference.rs
+//! for what that does to the logits).
 
 pub mod kv_cache;
 pub mod llama;

@@ -8,13 +8,16 @@ pub type DotQ8Fn = fn(&[u8], &[i8], &[f32], &[f32]) -> f32;
 pub type RowsQ8Fn = fn(&[u8], &super::quant::Q8Act, usize, &mut [f32]);
 /// `dot(a, b) -> f32` over f32 slices of equal length.
 pub type DotF32Fn = fn(&[f32], &[f32]) -> f32;
-/// Attention scores against a tiled key cache: `kt` is `(tiles, hd, 16)` (16 positions per tile,
-/// transposed), `q` is `(hd)`; `out[16·t + l] = q · key(16·t + l)` for every lane of every tile.
-pub type ScoresFn = fn(&[f32], &[f32], &mut [f32]);
+/// Attention scores against a tiled f16 key cache: `kt` is `(tiles, hd, 16)` f16 bits (16
+/// positions per tile, transposed), `q` is `(hd)`; `out[16·t + l] = q · key(16·t + l)` for every
+/// lane of every tile.
+pub type ScoresFn = fn(&[f32], &[u16], &mut [f32]);
 /// `x[i] = exp(x[i] - max)`; returns `Σ x[i]`.
 pub type ExpSumFn = fn(&mut [f32], f32) -> f32;
-/// `out (hd) += Σ_j p[j] · v[j·hd .. (j+1)·hd]` with `hd = out.len()`.
-pub type PvFn = fn(&[f32], &[f32], &mut [f32]);
+/// `out (hd) += Σ_j p[j] · v[j·hd .. (j+1)·hd]` with `hd = out.len()`, `v` f16 bits.
+pub type PvFn = fn(&[f32], &[u16], &mut [f32]);
+/// `dst[i] = f16 bits of src[i]` (round to nearest even).
+pub type ToF16Fn = fn(&[f32], &mut [u16]);
 /// `g = silu(g) · u`.
 pub type SiluMulFn = fn(&mut [f32], &[f32]);
 /// Round every value to the nearest f16 (kept as f32).
@@ -38,6 +41,7 @@ pub struct Kernels {
     pub pv: PvFn,
     pub silu_mul: SiluMulFn,
     pub round_f16: RoundF16Fn,
+    pub to_f16: ToF16Fn,
 }
 
 impl Kernels {
@@ -57,6 +61,7 @@ impl Kernels {
             pv: pv_ref,
             silu_mul: silu_mul_ref,
             round_f16: round_f16_ref,
+            to_f16: to_f16_ref,
         }
     }
 
@@ -94,13 +99,24 @@ pub fn dot_f32_ref(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-pub fn scores_ref(q: &[f32], kt: &[f32], out: &mut [f32]) {
+#[inline]
+fn h2f(h: u16) -> f32 {
+    half::f16::from_bits(h).to_f32()
+}
+
+pub fn to_f16_ref(src: &[f32], dst: &mut [u16]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = half::f16::from_f32(s).to_bits();
+    }
+}
+
+pub fn scores_ref(q: &[f32], kt: &[u16], out: &mut [f32]) {
     let hd = q.len();
     for (tile, o) in kt.chunks_exact(hd * 16).zip(out.chunks_exact_mut(16)) {
         o.fill(0.0);
         for (d, &qd) in q.iter().enumerate() {
             for (l, ol) in o.iter_mut().enumerate() {
-                *ol += qd * tile[d * 16 + l];
+                *ol += qd * h2f(tile[d * 16 + l]);
             }
         }
     }
@@ -115,11 +131,11 @@ pub fn exp_sum_ref(x: &mut [f32], max: f32) -> f32 {
     sum
 }
 
-pub fn pv_ref(p: &[f32], v: &[f32], out: &mut [f32]) {
+pub fn pv_ref(p: &[f32], v: &[u16], out: &mut [f32]) {
     let hd = out.len();
     for (&pj, vj) in p.iter().zip(v.chunks_exact(hd)) {
         for (o, &x) in out.iter_mut().zip(vj) {
-            *o += pj * x;
+            *o += pj * h2f(x);
         }
     }
 }

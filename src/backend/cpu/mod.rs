@@ -28,14 +28,13 @@ use quant::Q8Act;
 ///   for 16 positions are 16-lane multiply-adds without horizontal sums;
 /// - values `v[slot]` as `(positions, head_dim)`.
 ///
-/// Stored as f32 holding f16-rounded values: the same numbers as llama.cpp's default f16 cache,
-/// at twice the memory (an f16 store is a later optimisation).
+/// Stored as f16 bits, like llama.cpp's default cache.
 #[derive(Debug, Default)]
 pub struct CpuKv {
     n_kv_heads: usize,
     head_dim: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<Vec<u16>>,
+    v: Vec<Vec<u16>>,
 }
 
 impl CpuKv {
@@ -335,19 +334,19 @@ impl Backend for CpuBackend {
         let (nkv, hd) = (kv.n_kv_heads, kv.head_dim);
         let kv_dim = nkv * hd;
         let end = pos0 + n;
-        let mut kr = k[row0 * kv_dim..(row0 + n) * kv_dim].to_vec(); // (n, kv_dim)
-        let mut vr = v[row0 * kv_dim..(row0 + n) * kv_dim].to_vec(); // (n, kv_dim)
-        (self.kernels.round_f16)(&mut kr);
-        (self.kernels.round_f16)(&mut vr);
+        let mut kr = vec![0u16; n * kv_dim]; // (n, kv_dim) f16
+        let mut vr = vec![0u16; n * kv_dim]; // (n, kv_dim) f16
+        (self.kernels.to_f16)(&k[row0 * kv_dim..(row0 + n) * kv_dim], &mut kr);
+        (self.kernels.to_f16)(&v[row0 * kv_dim..(row0 + n) * kv_dim], &mut vr);
         for h in 0..nkv {
             let slot = layer * nkv + h;
             let kc = &mut kv.k[slot];
             if kc.len() < end.div_ceil(16) * 16 * hd {
-                kc.resize(end.div_ceil(16) * 16 * hd, 0.0);
+                kc.resize(end.div_ceil(16) * 16 * hd, 0);
             }
             let vc = &mut kv.v[slot];
             if vc.len() < end * hd {
-                vc.resize(end * hd, 0.0);
+                vc.resize(end * hd, 0);
             }
             for i in 0..n {
                 let p = pos0 + i;

@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::kernels::{pv_ref, round_f16_ref, silu_mul_ref, Kernels};
+use super::kernels::{pv_ref, round_f16_ref, silu_mul_ref, to_f16_ref, Kernels};
 use super::quant::Q8Act;
 
 /// The best kernel set this CPU supports, or None for the reference set.
@@ -33,6 +33,7 @@ pub fn detect() -> Option<Kernels> {
             pv: pv_512,
             silu_mul: silu_mul_512,
             round_f16: round_f16_512,
+            to_f16: to_f16_512,
         })
     } else {
         Some(Kernels { name: "avx2", q4_0: q4_0_avx2, q4_1: q4_1_avx2, q8_0: q8_0_avx2, dot_f32: f32_avx2, ..Kernels::reference() })
@@ -324,7 +325,7 @@ rows_entry!(q8_0_rows_vnni, q8_0_grouped);
 
 // ---- Attention and element-wise kernels (AVX-512F + F16C). ----
 
-fn scores_512(q: &[f32], kt: &[f32], out: &mut [f32]) {
+fn scores_512(q: &[f32], kt: &[u16], out: &mut [f32]) {
     // SAFETY: handed out by `detect()` only after avx512f was detected.
     unsafe { scores_512_inner(q, kt, out) }
 }
@@ -332,13 +333,17 @@ fn exp_sum_512(x: &mut [f32], max: f32) -> f32 {
     // SAFETY: as above.
     unsafe { exp_sum_512_inner(x, max) }
 }
-fn pv_512(p: &[f32], v: &[f32], out: &mut [f32]) {
+fn pv_512(p: &[f32], v: &[u16], out: &mut [f32]) {
     // SAFETY: as above.
     unsafe { pv_512_inner(p, v, out) }
 }
 fn silu_mul_512(g: &mut [f32], u: &[f32]) {
     // SAFETY: as above.
     unsafe { silu_mul_512_inner(g, u) }
+}
+fn to_f16_512(src: &[f32], dst: &mut [u16]) {
+    // SAFETY: as above.
+    unsafe { to_f16_512_inner(src, dst) }
 }
 fn round_f16_512(x: &mut [f32]) {
     // SAFETY: as above (avx512f includes the 512-bit f16 conversions).
@@ -362,7 +367,7 @@ fn exp512(x: __m512) -> __m512 {
 }
 
 #[target_feature(enable = "avx512f")]
-unsafe fn scores_512_inner(q: &[f32], kt: &[f32], out: &mut [f32]) {
+unsafe fn scores_512_inner(q: &[f32], kt: &[u16], out: &mut [f32]) {
     let hd = q.len();
     let tiles = (kt.len() / (hd * 16)).min(out.len() / 16);
     let mut t = 0;
@@ -372,7 +377,7 @@ unsafe fn scores_512_inner(q: &[f32], kt: &[f32], out: &mut [f32]) {
             let qv = _mm512_set1_ps(qd);
             for (a, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: tile t+a < tiles has hd·16 floats; row d of it is at (t+a)·hd·16 + d·16.
-                let k = unsafe { _mm512_loadu_ps(kt.as_ptr().add(((t + a) * hd + d) * 16)) };
+                let k = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(kt.as_ptr().add(((t + a) * hd + d) * 16) as *const __m256i)) };
                 *acc = _mm512_fmadd_ps(qv, k, *acc);
             }
         }
@@ -386,7 +391,7 @@ unsafe fn scores_512_inner(q: &[f32], kt: &[f32], out: &mut [f32]) {
         let mut acc = _mm512_setzero_ps();
         for (d, &qd) in q.iter().enumerate() {
             // SAFETY: as above.
-            let k = unsafe { _mm512_loadu_ps(kt.as_ptr().add((t * hd + d) * 16)) };
+            let k = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(kt.as_ptr().add((t * hd + d) * 16) as *const __m256i)) };
             acc = _mm512_fmadd_ps(_mm512_set1_ps(qd), k, acc);
         }
         // SAFETY: as above.
@@ -422,7 +427,7 @@ unsafe fn exp_sum_512_inner(x: &mut [f32], max: f32) -> f32 {
 }
 
 #[target_feature(enable = "avx512f")]
-unsafe fn pv_512_inner(p: &[f32], v: &[f32], out: &mut [f32]) {
+unsafe fn pv_512_inner(p: &[f32], v: &[u16], out: &mut [f32]) {
     let hd = out.len();
     if hd % 16 != 0 || hd > 256 {
         return pv_ref(p, v, out);
@@ -437,8 +442,8 @@ unsafe fn pv_512_inner(p: &[f32], v: &[f32], out: &mut [f32]) {
         for c in 0..nv {
             // SAFETY: positions j, j+1 < n have hd floats each in v.
             unsafe {
-                acc[c] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v.as_ptr().add(j * hd + c * 16)), acc[c]);
-                acc2[c] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v.as_ptr().add((j + 1) * hd + c * 16)), acc2[c]);
+                acc[c] = _mm512_fmadd_ps(p0, _mm512_cvtph_ps(_mm256_loadu_si256(v.as_ptr().add(j * hd + c * 16) as *const __m256i)), acc[c]);
+                acc2[c] = _mm512_fmadd_ps(p1, _mm512_cvtph_ps(_mm256_loadu_si256(v.as_ptr().add((j + 1) * hd + c * 16) as *const __m256i)), acc2[c]);
             }
         }
         j += 2;
@@ -447,7 +452,7 @@ unsafe fn pv_512_inner(p: &[f32], v: &[f32], out: &mut [f32]) {
         let p0 = _mm512_set1_ps(p[j]);
         for c in 0..nv {
             // SAFETY: as above.
-            unsafe { acc[c] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v.as_ptr().add(j * hd + c * 16)), acc[c]) };
+            unsafe { acc[c] = _mm512_fmadd_ps(p0, _mm512_cvtph_ps(_mm256_loadu_si256(v.as_ptr().add(j * hd + c * 16) as *const __m256i)), acc[c]) };
         }
     }
     for c in 0..nv {
@@ -475,6 +480,21 @@ unsafe fn silu_mul_512_inner(g: &mut [f32], u: &[f32]) {
         i += 16;
     }
     silu_mul_ref(&mut g[i..n], &u[i..n]);
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn to_f16_512_inner(src: &[f32], dst: &mut [u16]) {
+    let n = src.len().min(dst.len());
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: i + 16 <= n <= both lengths.
+        unsafe {
+            let h = _mm512_cvtps_ph::<0x08>(_mm512_loadu_ps(src.as_ptr().add(i)));
+            _mm256_storeu_si256(dst.as_mut_ptr().add(i) as *mut __m256i, h);
+        }
+        i += 16;
+    }
+    to_f16_ref(&src[i..n], &mut dst[i..n]);
 }
 
 #[target_feature(enable = "avx512f")]
@@ -516,7 +536,12 @@ mod tests {
         for hd in [64usize, 128] {
             let tiles = 7;
             let q: Vec<f32> = (0..hd).map(|_| rng.f()).collect();
-            let kt: Vec<f32> = (0..tiles * hd * 16).map(|_| rng.f()).collect();
+            let ktf: Vec<f32> = (0..tiles * hd * 16).map(|_| rng.f()).collect();
+            let mut kt = vec![0u16; ktf.len()];
+            let mut kt2 = vec![0u16; ktf.len()];
+            (r.to_f16)(&ktf, &mut kt);
+            (k.to_f16)(&ktf, &mut kt2);
+            assert_eq!(kt, kt2);
             let (mut a, mut b) = (vec![0.0; tiles * 16], vec![0.0; tiles * 16]);
             (r.scores)(&q, &kt, &mut a);
             (k.scores)(&q, &kt, &mut b);
@@ -525,7 +550,9 @@ mod tests {
             }
             let n = 37;
             let p: Vec<f32> = (0..n).map(|_| rng.f()).collect();
-            let v: Vec<f32> = (0..n * hd).map(|_| rng.f()).collect();
+            let vf: Vec<f32> = (0..n * hd).map(|_| rng.f()).collect();
+            let mut v = vec![0u16; vf.len()];
+            (r.to_f16)(&vf, &mut v);
             let (mut a, mut b) = (vec![0.5; hd], vec![0.5; hd]);
             (r.pv)(&p, &v, &mut a);
             (k.pv)(&p, &v, &mut b);
