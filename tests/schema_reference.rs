@@ -523,6 +523,41 @@ mod walks {
         }
     }
 
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        /// Corrupted encodings are rejected or load into something that still answers without
+        /// panicking.
+        #[test]
+        fn from_bytes_never_panics(edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6), cut in any::<usize>()) {
+            thread_local! {
+                static BYTES: Vec<u8> = {
+                    let (tokens, eos) = synthetic_vocab();
+                    let s = serde_json::json!({"type": "object", "properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": true}}});
+                    CompiledSchema::compile(&s, &tokens, &[eos], &CompileOptions::default()).expect("compiles").to_bytes()
+                };
+            }
+            BYTES.with(|b| {
+                let mut b = b.clone();
+                for (at, v) in &edits {
+                    let i = at % b.len();
+                    b[i] = *v;
+                }
+                if cut % 4 == 0 {
+                    b.truncate(cut % (b.len() + 1));
+                }
+                if let Ok(c) = CompiledSchema::from_bytes(&b) {
+                    let mut m = Matcher::new(&c);
+                    let mut buf = vec![0u64; c.mask_words()];
+                    for t in [b'{' as u32, b'"' as u32, 5, 300, u32::MAX] {
+                        m.allowed(&mut buf);
+                        let _ = m.advance(t);
+                        let _ = c.shortest_completion(m.state());
+                    }
+                }
+            });
+        }
+    }
+
     fn vocab_bytes(v: &Vocabulary, id: u32) -> Vec<u8> {
         v.token_bytes(id).to_vec()
     }

@@ -526,10 +526,6 @@ impl Dfa {
         Dfa::product(a, b, |x, y| x && !y, cap)
     }
 
-    pub fn union(a: &Dfa, b: &Dfa, cap: usize) -> Result<Dfa, Overflow> {
-        Dfa::product(a, b, |x, y| x || y, cap)
-    }
-
     /// Whether the two languages share a string.
     pub fn intersects(a: &Dfa, b: &Dfa, cap: usize) -> Result<bool, Overflow> {
         Ok(!Dfa::intersect(a, b, cap)?.is_empty())

@@ -274,7 +274,9 @@ impl<'c> Matcher<'c> {
                 if p.len() > x.len() && p.starts_with(x) {
                     if let Some(node) = vocab.find(&p[x.len()..]) {
                         for &id in vocab.subtree_tokens(node) {
-                            out[id as usize / 64] &= !(1u64 << (id % 64));
+                            if let Some(w) = out.get_mut(id as usize / 64) {
+                                *w &= !(1u64 << (id % 64));
+                            }
                         }
                     }
                 }
