@@ -238,12 +238,13 @@ impl CompiledSchema {
         use rayon::prelude::*;
         const CHUNK: usize = 256;
         let states: Vec<u32> = (1..n as u32).collect();
+        let loops = vocab.loop_tables_for(&dfa);
         for chunk in states.chunks(CHUNK) {
             let computed: Vec<Vec<u64>> = chunk
                 .par_iter()
                 .map_init(Vec::new, |stack, &s| {
                     let mut buf = vec![0u64; words];
-                    vocab.mask(&dfa, s, &mut buf, stack);
+                    vocab.mask(&dfa, s, &loops, &mut buf, stack);
                     buf
                 })
                 .collect();

@@ -9,9 +9,11 @@ use super::automata::{Dfa, DEAD};
 /// offset of its first byte outside C. A state whose self-loops cover C keeps every C-token in
 /// itself, so its mask is the bitset plus short walks for the other tokens.
 #[derive(Debug)]
-struct LoopTable {
+pub(crate) struct LoopTable {
     full: Vec<u64>,
     partial: Vec<(u32, u16)>,
+    /// Per position in the trie's token order: index of the token's last byte outside C, or -1.
+    last_bad: Vec<i16>,
 }
 
 /// A model vocabulary as raw token bytes, with a prefix trie for mask computation.
@@ -30,6 +32,8 @@ pub struct Vocabulary {
     edge_child: Vec<u32>,
     node_tok: Vec<(u32, u32)>, // (first, count) into tok_ids
     tok_ids: Vec<u32>,
+    /// Per node: depth (= length of the spelled prefix).
+    node_depth: Vec<u16>,
     /// Per node: one past the last token id index (in `tok_ids`) of its subtree.
     sub_end: Vec<u32>,
     /// Tokens that can complete a JSON array item on their own: containing `,` or `]`, or at
@@ -76,6 +80,13 @@ impl Vocabulary {
                 stack.push(c as usize);
             }
         }
+        let mut depth_old = vec![0u16; children.len()];
+        for &n in &order {
+            for &(_, c) in &children[n] {
+                depth_old[c as usize] = depth_old[n].saturating_add(1);
+            }
+        }
+        let node_depth: Vec<u16> = order.iter().map(|&n| depth_old[n]).collect();
         let mut node_edges = Vec::with_capacity(order.len());
         let mut edge_byte = Vec::new();
         let mut edge_child = Vec::new();
@@ -115,6 +126,7 @@ impl Vocabulary {
             .collect();
         let max_eos = eos_ids.iter().map(|&e| e as usize + 1).max().unwrap_or(0);
         Vocabulary {
+            node_depth,
             loop_tables: Mutex::new(HashMap::new()),
             sub_end,
             completing,
@@ -168,6 +180,26 @@ impl Vocabulary {
         self.n_bits.div_ceil(64)
     }
 
+    /// The loop table of every state with at least 64 self-loop bytes (string bodies).
+    pub(crate) fn loop_tables_for(&self, dfa: &Dfa) -> Vec<Option<Arc<LoopTable>>> {
+        (0..dfa.n_states() as u32)
+            .map(|state| {
+                if state == DEAD {
+                    return None;
+                }
+                let mut set = [0u64; 4];
+                let mut n_loop = 0;
+                for b in 0..256usize {
+                    if dfa.trans[state as usize * dfa.ncls + dfa.classes[b] as usize] == state {
+                        set[b / 64] |= 1u64 << (b % 64);
+                        n_loop += 1;
+                    }
+                }
+                (n_loop >= 64).then(|| self.loop_table(set))
+            })
+            .collect()
+    }
+
     fn loop_table(&self, set: [u64; 4]) -> Arc<LoopTable> {
         if let Ok(m) = self.loop_tables.lock() {
             if let Some(t) = m.get(&set) {
@@ -186,7 +218,12 @@ impl Vocabulary {
                 Some(off) => partial.push((id as u32, off as u16)),
             }
         }
-        let t = Arc::new(LoopTable { full, partial });
+        let last_bad: Vec<i16> = self
+            .tok_ids
+            .iter()
+            .map(|&id| self.tokens[id as usize].iter().rposition(|&b| !inset(b)).map_or(-1, |p| p.min(i16::MAX as usize) as i16))
+            .collect();
+        let t = Arc::new(LoopTable { full, partial, last_bad });
         if let Ok(mut m) = self.loop_tables.lock() {
             if m.len() > 256 {
                 m.clear();
@@ -197,8 +234,9 @@ impl Vocabulary {
     }
 
     /// Sets in `out` the bit of every token whose bytes lead from `state` to a live state, and
-    /// the EOS bits if `state` accepts. `stack` is scratch space.
-    pub(crate) fn mask(&self, dfa: &Dfa, state: u32, out: &mut [u64], stack: &mut Vec<(u32, u32)>) {
+    /// the EOS bits if `state` accepts. `loops` comes from [`Vocabulary::loop_tables_for`];
+    /// `stack` is scratch space.
+    pub(crate) fn mask(&self, dfa: &Dfa, state: u32, loops: &[Option<Arc<LoopTable>>], out: &mut [u64], stack: &mut Vec<(u32, u32)>) {
         out.iter_mut().for_each(|w| *w = 0);
         if state == DEAD {
             return;
@@ -208,30 +246,23 @@ impl Vocabulary {
                 out[e as usize / 64] |= 1u64 << (e % 64);
             }
         }
-        // Self-loop bytes of the state: with many of them (string bodies) use the loop table.
-        let mut set = [0u64; 4];
-        let mut n_loop = 0;
-        for b in 0..256usize {
-            if dfa.trans[state as usize * dfa.ncls + dfa.classes[b] as usize] == state {
-                set[b / 64] |= 1u64 << (b % 64);
-                n_loop += 1;
+        let walk = |q0: u32, bytes: &[u8]| -> bool {
+            let mut q = q0;
+            for &b in bytes {
+                q = dfa.trans[q as usize * dfa.ncls + dfa.classes[b as usize] as usize];
+                if q == DEAD {
+                    return false;
+                }
             }
-        }
-        if n_loop >= 64 {
-            let table = self.loop_table(set);
+            true
+        };
+        // A state looping on most bytes (string bodies): precomputed table plus short walks.
+        if let Some(table) = &loops[state as usize] {
             for (o, f) in out.iter_mut().zip(&table.full) {
                 *o |= f;
             }
             for &(id, off) in &table.partial {
-                let t = &self.tokens[id as usize];
-                let mut q = state;
-                for &b in &t[off as usize..] {
-                    q = dfa.trans[q as usize * dfa.ncls + dfa.classes[b as usize] as usize];
-                    if q == DEAD {
-                        break;
-                    }
-                }
-                if q != DEAD {
+                if walk(state, &self.tokens[id as usize][off as usize..]) {
                     out[id as usize / 64] |= 1u64 << (id % 64);
                 }
             }
@@ -251,6 +282,19 @@ impl Vocabulary {
                 }
                 let child = self.edge_child[e];
                 let (ft, nt) = self.node_tok[child as usize];
+                if let Some(table) = &loops[t as usize] {
+                    // The walk entered a looping state: decide the whole subtree from each
+                    // token's last byte outside the loop set.
+                    let d = self.node_depth[child as usize] as i16;
+                    let end = self.sub_end[child as usize] as usize;
+                    for pos in ft as usize..end {
+                        let id = self.tok_ids[pos];
+                        if table.last_bad[pos] < d || walk(t, &self.tokens[id as usize][d as usize..]) {
+                            out[id as usize / 64] |= 1u64 << (id % 64);
+                        }
+                    }
+                    continue;
+                }
                 for &id in &self.tok_ids[ft as usize..(ft + nt) as usize] {
                     out[id as usize / 64] |= 1u64 << (id % 64);
                 }
