@@ -64,6 +64,8 @@ pub fn build(r: &ResolvedRecipe, keys: &[SecretKey], out: &Path, progress: &mut 
     let summary = crate::import::import_model(&r.source, &opts, staging.path(), &mut |s| progress(Progress::Step(s)))
         .map_err(|e| BundleError::Import(e.to_string()))?;
 
+    compile_schemas(r, staging.path(), progress)?;
+    compile_policy(r, staging.path(), progress)?;
     let meta = BundleMeta {
         name: r.recipe.bundle.name.clone(),
         version: r.recipe.bundle.version,
@@ -73,6 +75,66 @@ pub fn build(r: &ResolvedRecipe, keys: &[SecretKey], out: &Path, progress: &mut 
         model: serde_json::to_value(&summary).map_err(|e| BundleError::Import(e.to_string()))?,
     };
     pack_dir(staging.path(), &meta, keys, out, progress)
+}
+
+/// Compile the recipe's `[policy]` and `[presets]` into `policy/` (FORMAT.md §10).
+fn compile_policy(r: &ResolvedRecipe, staging: &Path, progress: &mut dyn FnMut(Progress<'_>)) -> Result<(), BundleError> {
+    let (policy, presets) = (&r.recipe.policy, &r.recipe.presets);
+    if policy.is_none() && presets.is_none() {
+        return Ok(());
+    }
+    let err = |msg: String| BundleError::Recipe { path: PathBuf::from("[policy]"), msg };
+    let empty = crate::policy::PolicySpec::default();
+    let spec = policy.as_ref().unwrap_or(&empty);
+    let dir = staging.join("policy");
+    std::fs::create_dir_all(&dir).map_err(BundleError::io(&dir))?;
+    if !spec.safety.levels.is_empty() {
+        let tok = crate::tokenizer::Tokenizer::load(&staging.join(crate::model::TOKENIZER_PATH)).map_err(|e| BundleError::Import(e.to_string()))?;
+        let tokens: Vec<Vec<u8>> = (0..tok.vocab_size() as u32).map(|id| tok.token_bytes(id).to_vec()).collect();
+        let vocab = std::sync::Arc::new(crate::policy::SafetyVocab::new(&tokens, tok.special_ids()).map_err(|e| err(e.to_string()))?);
+        for (level, l) in &spec.safety.levels {
+            progress(Progress::Step(&format!("compiling safety level {level}")));
+            let m = crate::policy::SafetyMask::compile(level, l, &vocab).map_err(|e| err(e.to_string()))?;
+            let p = staging.join(crate::policy::PolicySpec::safety_member(level));
+            std::fs::write(&p, m.to_bytes()).map_err(BundleError::io(&p))?;
+        }
+    }
+    let red = serde_json::to_value(&spec.redaction).map_err(|e| err(e.to_string()))?;
+    let red = super::canonical::to_canonical(&red).map_err(err)?;
+    std::fs::write(dir.join("redaction.json"), red).map_err(BundleError::io(&dir))?;
+    if let Some(ps) = presets {
+        let table = crate::policy::PresetTable::resolve(ps, spec).map_err(|e| err(e.to_string()))?;
+        std::fs::write(dir.join("presets.json"), table.to_json()).map_err(BundleError::io(&dir))?;
+    }
+    Ok(())
+}
+
+/// Compile the recipe's named schemas against the imported tokenizer into `schemas/`.
+fn compile_schemas(r: &ResolvedRecipe, staging: &Path, progress: &mut dyn FnMut(Progress<'_>)) -> Result<(), BundleError> {
+    if r.schemas.is_empty() {
+        return Ok(());
+    }
+    let err = |name: &str, msg: String| BundleError::Recipe { path: PathBuf::from(format!("schemas.{name}")), msg };
+    let tok = crate::tokenizer::Tokenizer::load(&staging.join(crate::model::TOKENIZER_PATH)).map_err(|e| BundleError::Import(e.to_string()))?;
+    let cfg: crate::model::ModelConfig = serde_json::from_slice(
+        &std::fs::read(staging.join(crate::model::CONFIG_PATH)).map_err(BundleError::io(staging.join(crate::model::CONFIG_PATH)))?,
+    )
+    .map_err(|e| BundleError::Import(e.to_string()))?;
+    let vocab: Vec<Vec<u8>> = (0..cfg.vocab_size as u32)
+        .map(|id| if tok.is_special(id) || id as usize >= tok.vocab_size() { Vec::new() } else { tok.token_bytes(id).to_vec() })
+        .collect();
+    let vocab = std::sync::Arc::new(crate::schema::Vocabulary::new(&vocab, &cfg.eog_token_ids));
+    let dir = staging.join("schemas");
+    std::fs::create_dir_all(&dir).map_err(BundleError::io(&dir))?;
+    for (name, path) in &r.schemas {
+        progress(Progress::Step(&format!("compiling schema {name}")));
+        let text = std::fs::read(path).map_err(BundleError::io(path))?;
+        let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| err(name, format!("{}: not JSON: {e}", path.display())))?;
+        let c = crate::schema::CompiledSchema::compile_with(&v, &vocab, &Default::default()).map_err(|e| err(name, format!("{}: {e}", path.display())))?;
+        std::fs::write(dir.join(format!("{name}.bin")), c.to_bytes()).map_err(BundleError::io(&dir))?;
+        std::fs::write(dir.join(format!("{name}.json")), &text).map_err(BundleError::io(&dir))?;
+    }
+    Ok(())
 }
 
 /// The manifest fields that do not come from the members.

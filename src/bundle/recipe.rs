@@ -12,6 +12,19 @@
 //! source = "../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"   # relative to the recipe file
 //! sha256 = "b179c9..."               # optional pin of the source file
 //! quantize = "q8_0"                  # optional requantization at build
+//!
+//! [schemas]                          # optional: JSON Schemas compiled to token automata at build
+//! invoice = "schemas/invoice.json"
+//!
+//! [policy.safety.levels]             # optional: see docs/policy.md
+//! strict = { phrases = ["guaranteed returns"], case_insensitive = true }
+//! [policy.redaction]
+//! kinds = ["email", "phone", "card"]
+//! [presets]
+//! default = "balanced"
+//! [presets.balanced]
+//! temperature = 0.7
+//! redact_output = true
 //! ```
 //! Unknown sections or keys are errors: a recipe option this build does not implement must never
 //! be silently ignored.
@@ -28,6 +41,16 @@ use super::BundleError;
 pub struct Recipe {
     pub bundle: BundleSection,
     pub model: ModelSection,
+    /// Named JSON Schemas compiled at build time: `NAME = "path/to/schema.json"` (relative to the
+    /// recipe). Each becomes `schemas/NAME.bin` (the automaton) and `schemas/NAME.json` (its source).
+    #[serde(default)]
+    pub schemas: std::collections::BTreeMap<String, PathBuf>,
+    /// Safety levels and redaction rules (see docs/policy.md), compiled into `policy/`.
+    #[serde(default)]
+    pub policy: Option<crate::policy::PolicySpec>,
+    /// Named presets (see docs/policy.md), stored as `policy/presets.json`.
+    #[serde(default)]
+    pub presets: Option<crate::policy::PresetsSpec>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -54,6 +77,8 @@ pub struct ModelSection {
 pub struct ResolvedRecipe {
     pub recipe: Recipe,
     pub source: PathBuf,
+    /// Schema files with paths resolved against the recipe's directory.
+    pub schemas: Vec<(String, PathBuf)>,
     pub created: String,
     pub expires: String,
     pub min_runtime: String,
@@ -97,6 +122,31 @@ impl Recipe {
         if parse_semver(&min_runtime).is_none() {
             return Err(bad(format!("bundle.min_runtime {min_runtime:?} is not MAJOR.MINOR.PATCH")));
         }
+        for name in self.schemas.keys() {
+            if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-') {
+                return Err(bad(format!("schemas.{name}: schema names use 1-64 of [a-z0-9_-]")));
+            }
+        }
+        if let Some(p) = &self.policy {
+            p.validate().map_err(|e| bad(format!("policy: {e}")))?;
+        }
+        if let Some(ps) = &self.presets {
+            let empty = crate::policy::PolicySpec::default();
+            let table = crate::policy::PresetTable::resolve(ps, self.policy.as_ref().unwrap_or(&empty)).map_err(|e| bad(format!("presets: {e}")))?;
+            for name in ps.presets.keys() {
+                let p = table.get(Some(name)).map_err(|e| bad(format!("presets: {e}")))?;
+                if let Some(s) = &p.schema {
+                    if !self.schemas.contains_key(s) {
+                        return Err(bad(format!("presets.{name}.schema = {s:?}: no such schema in [schemas]")));
+                    }
+                }
+                if !p.control.is_empty() {
+                    return Err(bad(format!(
+                        "presets.{name}.control: control vectors are not applied by this runtime yet; remove them rather than ship a preset that would silently ignore them"
+                    )));
+                }
+            }
+        }
         if let Some(q) = &self.model.quantize {
             if q != "q8_0" {
                 return Err(bad(format!("model.quantize {q:?}: supported values: \"q8_0\"")));
@@ -107,6 +157,7 @@ impl Recipe {
             expires: format_time(expires_unix),
             min_runtime,
             created_from_clock: from_clock,
+            schemas: self.schemas.iter().map(|(n, p)| (n.clone(), if p.is_absolute() { p.clone() } else { base.join(p) })).collect(),
             source,
             recipe: self,
         })

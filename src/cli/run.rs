@@ -24,27 +24,31 @@ pub struct RunArgs {
     /// A system message (the chat template's default system prompt is used otherwise).
     #[arg(long)]
     pub system: Option<String>,
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 256)]
-    pub max_tokens: usize,
-    /// Sampling temperature; 0 = greedy (deterministic).
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
+    /// A preset of the bundle (sampling, safety level, redaction, mandatory text, schema).
+    /// Default: the bundle's default preset. Flags below override it only where the preset allows.
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// Most tokens to generate. Default: the preset's, else 256.
+    #[arg(long)]
+    pub max_tokens: Option<u32>,
+    /// Sampling temperature; 0 = greedy (deterministic). Default: the preset's, else 0.
+    #[arg(long)]
+    pub temperature: Option<f32>,
     /// Keep only the k most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
+    #[arg(long)]
+    pub top_k: Option<usize>,
     /// Nucleus sampling threshold (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
+    #[arg(long)]
+    pub top_p: Option<f32>,
     /// Min-p threshold relative to the top token (0 = off).
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f32,
+    #[arg(long)]
+    pub min_p: Option<f32>,
     /// Repetition penalty (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub repetition_penalty: f32,
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
     /// Random seed: the same seed gives the same output.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Stop when this text is generated (repeatable); the stop text is not printed.
     #[arg(long = "stop", value_name = "TEXT")]
     pub stop: Vec<String>,
@@ -52,7 +56,8 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
     /// Constrain the answer to JSON valid under this JSON Schema (compiled to a token automaton;
-    /// every step samples only tokens that keep the output a valid prefix).
+    /// every step samples only tokens that keep the output a valid prefix). Replaces the preset's
+    /// schema, if any.
     #[arg(long, value_name = "FILE")]
     pub schema: Option<PathBuf>,
     /// Print token counts and speed to stderr at the end.
@@ -124,34 +129,68 @@ pub fn prefill(engine: &mut Engine, seq: u32, ids: &[u32], chunk: usize) -> Resu
     Ok(last)
 }
 
+/// Load the bundle's policy members (presets, safety masks, redaction, schemas).
+pub fn load_policy(root: &Path, tok: &Tokenizer) -> Result<crate::policy::runtime::BundlePolicy, CliError> {
+    let tokens: Vec<Vec<u8>> = (0..tok.vocab_size() as u32).map(|id| tok.token_bytes(id).to_vec()).collect();
+    crate::policy::runtime::BundlePolicy::load(root, &tokens, tok.special_ids()).map_err(|e| CliError::Engine(format!("bundle policy: {e}")))
+}
+
 pub fn run(a: RunArgs) -> Result<(), CliError> {
-    if a.max_tokens == 0 {
+    if a.max_tokens == Some(0) {
         return Err(CliError::Usage("--max-tokens must be at least 1".into()));
     }
     let vb = open_bundle(&a.bundle, &a.trust, &a.store, false)?;
     let mut l = load(&vb.root, a.threads, 1)?;
-    let ids = prompt_ids(&l, a.system.as_deref(), &a.prompt)?;
-    let ctx = l.engine.max_context();
-    if ids.len() + 1 > ctx {
-        return Err(CliError::Usage(format!("prompt is {} tokens; the context holds {ctx}", ids.len())));
-    }
-    let max_new = a.max_tokens.min(ctx - ids.len());
-    let params = SamplingParams {
+    let policy = load_policy(&vb.root, &l.tokenizer)?;
+    let preset = policy.preset(a.preset.as_deref()).map_err(|e| CliError::Usage(e.to_string()))?;
+    let req = crate::policy::RequestParams {
         temperature: a.temperature,
         top_k: a.top_k,
         top_p: a.top_p,
         min_p: a.min_p,
         repetition_penalty: a.repetition_penalty,
+        frequency_penalty: None,
+        presence_penalty: None,
         seed: a.seed,
-        ..Default::default()
+        max_tokens: a.max_tokens,
     };
+    let (params, max_tokens) = match preset {
+        Some(p) => {
+            let r = p.resolve_request(&req).map_err(|e| CliError::Usage(e.to_string()))?;
+            (r.sampling, r.max_tokens as usize)
+        }
+        None => {
+            let d = SamplingParams::default();
+            let p = SamplingParams {
+                temperature: a.temperature.unwrap_or(d.temperature),
+                top_k: a.top_k.unwrap_or(d.top_k),
+                top_p: a.top_p.unwrap_or(d.top_p),
+                min_p: a.min_p.unwrap_or(d.min_p),
+                repetition_penalty: a.repetition_penalty.unwrap_or(d.repetition_penalty),
+                seed: a.seed.unwrap_or(d.seed),
+                ..d
+            };
+            (p, a.max_tokens.unwrap_or(256) as usize)
+        }
+    };
+    let system = a.system.as_deref().map(|s| policy.redact_input(preset, s));
+    let user = policy.redact_input(preset, &a.prompt);
+    let ids = prompt_ids(&l, system.as_deref(), &user)?;
+    let ctx = l.engine.max_context();
+    if ids.len() + 1 > ctx {
+        return Err(CliError::Usage(format!("prompt is {} tokens; the context holds {ctx}", ids.len())));
+    }
+    let max_new = max_tokens.min(ctx - ids.len());
     let mut sampler = Sampler::new(params);
-    let schema = match &a.schema {
+    let adhoc = match &a.schema {
         Some(p) => Some(compile_schema_file(&l, p)?),
         None => None,
     };
-    let mut matcher = schema.as_ref().map(crate::schema::Matcher::new);
-    let mut mask = vec![0u64; schema.as_ref().map(|s| s.mask_words()).unwrap_or(0)];
+    let vocab = l.engine.config().vocab_size;
+    let mut cons = policy.constraints(preset, adhoc.as_ref(), vocab);
+    let mut pipe = policy.pipeline(preset);
+    let prefix = pipe.start();
+    cons.feed_text(prefix.as_bytes());
     let eog = l.engine.config().eog_token_ids.clone();
     let seq = l.engine.new_seq().map_err(|e| CliError::Engine(e.to_string()))?;
     let t0 = Instant::now();
@@ -160,6 +199,7 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
     let mut history = ids.clone();
     let mut dec = l.tokenizer.stream_decoder();
     let mut out = std::io::stdout().lock();
+    let _ = out.write_all(prefix.as_bytes());
     let mut text = String::new();
     let mut printed = 0usize;
     let mut n_gen = 0usize;
@@ -167,20 +207,9 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
     let max_stop = a.stop.iter().map(|s| s.len()).max().unwrap_or(0);
     let t1 = Instant::now();
     while n_gen < max_new {
-        if let Some(m) = matcher.as_mut() {
-            m.allowed(&mut mask);
-            let mut any = false;
-            for (id, x) in logits.iter_mut().enumerate() {
-                if mask.get(id / 64).is_some_and(|w| w >> (id % 64) & 1 == 1) {
-                    any = true;
-                } else {
-                    *x = f32::NEG_INFINITY;
-                }
-            }
-            if !any {
-                reason = "schema_dead_end";
-                break;
-            }
+        if cons.apply(&mut logits).is_err() {
+            reason = "policy_no_allowed_token";
+            break;
         }
         let Some(tok) = sampler.sample(&mut logits, &history, None) else { break };
         n_gen += 1;
@@ -188,11 +217,9 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
             reason = "end_turn";
             break;
         }
-        if let Some(m) = matcher.as_mut() {
-            if !m.advance(tok) {
-                reason = "schema_dead_end";
-                break;
-            }
+        if !cons.advance(tok) {
+            reason = "policy_no_allowed_token";
+            break;
         }
         history.push(tok);
         text.push_str(&dec.push(tok));
@@ -207,7 +234,7 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
             safe -= 1;
         }
         if safe > printed {
-            let _ = out.write_all(text[printed..safe].as_bytes());
+            let _ = out.write_all(pipe.push(&text[printed..safe]).as_bytes());
             let _ = out.flush();
             printed = safe;
         }
@@ -216,19 +243,18 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
         }
         logits = l.engine.forward(&[(seq, &[tok])]).map_err(|e| CliError::Engine(e.to_string()))?.pop().unwrap_or_default();
     }
-    if text.len() > printed {
-        let _ = out.write_all(text[printed..].as_bytes());
-    }
+    let mut rest = if text.len() > printed { pipe.push(&text[printed..]) } else { String::new() };
+    rest.push_str(&pipe.finish());
+    let _ = out.write_all(rest.as_bytes());
     let _ = writeln!(out);
-    if let Some(m) = &matcher {
-        if !m.is_accepting() {
-            eprintln!("warning: the answer stopped ({reason}) before the JSON was complete; raise --max-tokens");
-        }
+    if cons.has_schema() && !cons.is_complete() {
+        eprintln!("warning: the answer stopped ({reason}) before the JSON was complete; raise --max-tokens");
     }
     if a.verbose {
         let dt = t1.elapsed().as_secs_f64();
         eprintln!(
-            "[{} prompt tokens, {n_gen} generated, stop: {reason}; first token after {:.0} ms; {:.1} tok/s; {}]",
+            "[preset {}; {} prompt tokens, {n_gen} generated, stop: {reason}; first token after {:.0} ms; {:.1} tok/s; {}]",
+            preset.map(|p| p.name.as_str()).unwrap_or("none"),
             ids.len(),
             ttft.as_secs_f64() * 1e3,
             n_gen as f64 / dt.max(1e-9),

@@ -10,6 +10,7 @@
 pub mod mandatory;
 pub mod presets;
 pub mod redact;
+pub mod runtime;
 pub mod safety;
 
 use std::collections::BTreeMap;

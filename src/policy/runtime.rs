@@ -1,0 +1,265 @@
+//! The bundle's compiled policy at run time, shared by `run` and `serve`: loads `policy/` and
+//! `schemas/` members of a verified store entry, and per request combines the structured-output
+//! mask and the safety mask into one allowed-token set per step ([`Constraints`]) and passes the
+//! model's text through output redaction and the mandatory prefix/suffix ([`TextPipeline`]).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{MandatoryText, PolicyError, Preset, PresetTable, RedactionSpec, Redactor, SafetyMask, SafetyState, SafetyVocab, StreamRedactor};
+use crate::schema::{CompiledSchema, Matcher};
+
+/// Everything policy-related a bundle carries, loaded once.
+pub struct BundlePolicy {
+    pub presets: Option<PresetTable>,
+    pub safety: BTreeMap<String, SafetyMask>,
+    pub redactor: Option<Redactor>,
+    pub schemas: BTreeMap<String, Arc<CompiledSchema>>,
+}
+
+fn decode_err(member: &str, reason: impl ToString) -> PolicyError {
+    PolicyError::Decode { member: "bundle policy", reason: format!("{member}: {}", reason.to_string()) }
+}
+
+impl BundlePolicy {
+    /// Load from an unpacked, verified bundle directory. `tokens` are the tokenizer's token bytes
+    /// and `special` its control-token ids (for the safety vocabulary digest check).
+    pub fn load(root: &Path, tokens: &[Vec<u8>], special: &[u32]) -> Result<BundlePolicy, PolicyError> {
+        let presets = match std::fs::read(root.join("policy/presets.json")) {
+            Ok(b) => Some(PresetTable::from_json(&b)?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(decode_err("policy/presets.json", e)),
+        };
+        let redactor = match std::fs::read(root.join("policy/redaction.json")) {
+            Ok(b) => {
+                let spec: RedactionSpec = serde_json::from_slice(&b).map_err(|e| decode_err("policy/redaction.json", e))?;
+                Some(Redactor::new(&spec)?)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(decode_err("policy/redaction.json", e)),
+        };
+        let mut safety = BTreeMap::new();
+        let mut schemas = BTreeMap::new();
+        let mut vocab: Option<Arc<SafetyVocab>> = None;
+        for (dir, ext) in [("policy", "bin"), ("schemas", "bin")] {
+            let Ok(rd) = std::fs::read_dir(root.join(dir)) else { continue };
+            let mut names: Vec<_> = rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+            names.sort();
+            for n in names {
+                let Some(stem) = n.strip_suffix(&format!(".{ext}")) else { continue };
+                let member = format!("{dir}/{n}");
+                let bytes = std::fs::read(root.join(&member)).map_err(|e| decode_err(&member, e))?;
+                if dir == "policy" {
+                    let Some(level) = stem.strip_prefix("safety-") else { continue };
+                    let v = match &vocab {
+                        Some(v) => v.clone(),
+                        None => {
+                            let v = Arc::new(SafetyVocab::new(tokens, special)?);
+                            vocab = Some(v.clone());
+                            v
+                        }
+                    };
+                    safety.insert(level.to_string(), SafetyMask::from_bytes(&bytes, &v)?);
+                } else {
+                    let c = CompiledSchema::from_bytes(&bytes).map_err(|e| decode_err(&member, e))?;
+                    schemas.insert(stem.to_string(), Arc::new(c));
+                }
+            }
+        }
+        let bp = BundlePolicy { presets, safety, redactor, schemas };
+        // Every reference a preset makes must resolve now, not at the first request.
+        if let Some(t) = &bp.presets {
+            for p in t.presets.values() {
+                if let Some(l) = &p.safety {
+                    if !bp.safety.contains_key(l) {
+                        return Err(decode_err("policy/presets.json", format!("preset {} names safety level {l} with no policy/safety-{l}.bin", p.name)));
+                    }
+                }
+                if let Some(s) = &p.schema {
+                    if !bp.schemas.contains_key(s) {
+                        return Err(decode_err("policy/presets.json", format!("preset {} names schema {s} with no schemas/{s}.bin", p.name)));
+                    }
+                }
+                if (p.redact_output || p.redact_input) && bp.redactor.is_none() {
+                    return Err(decode_err("policy/presets.json", format!("preset {} redacts but the bundle has no policy/redaction.json", p.name)));
+                }
+                if !p.control.is_empty() {
+                    return Err(decode_err("policy/presets.json", format!("preset {} uses control vectors, which this runtime does not apply", p.name)));
+                }
+            }
+        }
+        Ok(bp)
+    }
+
+    /// The preset a request asked for (`None` = the bundle's default); `Ok(None)` when the bundle
+    /// has no presets and none was asked for.
+    pub fn preset(&self, name: Option<&str>) -> Result<Option<&Preset>, PolicyError> {
+        match (&self.presets, name) {
+            (Some(t), n) => t.get(n).map(Some),
+            (None, None) => Ok(None),
+            (None, Some(n)) => Err(PolicyError::UnknownPreset { name: n.to_string(), known: String::new() }),
+        }
+    }
+
+    /// The per-request constraints for a preset (and optionally an ad-hoc schema that overrides
+    /// the preset's named one).
+    pub fn constraints<'a>(&'a self, preset: Option<&Preset>, adhoc: Option<&'a CompiledSchema>, vocab_size: usize) -> Constraints<'a> {
+        let schema = adhoc.or_else(|| preset.and_then(|p| p.schema.as_ref()).and_then(|s| self.schemas.get(s)).map(|a| a.as_ref()));
+        let safety = preset.and_then(|p| p.safety.as_ref()).and_then(|l| self.safety.get(l));
+        Constraints::new(schema, safety, vocab_size)
+    }
+
+    /// The output text pipeline for a preset.
+    pub fn pipeline(&self, preset: Option<&Preset>) -> TextPipeline {
+        let redactor = match (preset, &self.redactor) {
+            (Some(p), Some(r)) if p.redact_output => Some(r.stream()),
+            _ => None,
+        };
+        TextPipeline { mandatory: preset.map(|p| p.mandatory.clone()).unwrap_or_default(), redactor, started: false, tail: None }
+    }
+
+    /// Redact a prompt before the model sees it, when the preset says so.
+    pub fn redact_input(&self, preset: Option<&Preset>, text: &str) -> String {
+        match (preset, &self.redactor) {
+            (Some(p), Some(r)) if p.redact_input => r.redact(text).0,
+            _ => text.to_string(),
+        }
+    }
+}
+
+/// Why a constrained answer had to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConstraintStop {
+    /// No token is allowed by both the schema and the safety mask.
+    NothingAllowed,
+}
+
+/// Per-request token constraints: schema automaton ∩ safety mask, one bitset per step.
+pub struct Constraints<'a> {
+    schema: Option<Matcher<'a>>,
+    safety: Option<(&'a SafetyMask, SafetyState)>,
+    buf: Vec<u64>,
+    vocab: usize,
+}
+
+impl<'a> Constraints<'a> {
+    pub fn new(schema: Option<&'a CompiledSchema>, safety: Option<&'a SafetyMask>, vocab: usize) -> Constraints<'a> {
+        Constraints { schema: schema.map(Matcher::new), safety: safety.map(|m| (m, m.start())), buf: vec![0; vocab.div_ceil(64)], vocab }
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.schema.is_some() || self.safety.is_some()
+    }
+
+    pub fn has_schema(&self) -> bool {
+        self.schema.is_some()
+    }
+
+    /// Feed text the model did not produce (a mandatory prefix) through the safety automaton.
+    pub fn feed_text(&mut self, bytes: &[u8]) {
+        if let Some((m, s)) = self.safety.as_mut() {
+            *s = m.advance_bytes(*s, bytes);
+        }
+    }
+
+    /// Set every disallowed logit to −∞. Returns `Err` when nothing is allowed.
+    pub fn apply(&mut self, logits: &mut [f32]) -> Result<(), ConstraintStop> {
+        if !self.is_active() {
+            return Ok(());
+        }
+        self.buf.iter_mut().for_each(|w| *w = u64::MAX);
+        if let Some(m) = self.schema.as_mut() {
+            let mut tmp = vec![0u64; self.buf.len()];
+            m.allowed(&mut tmp);
+            for (b, t) in self.buf.iter_mut().zip(&tmp) {
+                *b &= *t;
+            }
+        }
+        if let Some((m, s)) = &self.safety {
+            let a = m.allowed(*s);
+            for (i, b) in self.buf.iter_mut().enumerate() {
+                *b &= a.get(i).copied().unwrap_or(0);
+            }
+        }
+        let mut any = false;
+        for (id, x) in logits.iter_mut().enumerate().take(self.vocab) {
+            if self.buf[id / 64] >> (id % 64) & 1 == 1 {
+                any = any || x.is_finite() || *x == f32::INFINITY;
+            } else {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        for x in logits.iter_mut().skip(self.vocab) {
+            *x = f32::NEG_INFINITY;
+        }
+        if any { Ok(()) } else { Err(ConstraintStop::NothingAllowed) }
+    }
+
+    /// Advance by the sampled token. `false` means the token was not allowed (a bug upstream).
+    pub fn advance(&mut self, token: u32) -> bool {
+        if let Some((m, s)) = self.safety.as_mut() {
+            *s = m.advance(*s, token);
+            if s.is_banned() {
+                return false;
+            }
+        }
+        match self.schema.as_mut() {
+            Some(m) => m.advance(token),
+            None => true,
+        }
+    }
+
+    /// Whether the output so far is a complete document (always true without a schema).
+    pub fn is_complete(&self) -> bool {
+        self.schema.as_ref().is_none_or(|m| m.is_accepting())
+    }
+}
+
+/// Output text: mandatory prefix first, the model's text through the streaming redactor, then
+/// the mandatory suffix. Nothing a request sends can remove the prefix or suffix.
+pub struct TextPipeline {
+    mandatory: MandatoryText,
+    redactor: Option<StreamRedactor>,
+    started: bool,
+    tail: Option<char>,
+}
+
+impl TextPipeline {
+    /// The prefix (emit it before the model's first token).
+    pub fn start(&mut self) -> String {
+        if self.started {
+            return String::new();
+        }
+        self.started = true;
+        self.mandatory.prefix.clone()
+    }
+
+    /// Model text in; text safe to emit now out.
+    pub fn push(&mut self, model_text: &str) -> String {
+        let mut out = self.start();
+        if let Some(c) = model_text.chars().last() {
+            self.tail = Some(c);
+        }
+        match self.redactor.as_mut() {
+            Some(r) => out.push_str(&r.push(model_text)),
+            None => out.push_str(model_text),
+        }
+        out
+    }
+
+    /// Flush held-back text and append the suffix.
+    pub fn finish(&mut self) -> String {
+        let mut out = self.start();
+        if let Some(r) = self.redactor.as_mut() {
+            out.push_str(&r.finish());
+        }
+        out.push_str(&self.mandatory.suffix_after(self.tail));
+        out
+    }
+
+    /// Text the pipeline adds that the model did not produce (for usage counts).
+    pub fn mandatory_text(&self) -> (&str, &str) {
+        (&self.mandatory.prefix, &self.mandatory.suffix)
+    }
+}
