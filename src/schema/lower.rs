@@ -1466,7 +1466,10 @@ impl<'a> Lowerer<'a> {
         if node.min_len > bound {
             return Err(SchemaError::TooLarge { pointer: ptr.to_string(), what: format!("minLength {}", node.min_len), limit: bound as usize });
         }
-        let max_len = node.max_len.map(|m| m.min(bound));
+        // Generate long-bounded strings up to `max_length_generated` characters (at least
+        // minLength): a subset of the valid strings.
+        let gen = self.opts.max_length_generated.max(node.min_len);
+        let max_len = node.max_len.map(|m| m.min(bound).min(gen));
         let mut d = strings::length_dfa(node.min_len, max_len, self.cap).map_err(self.overflow(ptr))?;
         for (p, pp) in node.patterns.clone() {
             let pd = self.pattern(&p, &pp)?;
@@ -1725,6 +1728,16 @@ impl<'a> Lowerer<'a> {
             return Err(SchemaError::Unsupported { keyword: "minContains".into(), pointer: ptr.to_string() });
         }
         let m = prefix.len() as u64;
+        // Arrays bounded above by many items are generated with at most `max_items_generated`
+        // items (at least minItems and the prefix): a subset of the valid arrays.
+        let mut node_max = node.max_items;
+        if let Some(mx) = node_max {
+            let gen = self.opts.max_items_generated.max(node.min_items).max(m);
+            if mx > gen {
+                node_max = Some(gen);
+            }
+        }
+        let node = &Node { max_items: node_max, ..node.clone() };
         let unroll = match node.max_items {
             Some(mx) => mx,
             // At least one unrolled position: the tail loop writes a separator first.

@@ -105,9 +105,14 @@ pub struct CompileOptions {
     pub max_recursion: u32,
     /// Nesting depth of unconstrained values (`{}`, `true`, undeclared properties' values).
     pub max_any_depth: u32,
-    /// Strings with a `maxLength` above this are generated up to this many characters (a sound
-    /// restriction); a `minLength` above it is refused as too large.
+    /// A `minLength` above this is refused as too large (one automaton state per character).
     pub max_length_bound: u64,
+    /// Strings with a `maxLength` above this are generated up to this many characters (or up to
+    /// their `minLength` if larger): a sound restriction of the output.
+    pub max_length_generated: u64,
+    /// Arrays with a `maxItems` above this are generated with at most this many items (or their
+    /// `minItems` / prefix length if larger): a sound restriction of the output.
+    pub max_items_generated: u64,
     /// Cap on the states of any intermediate or final automaton.
     pub max_states: usize,
     /// Wall-clock cap on the schema lowering.
@@ -128,6 +133,8 @@ impl Default for CompileOptions {
             max_recursion: 3,
             max_any_depth: 3,
             max_length_bound: 1024,
+            max_length_generated: 256,
+            max_items_generated: 64,
             max_states: 200_000,
             max_compile_time: Duration::from_secs(10),
             enforce_formats: true,
