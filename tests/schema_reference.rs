@@ -56,7 +56,6 @@ const EXPECTED_FAILURES: &[(&str, &str)] = &[
     ("check-jsonschema--woodpecker-ci.json", "oneOf"),
     ("poetry-core--poetry-core-json-schemas-poetry-schema.json", "pattern"),
     ("jsonschema-gentypes--jsonschema_gentypes-openapi-2025-02-13.json", "not (patternProperties)"),
-    ("cfn-lint--AWS-MWAA-Environment", "too-large"),
     ("cfn-lint--AWS-Billing-BillingView", "too-large"),
     ("cfn-lint--AWS-RUM-AppMonitor", "too-large"),
     ("json-schema-test-suite--draft2020-12-allOf-5", "unsatisfiable"),
