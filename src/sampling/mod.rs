@@ -270,7 +270,7 @@ pub fn greedy(logits: &[f32]) -> Option<u32> {
         if l.is_nan() || l == f32::NEG_INFINITY {
             continue;
         }
-        if best.is_none_or(|(_, b)| l > b) {
+        if best.map_or(true, |(_, b)| l > b) {
             best = Some((i, l));
         }
     }

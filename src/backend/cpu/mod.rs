@@ -128,6 +128,7 @@ impl CpuBackend {
 }
 
 /// Compute `out[t*len + r] = w_row(r0 + r) · x_t` for `r < len`, `t < n` into `out`.
+#[allow(clippy::too_many_arguments)]
 fn matmul_rows(k: &Kernels, view: &TensorView<'_>, info: &WeightInfo, xf: &[f32], q8: &Q8Act, n: usize, r0: usize, out: &mut [f32]) {
     let len = out.len() / n.max(1);
     let rb = info.ty.row_bytes(info.cols).unwrap_or(0);
