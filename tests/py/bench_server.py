@@ -5,12 +5,11 @@ Usage: bench_server.py SOCKET [--clients 1,4,16] [--requests-per-client 4] [--ma
                               [--prompt TEXT] [--json]
 
 For each concurrency level, N client threads each send streamed OpenAI chat requests back to back
-(greedy, fixed max_tokens, ignore end of turn is not possible over the API, so output lengths vary)
-and measure, per request: time to first token (first content chunk), total time, tokens generated
-(from stream_options.include_usage). Reports aggregate generated tok/s over the wall time, TTFT
-p50/p99, inter-token latency p50, and the per-request overhead measured with a max_tokens=1
-request on an idle server minus the model's own prefill+1-token time is not separable from
-outside, so "overhead" is reported as the /healthz round trip and the count_tokens round trip.
+(temperature 0.7, a fixed seed per request, the same max_tokens; a request may end early on the
+model's end-of-turn token, so token counts come from stream_options.include_usage). Reported:
+aggregate generated tok/s over the wall time, time to first token p50/p99 (first content chunk),
+inter-token latency p50, and per-request overhead as p50 round trips of /healthz (HTTP over the
+socket) and count_tokens (plus JSON parsing, templating and tokenization), which exclude the model.
 """
 import argparse
 import http.client
