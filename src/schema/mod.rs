@@ -926,3 +926,29 @@ mod mask_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn lru_by_bytes() {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let vocab = Arc::new(Vocabulary::new(&v, &[eos]));
+        let opts = CompileOptions::default();
+        let one = CompiledSchema::compile_with(&json!({"type": "integer"}), &vocab, &opts).unwrap().stats().bytes;
+        let mut cache = SchemaCache::new(vocab, one * 2 + one / 2);
+        let a = cache.get_or_compile(&json!({"type": "integer"}), &opts).unwrap();
+        let a2 = cache.get_or_compile(&json!({"type": "integer"}), &opts).unwrap();
+        assert!(Arc::ptr_eq(&a, &a2));
+        cache.get_or_compile(&json!({"type": "integer", "minimum": 1}), &opts).unwrap();
+        cache.get_or_compile(&json!({"type": "integer"}), &opts).unwrap(); // touch
+        cache.get_or_compile(&json!({"type": "integer", "maximum": 9}), &opts).unwrap(); // evicts minimum:1
+        assert!(cache.bytes() <= one * 2 + one / 2);
+        let a3 = cache.get_or_compile(&json!({"type": "integer"}), &opts).unwrap();
+        assert!(Arc::ptr_eq(&a, &a3), "recently used entry kept");
+        assert_ne!(SchemaCache::key(&json!({"a": 1, "b": 2}), &opts), SchemaCache::key(&json!({"b": 2, "a": 1}), &opts));
+    }
+}
