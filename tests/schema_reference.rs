@@ -244,6 +244,9 @@ struct Outcome {
     invalid_total: usize,
     invalid_rejected: usize,
     compile_times: Vec<Duration>,
+    lower_times: Vec<Duration>,
+    mask_times: Vec<Duration>,
+    states: Vec<usize>,
     lookups: Vec<Duration>,
     failures: Vec<(String, String, String)>,
     accepted_invalid: Vec<(String, String)>,
@@ -269,6 +272,9 @@ fn run_corpus(cases: &[Case], vocab: &Arc<Vocabulary>, tokens: &[Vec<u8>], eos: 
         invalid_total: 0,
         invalid_rejected: 0,
         compile_times: Vec::new(),
+        lower_times: Vec::new(),
+        mask_times: Vec::new(),
+        states: Vec::new(),
         lookups: Vec::new(),
         failures: Vec::new(),
         accepted_invalid: Vec::new(),
@@ -294,6 +300,9 @@ fn run_corpus(cases: &[Case], vocab: &Arc<Vocabulary>, tokens: &[Vec<u8>], eos: 
         };
         o.compiled += 1;
         o.compile_times.push(dt);
+        o.lower_times.push(c.stats().lower_time);
+        o.mask_times.push(c.stats().mask_time);
+        o.states.push(c.stats().states);
         for inst in &case.valid {
             o.valid_total += 1;
             let greedy = tokenize_greedy(inst.as_bytes(), &index, max_len);
@@ -365,6 +374,11 @@ fn report(name: &str, cases: &[Case], o: &mut Outcome) {
     );
     let (m, p90, mx) = (pct(&mut o.compile_times, 0.5), pct(&mut o.compile_times, 0.9), pct(&mut o.compile_times, 1.0));
     println!("compile time (compiled schemas): median {m:?}, p90 {p90:?}, max {mx:?}");
+    let (lm_, lp_) = (pct(&mut o.lower_times, 0.5), pct(&mut o.lower_times, 0.9));
+    let (mm_, mp_) = (pct(&mut o.mask_times, 0.5), pct(&mut o.mask_times, 0.9));
+    o.states.sort_unstable();
+    let sm = o.states.get(o.states.len() / 2).copied().unwrap_or(0);
+    println!("  of which schema→DFA median {lm_:?} / p90 {lp_:?}, masks median {mm_:?} / p90 {mp_:?}; DFA states median {sm}");
     let (lm, l99) = (pct(&mut o.lookups, 0.5), pct(&mut o.lookups, 0.99));
     println!("mask lookup per token (allowed + bit test, incl. timer overhead): median {lm:?}, p99 {l99:?} over {} lookups", o.lookups.len());
     let mut kinds: HashMap<&str, usize> = HashMap::new();
