@@ -120,9 +120,7 @@ fn compile_schemas(r: &ResolvedRecipe, staging: &Path, progress: &mut dyn FnMut(
         &std::fs::read(staging.join(crate::model::CONFIG_PATH)).map_err(BundleError::io(staging.join(crate::model::CONFIG_PATH)))?,
     )
     .map_err(|e| BundleError::Import(e.to_string()))?;
-    let vocab: Vec<Vec<u8>> = (0..cfg.vocab_size as u32)
-        .map(|id| if tok.is_special(id) || id as usize >= tok.vocab_size() { Vec::new() } else { tok.token_bytes(id).to_vec() })
-        .collect();
+    let vocab = tok.generation_vocab(cfg.vocab_size);
     let vocab = std::sync::Arc::new(crate::schema::Vocabulary::new(&vocab, &cfg.eog_token_ids));
     let dir = staging.join("schemas");
     std::fs::create_dir_all(&dir).map_err(BundleError::io(&dir))?;

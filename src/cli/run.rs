@@ -86,10 +86,7 @@ pub fn load(root: &Path, threads: usize, max_seqs: usize) -> Result<Loaded, CliE
 /// The vocabulary as the schema compiler and safety masks see it: each id's bytes, with special
 /// (control) tokens empty so no mask ever allows them; plus the end-of-generation ids.
 pub fn generation_vocab(tok: &Tokenizer, cfg: &crate::model::ModelConfig) -> (Vec<Vec<u8>>, Vec<u32>) {
-    let vocab = (0..cfg.vocab_size as u32)
-        .map(|id| if tok.is_special(id) || id as usize >= tok.vocab_size() { Vec::new() } else { tok.token_bytes(id).to_vec() })
-        .collect();
-    (vocab, cfg.eog_token_ids.clone())
+    (tok.generation_vocab(cfg.vocab_size), cfg.eog_token_ids.clone())
 }
 
 /// Compile a JSON Schema file against a loaded bundle's vocabulary.

@@ -344,6 +344,15 @@ impl Tokenizer {
         &self.special_ids
     }
 
+    /// Token bytes for ids `0..n` as the schema compiler and structured-output masks see them:
+    /// special (control) tokens and ids past the tokenizer's vocabulary are empty, so no mask
+    /// ever allows them. `n` is the model's vocabulary size (the logits' length).
+    pub fn generation_vocab(&self, n: usize) -> Vec<Vec<u8>> {
+        (0..n as u32)
+            .map(|id| if self.is_special(id) || id as usize >= self.vocab_size() { Vec::new() } else { self.token_bytes(id).to_vec() })
+            .collect()
+    }
+
     /// The id of a token by its vocabulary string (e.g. `"<|im_end|>"`).
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.parse_special.token_to_id(token)
