@@ -180,11 +180,11 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
     let max_new = max_tokens.min(ctx - ids.len());
     let mut sampler = Sampler::new(params);
     let adhoc = match &a.schema {
-        Some(p) => Some(compile_schema_file(&l, p)?),
+        Some(p) => Some(std::sync::Arc::new(compile_schema_file(&l, p)?)),
         None => None,
     };
     let vocab = l.engine.config().vocab_size;
-    let mut cons = policy.constraints(preset, adhoc.as_ref(), vocab);
+    let mut cons = policy.constraints(preset, adhoc, vocab);
     let mut pipe = policy.pipeline(preset);
     let prefix = pipe.start();
     cons.feed_text(prefix.as_bytes());

@@ -13,7 +13,7 @@ use crate::schema::{CompiledSchema, Matcher};
 /// Everything policy-related a bundle carries, loaded once.
 pub struct BundlePolicy {
     pub presets: Option<PresetTable>,
-    pub safety: BTreeMap<String, SafetyMask>,
+    pub safety: BTreeMap<String, Arc<SafetyMask>>,
     pub redactor: Option<Redactor>,
     pub schemas: BTreeMap<String, Arc<CompiledSchema>>,
 }
@@ -60,7 +60,7 @@ impl BundlePolicy {
                             v
                         }
                     };
-                    safety.insert(level.to_string(), SafetyMask::from_bytes(&bytes, &v)?);
+                    safety.insert(level.to_string(), Arc::new(SafetyMask::from_bytes(&bytes, &v)?));
                 } else {
                     let c = CompiledSchema::from_bytes(&bytes).map_err(|e| decode_err(&member, e))?;
                     schemas.insert(stem.to_string(), Arc::new(c));
@@ -104,9 +104,9 @@ impl BundlePolicy {
 
     /// The per-request constraints for a preset (and optionally an ad-hoc schema that overrides
     /// the preset's named one).
-    pub fn constraints<'a>(&'a self, preset: Option<&Preset>, adhoc: Option<&'a CompiledSchema>, vocab_size: usize) -> Constraints<'a> {
-        let schema = adhoc.or_else(|| preset.and_then(|p| p.schema.as_ref()).and_then(|s| self.schemas.get(s)).map(|a| a.as_ref()));
-        let safety = preset.and_then(|p| p.safety.as_ref()).and_then(|l| self.safety.get(l));
+    pub fn constraints(&self, preset: Option<&Preset>, adhoc: Option<Arc<CompiledSchema>>, vocab_size: usize) -> Constraints {
+        let schema = adhoc.or_else(|| preset.and_then(|p| p.schema.as_ref()).and_then(|s| self.schemas.get(s)).cloned());
+        let safety = preset.and_then(|p| p.safety.as_ref()).and_then(|l| self.safety.get(l)).cloned();
         Constraints::new(schema, safety, vocab_size)
     }
 
@@ -135,17 +135,24 @@ pub enum ConstraintStop {
     NothingAllowed,
 }
 
-/// Per-request token constraints: schema automaton ∩ safety mask, one bitset per step.
-pub struct Constraints<'a> {
-    schema: Option<Matcher<'a>>,
-    safety: Option<(&'a SafetyMask, SafetyState)>,
+/// Per-request token constraints: schema automaton ∩ safety mask, one bitset per step. Owns
+/// its automata through `Arc`s, so it can live in a scheduler's per-sequence state.
+pub struct Constraints {
+    schema: Option<Matcher<Arc<CompiledSchema>>>,
+    safety: Option<(Arc<SafetyMask>, SafetyState)>,
     buf: Vec<u64>,
+    tmp: Vec<u64>,
     vocab: usize,
 }
 
-impl<'a> Constraints<'a> {
-    pub fn new(schema: Option<&'a CompiledSchema>, safety: Option<&'a SafetyMask>, vocab: usize) -> Constraints<'a> {
-        Constraints { schema: schema.map(Matcher::new), safety: safety.map(|m| (m, m.start())), buf: vec![0; vocab.div_ceil(64)], vocab }
+impl Constraints {
+    pub fn new(schema: Option<Arc<CompiledSchema>>, safety: Option<Arc<SafetyMask>>, vocab: usize) -> Constraints {
+        let words = vocab.div_ceil(64).max(schema.as_ref().map(|s| s.mask_words()).unwrap_or(0));
+        let safety = safety.map(|m| {
+            let s = m.start();
+            (m, s)
+        });
+        Constraints { schema: schema.map(Matcher::new), safety, buf: vec![0; words], tmp: vec![0; words], vocab }
     }
 
     pub fn is_active(&self) -> bool {
@@ -170,9 +177,9 @@ impl<'a> Constraints<'a> {
         }
         self.buf.iter_mut().for_each(|w| *w = u64::MAX);
         if let Some(m) = self.schema.as_mut() {
-            let mut tmp = vec![0u64; self.buf.len()];
-            m.allowed(&mut tmp);
-            for (b, t) in self.buf.iter_mut().zip(&tmp) {
+            self.tmp.iter_mut().for_each(|w| *w = 0);
+            m.allowed(&mut self.tmp);
+            for (b, t) in self.buf.iter_mut().zip(&self.tmp) {
                 *b &= *t;
             }
         }

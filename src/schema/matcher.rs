@@ -230,17 +230,20 @@ impl Tracker {
 
 /// Stateful matcher for one generation: the automaton state plus what a finite automaton cannot
 /// track (`uniqueItems`). For schemas without `uniqueItems` it costs one mask copy per token.
+/// `S` is how the matcher holds its schema: `&CompiledSchema` for a borrow, or
+/// `Arc<CompiledSchema>` for a matcher that lives in a scheduler beside other requests.
 #[derive(Clone, Debug)]
-pub struct Matcher<'c> {
-    schema: &'c CompiledSchema,
+pub struct Matcher<S: std::ops::Deref<Target = CompiledSchema>> {
+    schema: S,
     state: StateId,
     tracker: Tracker,
     track: bool,
 }
 
-impl<'c> Matcher<'c> {
-    pub fn new(schema: &'c CompiledSchema) -> Matcher<'c> {
-        Matcher { schema, state: schema.start(), tracker: Tracker::default(), track: !schema.unique.is_empty() }
+impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
+    pub fn new(schema: S) -> Matcher<S> {
+        let (state, track) = (schema.start(), !schema.unique.is_empty());
+        Matcher { schema, state, tracker: Tracker::default(), track }
     }
 
     /// The automaton state.
