@@ -9,7 +9,7 @@
 //! asks for it only ever removes texts, so it cannot let an invalid document through.
 
 use std::collections::HashSet;
-use std::rc::Rc;
+use std::sync::Arc as Rc;
 
 use super::lower::PStep;
 use super::{CompiledSchema, StateId};

@@ -100,6 +100,9 @@ pub struct ChatRequest {
     pub stream: bool,
     /// OpenAI `stream_options.include_usage`.
     pub include_usage: bool,
+    /// The sampling parameters the request set explicitly (checked against the preset's
+    /// `overridable` list; everything else comes from the preset).
+    pub overrides: crate::policy::RequestParams,
 }
 
 impl ChatRequest {
@@ -320,6 +323,7 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
         return Err(ApiError::bad("messages[0].role", "the first message must be a \"user\" message"));
     }
     let mut sampling = SamplingParams { temperature: 1.0, ..Default::default() };
+    let mut overrides = crate::policy::RequestParams::default();
     let mut max_tokens = None;
     let mut stop = Vec::new();
     let mut stream = false;
@@ -331,12 +335,15 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
         max_tokens = Some(mt as usize);
         if let Some(t) = o.f32_in("temperature", 0.0, 1.0)? {
             sampling.temperature = t;
+            overrides.temperature = Some(t);
         }
         if let Some(p) = o.f32_in("top_p", 0.0, 1.0)? {
             sampling.top_p = p;
+            overrides.top_p = Some(p);
         }
         if let Some(k) = o.uint("top_k")? {
             sampling.top_k = k as usize;
+            overrides.top_k = Some(k as usize);
         }
         if let Some(v) = o.get("stop_sequences") {
             if !v.is_array() {
@@ -354,7 +361,7 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
         }
         stream = o.bool("stream")?.unwrap_or(false);
     }
-    Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false })
+    Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false, overrides })
 }
 
 /// `POST /v1/chat/completions`.
@@ -402,17 +409,22 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         return Err(ApiError::bad("max_tokens", "must be at least 1"));
     }
     let mut sampling = SamplingParams { temperature: 1.0, ..Default::default() };
+    let mut overrides = crate::policy::RequestParams::default();
     if let Some(t) = o.f32_in("temperature", 0.0, 2.0)? {
         sampling.temperature = t;
+        overrides.temperature = Some(t);
     }
     if let Some(p) = o.f32_in("top_p", 0.0, 1.0)? {
         sampling.top_p = p;
+        overrides.top_p = Some(p);
     }
     if let Some(p) = o.f32_in("frequency_penalty", -2.0, 2.0)? {
         sampling.frequency_penalty = p;
+        overrides.frequency_penalty = Some(p);
     }
     if let Some(p) = o.f32_in("presence_penalty", -2.0, 2.0)? {
         sampling.presence_penalty = p;
+        overrides.presence_penalty = Some(p);
     }
     let seed = o.int("seed")?.map(|s| s as u64);
     let stop = match o.get("stop") {
@@ -448,7 +460,8 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
             return Err(ApiError::bad("stream_options", "only allowed when stream is true"));
         }
     }
-    Ok(ChatRequest { model, messages, max_tokens: mt.map(|x| x as usize), sampling, seed, stop, stream, include_usage })
+    overrides.seed = seed;
+    Ok(ChatRequest { model, messages, max_tokens: mt.map(|x| x as usize), sampling, seed, stop, stream, include_usage, overrides })
 }
 
 // ---- responses ----
@@ -460,6 +473,7 @@ pub fn anthropic_stop(r: super::scheduler::StopReason) -> &'static str {
         EndTurn => "end_turn",
         MaxTokens => "max_tokens",
         StopSequence => "stop_sequence",
+        Policy => "refusal",
     }
 }
 
@@ -468,6 +482,7 @@ pub fn openai_finish(r: super::scheduler::StopReason) -> &'static str {
     match r {
         EndTurn | StopSequence => "stop",
         MaxTokens => "length",
+        Policy => "content_filter",
     }
 }
 

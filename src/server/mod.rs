@@ -91,6 +91,8 @@ pub(crate) struct State {
     pub sched: Scheduler,
     pub tokenizer: Arc<Tokenizer>,
     pub template: ChatTemplate,
+    /// The bundle's presets, safety masks, redaction rules and named schemas.
+    pub policy: Arc<crate::policy::runtime::BundlePolicy>,
     pub model_cfg: ModelConfig,
     pub info: OnceLock<EngineInfo>,
     pub bundle: BundleInfo,
@@ -233,6 +235,11 @@ async fn run(
     log: Logger,
 ) -> Result<(), ServerError> {
     let listener = UnixListener::from_std(std_listener).map_err(io("socket"))?;
+    let tokens: Vec<Vec<u8>> = (0..tokenizer.vocab_size() as u32).map(|id| tokenizer.token_bytes(id).to_vec()).collect();
+    let policy = Arc::new(
+        crate::policy::runtime::BundlePolicy::load(&root, &tokens, tokenizer.special_ids()).map_err(|e| ServerError::Load(format!("bundle policy: {e}")))?,
+    );
+    drop(tokens);
     let metrics = Arc::new(Metrics::default());
     let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();
     let eopts = EngineOptions { threads: cfg.threads, max_seqs: cfg.limits.max_concurrent, max_context: cfg.limits.max_context };
@@ -250,6 +257,7 @@ async fn run(
         sched: sched.clone(),
         tokenizer: Arc::new(tokenizer),
         template,
+        policy,
         model_cfg,
         info: OnceLock::new(),
         allow: Allowlist::from_config(&cfg.access),

@@ -99,6 +99,7 @@ pub(crate) struct Record {
     written: bool,
     pub status: u16,
     pub model: Option<String>,
+    pub preset: Option<String>,
     pub stream: bool,
     pub stop_reason: Option<&'static str>,
     pub input_tokens: usize,
@@ -120,6 +121,7 @@ impl Record {
             written: false,
             status: 0,
             model: None,
+            preset: None,
             stream: false,
             stop_reason: None,
             input_tokens: 0,
@@ -172,7 +174,7 @@ impl Record {
         m.insert("identity".into(), st.bundle.identity.clone().into());
         m.insert("endpoint".into(), self.endpoint.into());
         m.insert("model".into(), self.model.clone().into());
-        m.insert("preset".into(), "default".into());
+        m.insert("preset".into(), self.preset.clone().into());
         m.insert("stream".into(), self.stream.into());
         m.insert("status".into(), self.status.into());
         m.insert("stop_reason".into(), self.stop_reason.into());
@@ -293,7 +295,33 @@ fn model_entry(state: &State) -> Value {
 /// Both APIs' list shapes in one body (OpenAI reads `object`/`data`, Anthropic `data`/`has_more`).
 fn models_body(state: &State) -> Value {
     let name = &state.bundle.name;
-    json!({"object": "list", "data": [model_entry(state)], "has_more": false, "first_id": name, "last_id": name})
+    let mut data = vec![model_entry(state)];
+    if let Some(t) = &state.policy.presets {
+        for p in t.presets.values() {
+            let mut e = model_entry(state);
+            let id = format!("{name}:{}", p.name);
+            e["id"] = json!(id);
+            e["display_name"] = json!(format!("{} v{} preset {}", name, state.bundle.version, p.name));
+            e["preset"] = json!({"name": p.name, "description": p.description, "default": p.name == t.default,
+                "max_tokens": p.max_tokens, "safety": p.safety, "redact_output": p.redact_output,
+                "redact_input": p.redact_input, "schema": p.schema,
+                "overridable": p.overridable.iter().map(|x| x.name()).collect::<Vec<_>>()});
+            data.push(e);
+        }
+    }
+    let last = data.last().and_then(|e| e["id"].as_str()).unwrap_or(name).to_string();
+    json!({"object": "list", "data": data, "has_more": false, "first_id": name, "last_id": last})
+}
+
+/// Split `bundle:preset` into the model part and the preset name.
+fn split_preset(m: Option<&str>) -> (Option<&str>, Option<&str>) {
+    match m {
+        Some(x) => match x.rsplit_once(':') {
+            Some((a, p)) if !p.is_empty() && !p.contains('/') => (Some(a), Some(p)),
+            _ => (Some(x), None),
+        },
+        None => (None, None),
+    }
 }
 
 fn model_matches(state: &State, m: Option<&str>) -> bool {
@@ -468,9 +496,25 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     };
     rec.model = creq.model.clone();
     rec.stream = creq.stream;
-    if !model_matches(state, creq.model.as_deref()) {
+    let (model_part, preset_name) = split_preset(creq.model.as_deref());
+    if !model_matches(state, model_part) {
         let e = model_not_found(state, creq.model.as_deref().unwrap_or(""));
         return rec.fail(flavor, e);
+    }
+    let preset = match state.policy.preset(preset_name) {
+        Ok(p) => p.cloned(),
+        Err(e) => {
+            let mut err = ApiError::new(404, e.to_string());
+            err.param = Some("model".into());
+            return rec.fail(flavor, err);
+        }
+    };
+    rec.preset = preset.as_ref().map(|p| p.name.clone());
+    let mut creq = creq;
+    if preset.as_ref().is_some_and(|p| p.redact_input) {
+        for m in &mut creq.messages {
+            m.content = state.policy.redact_input(preset.as_ref(), &m.content);
+        }
     }
     let st = state.clone();
     let creq = Arc::new(creq);
@@ -510,6 +554,38 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     };
     let mut params = creq.sampling.clone();
     params.seed = creq.seed.unwrap_or_else(|| rand_core::OsRng.next_u64());
+    let mut max_tokens = max_tokens;
+    if let Some(p) = &preset {
+        // The preset supplies every parameter the request does not set; a request may set only
+        // what the preset lists as overridable (else 400 naming the parameter). A max_tokens at
+        // or below the preset's is always accepted: it only shortens the answer.
+        let mut ov = creq.overrides.clone();
+        let asked = creq.max_tokens.map(|m| m as u32);
+        ov.max_tokens = asked.filter(|&m| m > p.max_tokens);
+        match p.resolve_request(&ov) {
+            Ok(r) => {
+                params = r.sampling;
+                if creq.seed.is_none() && !p.overridable.contains(&crate::policy::Param::Seed) {
+                    // the preset's own seed stays
+                } else if creq.seed.is_none() {
+                    params.seed = rand_core::OsRng.next_u64();
+                }
+                max_tokens = (r.max_tokens as usize).min(asked.map(|m| m as usize).unwrap_or(usize::MAX)).min(max_ctx - n);
+            }
+            Err(e) => return rec.fail(flavor, ApiError::new(400, e.to_string())),
+        }
+    }
+    let vocab = state.model_cfg.vocab_size;
+    let cons = state.policy.constraints(preset.as_ref(), None, vocab);
+    let constraints = if cons.is_active() { Some(cons) } else { None };
+    let pipeline = preset.as_ref().map(|p| state.policy.pipeline(Some(p)));
+    let extra_output_tokens = preset
+        .as_ref()
+        .map(|p| {
+            let (a, b) = (&p.mandatory.prefix, &p.mandatory.suffix);
+            [a, b].iter().filter(|t| !t.is_empty()).map(|t| state.tokenizer.encode(t, false).map(|v| v.len()).unwrap_or(0)).sum()
+        })
+        .unwrap_or(0);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let guard = state.inflight();
     let gr = GenRequest {
@@ -520,6 +596,9 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         decoder: state.tokenizer.stream_decoder(),
         events: tx,
         admitted: Instant::now(),
+        constraints,
+        pipeline,
+        extra_output_tokens,
     };
     match state.sched.submit(gr) {
         Ok(()) => {}

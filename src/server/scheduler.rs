@@ -34,6 +34,8 @@ pub enum StopReason {
     EndTurn,
     MaxTokens,
     StopSequence,
+    /// The bundle's policy (safety mask ∩ schema) left no token to emit.
+    Policy,
 }
 
 /// The end of a successful generation.
@@ -73,6 +75,12 @@ pub struct GenRequest {
     pub decoder: StreamDecoder,
     pub events: UnboundedSender<Event>,
     pub admitted: Instant,
+    /// Per-request token constraints (safety mask, schema); `None` = unconstrained.
+    pub constraints: Option<crate::policy::runtime::Constraints>,
+    /// Output redaction and mandatory prefix/suffix.
+    pub pipeline: Option<crate::policy::runtime::TextPipeline>,
+    /// Tokens of mandatory text, counted in usage as output.
+    pub extra_output_tokens: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -351,6 +359,13 @@ impl Loop {
                 }
             }
             let now = Instant::now();
+            if let Some(c) = s.req.constraints.as_mut() {
+                if c.apply(&mut lg).is_err() {
+                    finish(s, StopReason::Policy, None, &self.metrics);
+                    finished.push(i);
+                    continue;
+                }
+            }
             let Some(tok) = s.sampler.sample(&mut lg, &s.history, None) else {
                 finish(s, StopReason::EndTurn, None, &self.metrics);
                 finished.push(i);
@@ -370,11 +385,18 @@ impl Loop {
                 finished.push(i);
                 continue;
             }
+            if let Some(c) = s.req.constraints.as_mut() {
+                if !c.advance(tok) {
+                    finish(s, StopReason::Policy, None, &self.metrics);
+                    finished.push(i);
+                    continue;
+                }
+            }
             s.generated += 1;
             s.history.push(tok);
             let piece = s.req.decoder.push(tok);
             let (text, hit) = s.stops.push(&piece);
-            if !text.is_empty() && s.req.events.send(Event::Text(text)).is_err() {
+            if !send_text(s, text) {
                 // Client gone: free at once.
                 finished.push(i);
                 continue;
@@ -404,20 +426,35 @@ fn finish(s: &mut Seq, reason: StopReason, stop: Option<String>, metrics: &Metri
         let tail = s.req.decoder.finish();
         let (mut text, hit) = s.stops.push(&tail);
         if let Some(stop) = hit {
-            let _ = s.req.events.send(Event::Text(text));
+            send_text(s, text);
             return finish_sent(s, StopReason::StopSequence, Some(stop), metrics);
         }
         text.push_str(&s.stops.flush());
-        if !text.is_empty() {
-            let _ = s.req.events.send(Event::Text(text));
-        }
+        send_text(s, text);
     }
     finish_sent(s, reason, stop, metrics)
 }
 
+/// Send model text through the request's pipeline (redaction, mandatory prefix). `false` when
+/// the client is gone.
+fn send_text(s: &mut Seq, text: String) -> bool {
+    let out = match s.req.pipeline.as_mut() {
+        Some(p) => p.push(&text),
+        None => text,
+    };
+    out.is_empty() || s.req.events.send(Event::Text(out)).is_ok()
+}
+
 fn finish_sent(s: &mut Seq, reason: StopReason, stop: Option<String>, metrics: &Metrics) {
-    metrics.tokens(s.req.prompt.len() as u64, s.generated as u64);
-    let _ = s.req.events.send(Event::Done(Finish { reason, stop_sequence: stop, output_tokens: s.generated, ttft: s.ttft }));
+    if let Some(p) = s.req.pipeline.as_mut() {
+        let tail = p.finish();
+        if !tail.is_empty() {
+            let _ = s.req.events.send(Event::Text(tail));
+        }
+    }
+    let out = s.generated + s.req.extra_output_tokens;
+    metrics.tokens(s.req.prompt.len() as u64, out as u64);
+    let _ = s.req.events.send(Event::Done(Finish { reason, stop_sequence: stop, output_tokens: out, ttft: s.ttft }));
 }
 
 /// Finds stop sequences in streamed text, holding back any tail that may be the start of one.
