@@ -1,0 +1,192 @@
+//! Policy on the real model with the default recipe (bundles/smollm2-135m.toml): banned phrases
+//! never appear under the `bank` safety mask though the unmasked model says them; the `bank`
+//! disclaimer is in every answer on both APIs, streaming and not. Needs APPLIANCED_TEST_GGUF.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use applianced::bundle::recipe::Recipe;
+use applianced::bundle::{Store, VerifyOptions};
+use applianced::engine::{Engine, EngineOptions};
+use applianced::policy::runtime::BundlePolicy;
+use applianced::sampling::{Sampler, SamplingParams};
+use applianced::tokenizer::template::{ChatMessage, ChatTemplate};
+use applianced::tokenizer::Tokenizer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_applianced");
+const DISCLAIMER: &str = "This analysis is for reference only and is not investment advice.";
+
+/// Build the default recipe's bundle and unpack it; returns (bundle, pubkey, store entry).
+fn default_bundle(tag: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
+    let gguf = std::env::var_os("APPLIANCED_TEST_GGUF")?;
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("policy_e2e_{tag}"));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let key = applianced::trust::generate("policy e2e");
+    let (_k, pubkey) = key.write_pair(&root.join("k"), true).unwrap();
+    let recipe_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("bundles/smollm2-135m.toml");
+    let r = Recipe::load(&recipe_path).unwrap().resolve(&recipe_path, Some(Path::new(&gguf)), 0).unwrap();
+    let out = root.join("default.zlb");
+    applianced::bundle::build::build(&r, std::slice::from_ref(&key), &out, &mut |_| {}).expect("build default recipe");
+    let mut ts = applianced::trust::TrustStore { threshold: 1, ..Default::default() };
+    ts.add_key(key.public().clone());
+    let vb = Store::new(&root.join("store")).install(&out, &VerifyOptions::new(&ts), &mut |_, _| {}).unwrap();
+    Some((out, pubkey, vb.root))
+}
+
+/// Sample `n` answers in batches of 16 sequences, with or without the preset's constraints.
+fn sample_answers(entry: &Path, prompt: &str, n: usize, masked: bool) -> Vec<String> {
+    let tok = Tokenizer::load(&entry.join("tokenizer/tokenizer.json")).unwrap();
+    let tpl = ChatTemplate::load(&entry.join("tokenizer/chat_template.json")).unwrap();
+    let tokens: Vec<Vec<u8>> = (0..tok.vocab_size() as u32).map(|i| tok.token_bytes(i).to_vec()).collect();
+    let policy = Arc::new(BundlePolicy::load(entry, &tokens, tok.special_ids()).unwrap());
+    let preset = policy.preset(Some("bank")).unwrap().cloned();
+    let mut engine = Engine::load(entry, &EngineOptions { threads: 0, max_seqs: 16, max_context: 512 }).unwrap();
+    let cfg = engine.config().clone();
+    let text = tpl.render(&[ChatMessage::new("user", prompt)], true).unwrap();
+    let ids = tok.encode(&text, true).unwrap();
+    let mut out = Vec::new();
+    let mut round = 0u64;
+    while out.len() < n {
+        let b = (n - out.len()).min(16);
+        let seqs: Vec<u32> = (0..b).map(|_| engine.new_seq().unwrap()).collect();
+        let mut logits: Vec<Vec<f32>> = seqs.iter().map(|&s| engine.forward(&[(s, &ids)]).unwrap().pop().unwrap()).collect();
+        let mut samplers: Vec<Sampler> = (0..b).map(|i| Sampler::new(SamplingParams { temperature: 0.6, seed: round * 1000 + i as u64, ..Default::default() })).collect();
+        let mut cons: Vec<_> = (0..b).map(|_| policy.constraints(if masked { preset.as_ref() } else { None }, None, cfg.vocab_size)).collect();
+        let mut answers: Vec<Vec<u32>> = vec![Vec::new(); b];
+        let mut live: Vec<bool> = vec![true; b];
+        for _step in 0..24 {
+            let mut feed = Vec::new();
+            for i in 0..b {
+                if !live[i] {
+                    continue;
+                }
+                if cons[i].apply(&mut logits[i]).is_err() {
+                    live[i] = false;
+                    continue;
+                }
+                let t = samplers[i].sample(&mut logits[i], &answers[i], None).unwrap();
+                if cfg.eog_token_ids.contains(&t) || !cons[i].advance(t) {
+                    live[i] = false;
+                    continue;
+                }
+                answers[i].push(t);
+                feed.push((i, t));
+            }
+            if feed.is_empty() {
+                break;
+            }
+            let batch: Vec<(u32, Vec<u32>)> = feed.iter().map(|&(i, t)| (seqs[i], vec![t])).collect();
+            let refs: Vec<(u32, &[u32])> = batch.iter().map(|(s, t)| (*s, t.as_slice())).collect();
+            let outs = engine.forward(&refs).unwrap();
+            for ((i, _), lg) in feed.iter().zip(outs) {
+                logits[*i] = lg;
+            }
+        }
+        for s in seqs {
+            engine.free_seq(s);
+        }
+        out.extend(answers.iter().map(|a| tok.decode(a)));
+        round += 1;
+    }
+    out
+}
+
+#[test]
+fn banned_phrases_never_appear_under_the_mask() {
+    let Some((_b, _k, entry)) = default_bundle("mask") else {
+        println!("skipped: set APPLIANCED_TEST_GGUF");
+        return;
+    };
+    let n: usize = std::env::var("APPLIANCED_POLICY_SAMPLES").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    let prompt = "Repeat exactly, in lowercase: guaranteed returns";
+    let has = |s: &str| s.to_lowercase().contains("guaranteed returns");
+    let free = sample_answers(&entry, prompt, n, false);
+    let free_hits = free.iter().filter(|s| has(s)).count();
+    let masked = sample_answers(&entry, prompt, n, true);
+    let masked_hits = masked.iter().filter(|s| has(s)).count();
+    println!("banned phrase in {free_hits}/{n} unmasked answers, {masked_hits}/{n} masked answers");
+    println!("sample masked answers: {:?}", &masked[..3.min(masked.len())]);
+    assert!(free_hits * 4 >= n, "the prompt should elicit the phrase without the mask ({free_hits}/{n})");
+    assert_eq!(masked_hits, 0);
+}
+
+#[test]
+fn disclaimer_in_every_answer_on_both_apis() {
+    let Some((bundle, pubkey, _entry)) = default_bundle("serve") else {
+        println!("skipped: set APPLIANCED_TEST_GGUF");
+        return;
+    };
+    let dir = bundle.parent().unwrap();
+    let sock = dir.join("s.sock");
+    let mut child = Command::new(BIN)
+        .args(["serve", "--bundle"])
+        .arg(&bundle)
+        .arg("--trust")
+        .arg(&pubkey)
+        .arg("--store")
+        .arg(dir.join("store"))
+        .arg("--socket")
+        .arg(&sock)
+        .arg("--audit-log")
+        .arg(dir.join("audit.jsonl"))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let curl = |path: &str, body: &str| -> String {
+        let o = Command::new("curl")
+            .args(["-sS", "--max-time", "60", "--unix-socket"])
+            .arg(&sock)
+            .arg(format!("http://localhost{path}"))
+            .args(["-H", "content-type: application/json", "-d", body])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let mut ready = false;
+    for _ in 0..300 {
+        let o = Command::new("curl").args(["-sf", "--unix-socket"]).arg(&sock).arg("http://localhost/readyz").output().unwrap();
+        if o.status.success() {
+            ready = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(ready, "server did not become ready");
+    let model = "smollm2-135m-instruct:bank";
+    let prompts = ["Should I invest in bonds?", "Explain what a savings account is.", "Hi", "What is inflation?"];
+    let mut total = 0;
+    for p in prompts {
+        for max_tokens in [1, 40] {
+            let oa = curl("/v1/chat/completions", &serde_json::json!({"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": p}]}).to_string());
+            let v: serde_json::Value = serde_json::from_str(&oa).unwrap_or_else(|_| panic!("{oa}"));
+            assert!(v["choices"][0]["message"]["content"].as_str().unwrap().ends_with(DISCLAIMER), "{oa}");
+            let an = curl("/v1/messages", &serde_json::json!({"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": p}]}).to_string());
+            let v: serde_json::Value = serde_json::from_str(&an).unwrap_or_else(|_| panic!("{an}"));
+            assert!(v["content"][0]["text"].as_str().unwrap().ends_with(DISCLAIMER), "{an}");
+            // Streaming: concatenate the deltas.
+            let s = curl("/v1/chat/completions", &serde_json::json!({"model": model, "max_tokens": max_tokens, "stream": true, "messages": [{"role": "user", "content": p}]}).to_string());
+            let text: String = s
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .filter(|d| *d != "[DONE]")
+                .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+                .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(String::from))
+                .collect();
+            assert!(text.ends_with(DISCLAIMER), "{s}");
+            let s = curl("/v1/messages", &serde_json::json!({"model": model, "max_tokens": max_tokens, "stream": true, "messages": [{"role": "user", "content": p}]}).to_string());
+            let text: String = s
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+                .filter_map(|v| v["delta"]["text"].as_str().map(String::from))
+                .collect();
+            assert!(text.ends_with(DISCLAIMER), "{s}");
+            total += 4;
+        }
+    }
+    println!("disclaimer present in {total}/{total} answers (2 APIs x stream/non-stream x 8 requests)");
+    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    let _ = child.wait();
+}
