@@ -4,6 +4,20 @@
 # Usage: scripts/setup-test-env.sh   (then APPLIANCED_TEST_PYTHON=.venv/bin/python)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Debian tools some tests use when present: curl (socket client), promtool (metrics lint, from
+# `prometheus`), systemd-analyze / systemd-socket-activate (unit hardening, socket activation).
+# Installed when running as root on Debian; a failure here only makes those checks skip.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  need=()
+  command -v curl >/dev/null || need+=(curl)
+  command -v promtool >/dev/null || need+=(prometheus)
+  command -v systemd-analyze >/dev/null || need+=(systemd)
+  if [ ${#need[@]} -gt 0 ]; then
+    echo "setup-test-env: installing ${need[*]}" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}") >&2 \
+      || echo "setup-test-env: could not install ${need[*]}; those checks will be skipped" >&2
+  fi
+fi
 VENV=.venv
 PY="$VENV/bin/python"
 if [ -x "$PY" ] && "$PY" -c 'import anthropic, openai, httpx' 2>/dev/null; then
