@@ -103,6 +103,9 @@ pub struct ChatRequest {
     /// The sampling parameters the request set explicitly (checked against the preset's
     /// `overridable` list; everything else comes from the preset).
     pub overrides: crate::policy::RequestParams,
+    /// A JSON Schema the answer must satisfy (OpenAI `response_format`, Anthropic
+    /// `output_config.format` / `output_format`); compiled to a token automaton and enforced.
+    pub schema: Option<Value>,
 }
 
 impl ChatRequest {
@@ -287,7 +290,24 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
         known.extend(["max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "metadata", "stream"]);
     }
     known.extend(HINTS);
-    o.reject_unknown(&known, &["tools", "tool_choice", "thinking", "mcp_servers", "container", "output_config", "output_format"])?;
+    known.extend(["output_config", "output_format"]);
+    o.reject_unknown(&known, &["tools", "tool_choice", "thinking", "mcp_servers", "container"])?;
+    let fmt = match (o.get("output_config"), o.get("output_format")) {
+        (Some(c), _) => match c.get("format") {
+            Some(f) => Some(("output_config.format", f)),
+            None if c.as_object().is_some_and(|m| m.is_empty()) => None,
+            None => return Err(ApiError::unsupported("output_config", "only output_config.format is supported")),
+        },
+        (None, Some(f)) => Some(("output_format", f)),
+        (None, None) => None,
+    };
+    let schema = match fmt {
+        None => None,
+        Some((name, f)) => match f.get("type").and_then(Value::as_str) {
+            Some("json_schema") => Some(f.get("schema").cloned().ok_or_else(|| ApiError::bad(name, "json_schema format needs a `schema`"))?),
+            other => return Err(ApiError::unsupported(name, format!("format type {other:?} is not supported; use \"json_schema\""))),
+        },
+    };
     let model = o.str("model")?.map(str::to_owned);
     if !counting && model.is_none() {
         return Err(ApiError::bad("model", "required field is missing"));
@@ -361,7 +381,7 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
         }
         stream = o.bool("stream")?.unwrap_or(false);
     }
-    Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false, overrides })
+    Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false, overrides, schema })
 }
 
 /// `POST /v1/chat/completions`.
@@ -439,12 +459,18 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
     if o.bool("logprobs")? == Some(true) {
         return Err(ApiError::unsupported("logprobs", "log probabilities are not supported"));
     }
-    if let Some(rf) = o.get("response_format") {
-        let ty = rf.get("type").and_then(Value::as_str);
-        if ty != Some("text") {
-            return Err(ApiError::unsupported("response_format", "only {\"type\": \"text\"} is supported here"));
-        }
-    }
+    let schema = match o.get("response_format") {
+        None => None,
+        Some(rf) => match rf.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            Some("json_object") => Some(serde_json::json!({"type": "object"})),
+            Some("json_schema") => {
+                let js = rf.get("json_schema").ok_or_else(|| ApiError::bad("response_format.json_schema", "required for type json_schema"))?;
+                Some(js.get("schema").cloned().ok_or_else(|| ApiError::bad("response_format.json_schema.schema", "required field is missing"))?)
+            }
+            other => return Err(ApiError::bad("response_format.type", format!("expected \"text\", \"json_object\" or \"json_schema\", got {other:?}"))),
+        },
+    };
     o.str("user")?;
     o.bool("store")?;
     let stream = o.bool("stream")?.unwrap_or(false);
@@ -461,7 +487,7 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         }
     }
     overrides.seed = seed;
-    Ok(ChatRequest { model, messages, max_tokens: mt.map(|x| x as usize), sampling, seed, stop, stream, include_usage, overrides })
+    Ok(ChatRequest { model, messages, max_tokens: mt.map(|x| x as usize), sampling, seed, stop, stream, include_usage, overrides, schema })
 }
 
 // ---- responses ----

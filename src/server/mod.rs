@@ -93,6 +93,8 @@ pub(crate) struct State {
     pub template: ChatTemplate,
     /// The bundle's presets, safety masks, redaction rules and named schemas.
     pub policy: Arc<crate::policy::runtime::BundlePolicy>,
+    /// Ad-hoc request schemas, compiled on first use (bounded LRU by memory).
+    pub schemas: std::sync::Mutex<crate::schema::SchemaCache>,
     pub model_cfg: ModelConfig,
     pub info: OnceLock<EngineInfo>,
     pub bundle: BundleInfo,
@@ -240,6 +242,8 @@ async fn run(
         crate::policy::runtime::BundlePolicy::load(&root, &tokens, tokenizer.special_ids()).map_err(|e| ServerError::Load(format!("bundle policy: {e}")))?,
     );
     drop(tokens);
+    let vocab = Arc::new(crate::schema::Vocabulary::new(&tokenizer.generation_vocab(model_cfg.vocab_size), &model_cfg.eog_token_ids));
+    let schemas = std::sync::Mutex::new(crate::schema::SchemaCache::new(vocab, 256 << 20));
     let metrics = Arc::new(Metrics::default());
     let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();
     let eopts = EngineOptions { threads: cfg.threads, max_seqs: cfg.limits.max_concurrent, max_context: cfg.limits.max_context };
@@ -258,6 +262,7 @@ async fn run(
         tokenizer: Arc::new(tokenizer),
         template,
         policy,
+        schemas,
         model_cfg,
         info: OnceLock::new(),
         allow: Allowlist::from_config(&cfg.access),

@@ -575,8 +575,30 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
             Err(e) => return rec.fail(flavor, ApiError::new(400, e.to_string())),
         }
     }
+    let adhoc = match creq.schema.clone() {
+        None => None,
+        Some(schema) => {
+            let st = state.clone();
+            let compiled = tokio::task::spawn_blocking(move || {
+                let mut cache = st.schemas.lock().unwrap_or_else(|p| p.into_inner());
+                cache.get_or_compile(&schema, &Default::default())
+            })
+            .await;
+            match compiled {
+                Ok(Ok(c)) => Some(c),
+                Ok(Err(e)) => {
+                    let param = match flavor {
+                        Flavor::OpenAi => "response_format",
+                        Flavor::Anthropic => "output_config",
+                    };
+                    return rec.fail(flavor, ApiError::unsupported(param, e.to_string()));
+                }
+                Err(e) => return rec.fail(flavor, ApiError::new(500, format!("schema compiler failed: {e}"))),
+            }
+        }
+    };
     let vocab = state.model_cfg.vocab_size;
-    let cons = state.policy.constraints(preset.as_ref(), None, vocab);
+    let cons = state.policy.constraints(preset.as_ref(), adhoc, vocab);
     let constraints = if cons.is_active() { Some(cons) } else { None };
     let pipeline = preset.as_ref().map(|p| state.policy.pipeline(Some(p)));
     let extra_output_tokens = preset
