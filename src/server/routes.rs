@@ -496,7 +496,9 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     };
     rec.model = creq.model.clone();
     rec.stream = creq.stream;
-    let (model_part, preset_name) = split_preset(creq.model.as_deref());
+    // `sha256:<identity>` also contains a colon: only split when the whole name is not the model.
+    let (model_part, preset_name) =
+        if model_matches(state, creq.model.as_deref()) { (creq.model.as_deref(), None) } else { split_preset(creq.model.as_deref()) };
     if !model_matches(state, model_part) {
         let e = model_not_found(state, creq.model.as_deref().unwrap_or(""));
         return rec.fail(flavor, e);
@@ -830,5 +832,18 @@ impl Streamer {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod preset_name_tests {
+    use super::split_preset;
+
+    #[test]
+    fn splits_bundle_and_preset() {
+        assert_eq!(split_preset(Some("b:bank")), (Some("b"), Some("bank")));
+        assert_eq!(split_preset(Some("b")), (Some("b"), None));
+        assert_eq!(split_preset(Some("b:")), (Some("b:"), None));
+        assert_eq!(split_preset(None), (None, None));
     }
 }
