@@ -39,8 +39,7 @@ fn default_bundle(tag: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
 fn sample_answers(entry: &Path, prompt: &str, n: usize, masked: bool) -> Vec<String> {
     let tok = Tokenizer::load(&entry.join("tokenizer/tokenizer.json")).unwrap();
     let tpl = ChatTemplate::load(&entry.join("tokenizer/chat_template.json")).unwrap();
-    let tokens: Vec<Vec<u8>> = (0..tok.vocab_size() as u32).map(|i| tok.token_bytes(i).to_vec()).collect();
-    let policy = Arc::new(BundlePolicy::load(entry, &tokens, tok.special_ids()).unwrap());
+    let policy = Arc::new(BundlePolicy::load(entry, &tok).unwrap());
     let preset = policy.preset(Some("bank")).unwrap().cloned();
     let mut engine = Engine::load(entry, &EngineOptions { threads: 0, max_seqs: 16, max_context: 512 }).unwrap();
     let cfg = engine.config().clone();

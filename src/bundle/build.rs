@@ -90,8 +90,7 @@ fn compile_policy(r: &ResolvedRecipe, staging: &Path, progress: &mut dyn FnMut(P
     std::fs::create_dir_all(&dir).map_err(BundleError::io(&dir))?;
     if !spec.safety.levels.is_empty() {
         let tok = crate::tokenizer::Tokenizer::load(&staging.join(crate::model::TOKENIZER_PATH)).map_err(|e| BundleError::Import(e.to_string()))?;
-        let tokens: Vec<Vec<u8>> = (0..tok.vocab_size() as u32).map(|id| tok.token_bytes(id).to_vec()).collect();
-        let vocab = std::sync::Arc::new(crate::policy::SafetyVocab::new(&tokens, tok.special_ids()).map_err(|e| err(e.to_string()))?);
+        let vocab = std::sync::Arc::new(crate::policy::SafetyVocab::new(&tok.all_token_bytes(), tok.special_ids()).map_err(|e| err(e.to_string()))?);
         for (level, l) in &spec.safety.levels {
             progress(Progress::Step(&format!("compiling safety level {level}")));
             let m = crate::policy::SafetyMask::compile(level, l, &vocab).map_err(|e| err(e.to_string()))?;

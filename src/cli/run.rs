@@ -128,8 +128,7 @@ pub fn prefill(engine: &mut Engine, seq: u32, ids: &[u32], chunk: usize) -> Resu
 
 /// Load the bundle's policy members (presets, safety masks, redaction, schemas).
 pub fn load_policy(root: &Path, tok: &Tokenizer) -> Result<crate::policy::runtime::BundlePolicy, CliError> {
-    let tokens: Vec<Vec<u8>> = (0..tok.vocab_size() as u32).map(|id| tok.token_bytes(id).to_vec()).collect();
-    crate::policy::runtime::BundlePolicy::load(root, &tokens, tok.special_ids()).map_err(|e| CliError::Engine(format!("bundle policy: {e}")))
+    crate::policy::runtime::BundlePolicy::load(root, tok).map_err(|e| CliError::Engine(format!("bundle policy: {e}")))
 }
 
 pub fn run(a: RunArgs) -> Result<(), CliError> {

@@ -23,9 +23,9 @@ fn decode_err(member: &str, reason: impl ToString) -> PolicyError {
 }
 
 impl BundlePolicy {
-    /// Load from an unpacked, verified bundle directory. `tokens` are the tokenizer's token bytes
-    /// and `special` its control-token ids (for the safety vocabulary digest check).
-    pub fn load(root: &Path, tokens: &[Vec<u8>], special: &[u32]) -> Result<BundlePolicy, PolicyError> {
+    /// Load from an unpacked, verified bundle directory, with the bundle's tokenizer (safety
+    /// masks are checked against its vocabulary digest).
+    pub fn load(root: &Path, tok: &crate::tokenizer::Tokenizer) -> Result<BundlePolicy, PolicyError> {
         let presets = match std::fs::read(root.join("policy/presets.json")) {
             Ok(b) => Some(PresetTable::from_json(&b)?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -55,7 +55,7 @@ impl BundlePolicy {
                     let v = match &vocab {
                         Some(v) => v.clone(),
                         None => {
-                            let v = Arc::new(SafetyVocab::new(tokens, special)?);
+                            let v = Arc::new(SafetyVocab::new(&tok.all_token_bytes(), tok.special_ids())?);
                             vocab = Some(v.clone());
                             v
                         }

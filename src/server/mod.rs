@@ -237,11 +237,9 @@ async fn run(
     log: Logger,
 ) -> Result<(), ServerError> {
     let listener = UnixListener::from_std(std_listener).map_err(io("socket"))?;
-    let tokens: Vec<Vec<u8>> = (0..tokenizer.vocab_size() as u32).map(|id| tokenizer.token_bytes(id).to_vec()).collect();
     let policy = Arc::new(
-        crate::policy::runtime::BundlePolicy::load(&root, &tokens, tokenizer.special_ids()).map_err(|e| ServerError::Load(format!("bundle policy: {e}")))?,
+        crate::policy::runtime::BundlePolicy::load(&root, &tokenizer).map_err(|e| ServerError::Load(format!("bundle policy: {e}")))?,
     );
-    drop(tokens);
     let vocab = Arc::new(crate::schema::Vocabulary::new(&tokenizer.generation_vocab(model_cfg.vocab_size), &model_cfg.eog_token_ids));
     let schemas = std::sync::Mutex::new(crate::schema::SchemaCache::new(vocab, 256 << 20));
     let metrics = Arc::new(Metrics::default());

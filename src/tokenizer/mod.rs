@@ -344,6 +344,12 @@ impl Tokenizer {
         &self.special_ids
     }
 
+    /// Every token's bytes, ids `0..vocab_size()` (special tokens spelled as their text): the
+    /// input of the safety-mask compiler and its vocabulary digest.
+    pub fn all_token_bytes(&self) -> Vec<Vec<u8>> {
+        (0..self.vocab_size() as u32).map(|id| self.token_bytes(id).to_vec()).collect()
+    }
+
     /// Token bytes for ids `0..n` as the schema compiler and structured-output masks see them:
     /// special (control) tokens and ids past the tokenizer's vocabulary are empty, so no mask
     /// ever allows them. `n` is the model's vocabulary size (the logits' length).
