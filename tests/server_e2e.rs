@@ -542,9 +542,11 @@ fn e2e_queue_full_gives_429() {
 fn e2e_sigterm_drains_then_cancels() {
     let b = need_model!();
     let mut s = Server::start(b, "[limits]\ndrain_timeout_secs = 5\n");
+    // Greedy: this prompt makes the model write on for well over 1,500 tokens (checked), so the
+    // long stream cannot end on its own before the 5 s drain deadline; a sampled one could.
     let open_stream = |max: usize| {
         let mut c = s.connect();
-        let body = format!(r#"{{"model":"smollm2-135m-instruct","max_tokens":{max},"temperature":0.7,"stream":true,"messages":[{{"role":"user","content":"Write a very long story about the sea."}}]}}"#);
+        let body = format!(r#"{{"model":"smollm2-135m-instruct","max_tokens":{max},"temperature":0,"stream":true,"messages":[{{"role":"user","content":"Write a very long story about the sea."}}]}}"#);
         c.write_all(request_bytes("POST", "/v1/messages", Some(&body), &[]).as_bytes()).unwrap();
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];

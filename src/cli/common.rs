@@ -135,8 +135,9 @@ impl Progress {
         if self.last != u64::MAX && pct / step == self.last / step {
             return;
         }
-        // Only show progress for work that takes a noticeable time.
-        if !self.tty && self.started.elapsed().as_millis() < 500 && pct < 100 {
+        // Only show progress for work that takes a noticeable time: a quick run prints nothing
+        // (so a failure is one line), a long one prints its steps through to 100%.
+        if !self.shown && self.started.elapsed().as_millis() < 500 {
             return;
         }
         self.last = pct;
