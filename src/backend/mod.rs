@@ -176,6 +176,9 @@ pub trait Backend: Send {
     fn rope(&self, x: &mut Self::Buf, n: usize, n_heads: usize, head_dim: usize, cache: &Self::Buf, n_dims: usize);
     /// `x (n, cols) += y`.
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
+    /// `x[row] += v` for rows `row0..row0+n` of `x (·, v.len())`: a steering (control) vector
+    /// added to one sequence's rows of the residual stream.
+    fn add_rows(&self, x: &mut Self::Buf, row0: usize, n: usize, v: &[f32]);
     /// `gate = silu(gate) * up`, first `len` values.
     fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize);
     /// `out (idx.len(), cols) = x[idx]`.

@@ -144,7 +144,11 @@ impl Progress {
         self.shown = true;
         let mut e = std::io::stderr();
         if self.tty {
-            let _ = write!(e, "\r{}: {pct:3}% ({} / {} MB)", self.label, done >> 20, total >> 20);
+            if total >= 1 << 20 {
+                let _ = write!(e, "\r{}: {pct:3}% ({} / {} MB)", self.label, done >> 20, total >> 20);
+            } else {
+                let _ = write!(e, "\r{}: {pct:3}% ({done} / {total})", self.label);
+            }
         } else {
             let _ = writeln!(e, "{}: {pct}%", self.label);
         }

@@ -5,6 +5,7 @@
 mod audit_cmd;
 mod bundle_cmds;
 mod common;
+mod control_cmd;
 mod serve;
 mod run;
 mod schema_cmd;
@@ -59,6 +60,10 @@ pub enum Command {
     Serve(serve::Args),
     /// Audit-log tools: `audit verify FILE` checks the hash chain.
     Audit(audit_cmd::Args),
+    /// Control (steering) vectors: train one from contrastive prompt pairs with a bundle's model,
+    /// import llama.cpp's, measure one, show one. Presets apply them by name with a strength.
+    #[command(subcommand)]
+    ControlVector(control_cmd::ControlCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -79,6 +84,7 @@ pub fn main() -> i32 {
         Command::Inspect(a) => bundle_cmds::inspect(a),
         Command::Serve(a) => serve::exec(a),
         Command::Audit(a) => audit_cmd::exec(a),
+        Command::ControlVector(c) => control_cmd::exec(c),
         Command::Bundle(BundleCommand::Install(a)) => bundle_cmds::install(a),
         Command::Schema(c) => schema_cmd::exec(c),
         Command::Run(a) => run::run(a),

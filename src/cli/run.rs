@@ -189,6 +189,7 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
     cons.feed_text(prefix.as_bytes());
     let eog = l.engine.config().eog_token_ids.clone();
     let seq = l.engine.new_seq().map_err(|e| CliError::Engine(e.to_string()))?;
+    l.engine.set_steering(seq, preset.and_then(|p| policy.steering(p))).map_err(|e| CliError::Engine(e.to_string()))?;
     let t0 = Instant::now();
     let mut logits = prefill(&mut l.engine, seq, &ids, 512)?;
     let ttft = t0.elapsed();

@@ -7,10 +7,12 @@ pub struct SeqCache<B: Backend> {
     pub kv: B::Kv,
     /// Positions written (the next token goes at `len`).
     pub len: usize,
+    /// Control vectors added to this sequence's residual stream after each layer.
+    pub steer: Option<std::sync::Arc<super::Steering>>,
 }
 
 impl<B: Backend> SeqCache<B> {
     pub fn new(backend: &B, n_layers: usize, n_kv_heads: usize, head_dim: usize) -> Self {
-        SeqCache { kv: backend.kv_new(n_layers, n_kv_heads, head_dim), len: 0 }
+        SeqCache { kv: backend.kv_new(n_layers, n_kv_heads, head_dim), len: 0, steer: None }
     }
 }

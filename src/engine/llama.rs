@@ -168,6 +168,22 @@ impl<B: Backend> Llama<B> {
         self.seqs.remove(&seq);
     }
 
+    pub fn set_steering(&mut self, seq: SeqId, steer: Option<std::sync::Arc<super::Steering>>) -> Result<(), EngineError> {
+        self.seqs.get_mut(&seq).ok_or(EngineError::UnknownSeq(seq))?.steer = steer;
+        Ok(())
+    }
+
+    /// See [`super::Engine::forward_hidden`].
+    pub fn forward_hidden(&mut self, seq: SeqId, tokens: &[u32]) -> Result<(Vec<f32>, Vec<Vec<f32>>), EngineError> {
+        self.validate(&[(seq, tokens)])?;
+        if tokens.len() > MAX_ROWS {
+            return Err(EngineError::BadBatch(format!("{} tokens in one hidden-state step (at most {MAX_ROWS})", tokens.len())));
+        }
+        let mut hidden = Vec::with_capacity(self.c.n_layers);
+        let mut logits = self.forward_micro(&[(seq, tokens)], Some(&mut hidden));
+        Ok((logits.pop().unwrap_or_default(), hidden))
+    }
+
     pub fn seq_len(&self, seq: SeqId) -> usize {
         self.seqs.get(&seq).map_or(0, |s| s.len)
     }
@@ -183,22 +199,7 @@ impl<B: Backend> Llama<B> {
 
     /// See [`super::Engine::forward`].
     pub fn forward(&mut self, batch: &[(SeqId, &[u32])]) -> Result<Vec<Vec<f32>>, EngineError> {
-        // Validate everything first: on error nothing is appended.
-        for (i, &(seq, toks)) in batch.iter().enumerate() {
-            let s = self.seqs.get(&seq).ok_or(EngineError::UnknownSeq(seq))?;
-            if toks.is_empty() {
-                return Err(EngineError::BadBatch(format!("entry {i} (sequence {seq}) has no tokens")));
-            }
-            if batch[..i].iter().any(|(o, _)| *o == seq) {
-                return Err(EngineError::BadBatch(format!("sequence {seq} appears twice in one batch")));
-            }
-            if let Some(&t) = toks.iter().find(|&&t| t as usize >= self.c.vocab_size) {
-                return Err(EngineError::BadToken { token: t, vocab: self.c.vocab_size });
-            }
-            if s.len + toks.len() > self.max_context {
-                return Err(EngineError::ContextFull { seq, len: s.len, add: toks.len(), max: self.max_context });
-            }
-        }
+        self.validate(batch)?;
         // Split into micro-batches of at most MAX_ROWS rows; entry pieces keep their order.
         let mut logits = vec![Vec::new(); batch.len()];
         let mut pending: Vec<(usize, usize)> = batch.iter().enumerate().map(|(i, _)| (i, 0)).collect(); // (entry, offset)
@@ -216,7 +217,7 @@ impl<B: Backend> Llama<B> {
                 rows += take;
             }
             let mb: Vec<(SeqId, &[u32])> = pieces.iter().map(|&(e, s, t)| (batch[e].0, &batch[e].1[s..t])).collect();
-            let out = self.forward_micro(&mb);
+            let out = self.forward_micro(&mb, None);
             for (&(e, _, end), l) in pieces.iter().zip(out) {
                 if end == batch[e].1.len() {
                     logits[e] = l;
@@ -225,6 +226,26 @@ impl<B: Backend> Llama<B> {
             pending.retain(|&(e, off)| off < batch[e].1.len());
         }
         Ok(logits)
+    }
+
+    /// Everything `forward` checks before touching any state: on error nothing is appended.
+    fn validate(&self, batch: &[(SeqId, &[u32])]) -> Result<(), EngineError> {
+        for (i, &(seq, toks)) in batch.iter().enumerate() {
+            let s = self.seqs.get(&seq).ok_or(EngineError::UnknownSeq(seq))?;
+            if toks.is_empty() {
+                return Err(EngineError::BadBatch(format!("entry {i} (sequence {seq}) has no tokens")));
+            }
+            if batch[..i].iter().any(|(o, _)| *o == seq) {
+                return Err(EngineError::BadBatch(format!("sequence {seq} appears twice in one batch")));
+            }
+            if let Some(&t) = toks.iter().find(|&&t| t as usize >= self.c.vocab_size) {
+                return Err(EngineError::BadToken { token: t, vocab: self.c.vocab_size });
+            }
+            if s.len + toks.len() > self.max_context {
+                return Err(EngineError::ContextFull { seq, len: s.len, add: toks.len(), max: self.max_context });
+            }
+        }
+        Ok(())
     }
 
     fn ensure_state(&mut self, rows: usize, seqs: usize) {
@@ -256,7 +277,8 @@ impl<B: Backend> Llama<B> {
     }
 
     /// One validated micro-batch (each sequence at most once, total rows ≤ MAX_ROWS).
-    fn forward_micro(&mut self, batch: &[(SeqId, &[u32])]) -> Vec<Vec<f32>> {
+    /// With `capture`, also push each layer's output at the (single) sequence's last row.
+    fn forward_micro(&mut self, batch: &[(SeqId, &[u32])], mut capture: Option<&mut Vec<Vec<f32>>>) -> Vec<Vec<f32>> {
         let t_rows: usize = batch.iter().map(|(_, t)| t.len()).sum();
         self.ensure_state(t_rows, batch.len());
         let Some(st) = self.st.as_mut() else { unreachable!("ensure_state just set it") };
@@ -309,6 +331,18 @@ impl<B: Backend> Llama<B> {
             b.silu_mul(&mut st.hb, &st.hb2, t_rows * hidden); // hb = silu(gate) * up
             b.matmul(&st.hb, t_rows, &mut [(w.w_down, &mut st.xb2)]); // xb2 (T, dim)
             b.add(&mut st.x, &st.xb2, t_rows * dim); // x += ffn
+
+            // control vectors: x[rows of a steered sequence] += v_l
+            for (cache, &(row0, n, _)) in caches.iter().zip(&seg_rows) {
+                if let Some(v) = cache.steer.as_ref().and_then(|s| s.layer(l)) {
+                    b.add_rows(&mut st.x, row0, n, v);
+                }
+            }
+            if let Some(h) = capture.as_deref_mut() {
+                let (row0, n, _) = seg_rows[0];
+                b.gather_rows(&st.x, dim, &[row0 + n - 1], &mut st.last);
+                h.push(b.read(&st.last, dim));
+            }
         }
         let _ = (q_dim, kv_dim);
 

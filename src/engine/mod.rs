@@ -23,6 +23,38 @@ use crate::model::{ModelConfig, CONFIG_PATH, WEIGHTS_PATH};
 
 pub type SeqId = u32;
 
+/// Per-layer steering vectors for one sequence: `layers[l]`, when present, is added to every row
+/// of the residual stream at the output of layer `l` (after its feed-forward residual), as
+/// llama.cpp applies control vectors. Several vectors with strengths are summed into one
+/// (see `crate::policy::control`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Steering {
+    layers: Vec<Option<Vec<f32>>>,
+}
+
+impl Steering {
+    /// `layers.len()` must be the model's layer count and each vector its hidden size; checked
+    /// when attached to a sequence.
+    pub fn new(layers: Vec<Option<Vec<f32>>>) -> Steering {
+        Steering { layers }
+    }
+    pub fn layer(&self, l: usize) -> Option<&[f32]> {
+        self.layers.get(l).and_then(|v| v.as_deref())
+    }
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+    fn check(&self, cfg: &ModelConfig) -> Result<(), String> {
+        if self.layers.len() != cfg.n_layers {
+            return Err(format!("{} layers, the model has {}", self.layers.len(), cfg.n_layers));
+        }
+        match self.layers.iter().flatten().find(|v| v.len() != cfg.hidden_size) {
+            Some(v) => Err(format!("a vector of {} values, the model's hidden size is {}", v.len(), cfg.hidden_size)),
+            None => Ok(()),
+        }
+    }
+}
+
 /// How to run the model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineOptions {
@@ -61,6 +93,8 @@ pub enum EngineError {
     BadToken { token: u32, vocab: usize },
     #[error("bad batch: {0}")]
     BadBatch(String),
+    #[error("steering vectors do not fit the model: {0}")]
+    BadSteering(String),
 }
 
 enum Loaded {
@@ -127,6 +161,28 @@ impl Engine {
     pub fn free_seq(&mut self, seq: SeqId) {
         match &mut self.loaded {
             Loaded::Cpu(m) => m.free_seq(seq),
+        }
+    }
+
+    /// Attach (or with `None` remove) steering vectors to a sequence; they apply to every token
+    /// it processes from now on.
+    pub fn set_steering(&mut self, seq: SeqId, steer: Option<std::sync::Arc<Steering>>) -> Result<(), EngineError> {
+        if let Some(s) = &steer {
+            s.check(&self.cfg).map_err(EngineError::BadSteering)?;
+        }
+        match &mut self.loaded {
+            Loaded::Cpu(m) => m.set_steering(seq, steer),
+        }
+    }
+
+    /// One sequence's forward step that also returns the residual stream at its last token after
+    /// every layer (`n_layers` vectors of `hidden_size`), for training control vectors.
+    pub fn forward_hidden(&mut self, seq: SeqId, tokens: &[u32]) -> Result<(Vec<f32>, Vec<Vec<f32>>), EngineError> {
+        match &mut self.loaded {
+            Loaded::Cpu(m) => {
+                let pool = &self.pool;
+                pool.install(|| m.forward_hidden(seq, tokens))
+            }
         }
     }
 

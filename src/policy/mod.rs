@@ -7,6 +7,7 @@
 //! canonical JSON; the regexes are compiled again at load, which is cheap). The shapes, the
 //! normalization rules and what each check does and does not catch are in `docs/policy.md`.
 
+pub mod control;
 pub mod mandatory;
 pub mod presets;
 pub mod redact;

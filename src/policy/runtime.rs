@@ -16,6 +16,34 @@ pub struct BundlePolicy {
     pub safety: BTreeMap<String, Arc<SafetyMask>>,
     pub redactor: Option<Redactor>,
     pub schemas: BTreeMap<String, Arc<CompiledSchema>>,
+    /// `control/<name>.safetensors`, checked against the model's shape.
+    pub control: BTreeMap<String, super::control::ControlVector>,
+    /// Per preset with control vectors: their strength-weighted sum, built once.
+    pub steering: BTreeMap<String, Arc<crate::engine::Steering>>,
+}
+
+/// Load every `control/*.safetensors`, each checked against `model/config.json`'s shape.
+fn load_control(root: &Path) -> Result<BTreeMap<String, super::control::ControlVector>, PolicyError> {
+    let mut out = BTreeMap::new();
+    let Ok(rd) = std::fs::read_dir(root.join("control")) else { return Ok(out) };
+    let mut names: Vec<_> = rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    if names.is_empty() {
+        return Ok(out);
+    }
+    let cfg_text = std::fs::read_to_string(root.join(crate::model::CONFIG_PATH)).map_err(|e| decode_err(crate::model::CONFIG_PATH, e))?;
+    let cfg: crate::model::ModelConfig = serde_json::from_str(&cfg_text).map_err(|e| decode_err(crate::model::CONFIG_PATH, e))?;
+    for n in names {
+        let Some(stem) = n.strip_suffix(".safetensors") else { continue };
+        let member = format!("control/{n}");
+        let bytes = std::fs::read(root.join(&member)).map_err(|e| decode_err(&member, e))?;
+        let v = super::control::ControlVector::from_bytes(&bytes, &member).map_err(|e| decode_err(&member, e))?;
+        v.check_fits(stem, cfg.n_layers, cfg.hidden_size).map_err(|e| decode_err(&member, e))?;
+        // Steering vectors span the model's layers, whatever the file was made for.
+        let v = super::control::ControlVector { meta: super::control::ControlMeta { n_layers: cfg.n_layers, ..v.meta }, layers: v.layers };
+        out.insert(stem.to_string(), v);
+    }
+    Ok(out)
 }
 
 fn decode_err(member: &str, reason: impl ToString) -> PolicyError {
@@ -67,7 +95,8 @@ impl BundlePolicy {
                 }
             }
         }
-        let bp = BundlePolicy { presets, safety, redactor, schemas };
+        let control = load_control(root)?;
+        let mut bp = BundlePolicy { presets, safety, redactor, schemas, control, steering: BTreeMap::new() };
         // Every reference a preset makes must resolve now, not at the first request.
         if let Some(t) = &bp.presets {
             for p in t.presets.values() {
@@ -85,11 +114,25 @@ impl BundlePolicy {
                     return Err(decode_err("policy/presets.json", format!("preset {} redacts but the bundle has no policy/redaction.json", p.name)));
                 }
                 if !p.control.is_empty() {
-                    return Err(decode_err("policy/presets.json", format!("preset {} uses control vectors, which this runtime does not apply", p.name)));
+                    let mut parts = Vec::new();
+                    for c in &p.control {
+                        let v = bp.control.get(&c.vector).ok_or_else(|| {
+                            decode_err("policy/presets.json", format!("preset {} names control vector {} with no control/{}.safetensors", p.name, c.vector, c.vector))
+                        })?;
+                        parts.push((v, c.strength));
+                    }
+                    let n_layers = bp.control.values().next().map_or(0, |v| v.meta.n_layers);
+                    let s = super::control::steering(&parts, n_layers);
+                    bp.steering.insert(p.name.clone(), Arc::new(s));
                 }
             }
         }
         Ok(bp)
+    }
+
+    /// The steering vectors a preset applies (`None` = none).
+    pub fn steering(&self, preset: &Preset) -> Option<Arc<crate::engine::Steering>> {
+        self.steering.get(&preset.name).cloned()
     }
 
     /// The preset a request asked for (`None` = the bundle's default); `Ok(None)` when the bundle

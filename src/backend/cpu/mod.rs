@@ -309,6 +309,15 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn add_rows(&self, x: &mut Vec<f32>, row0: usize, n: usize, v: &[f32]) {
+        let cols = v.len();
+        for row in x[row0 * cols..(row0 + n) * cols].chunks_exact_mut(cols) {
+            for (a, b) in row.iter_mut().zip(v) {
+                *a += b;
+            }
+        }
+    }
+
     fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
         let (g, u) = (&mut gate[..len], &up[..len]);
         let k = &self.kernels;
