@@ -509,3 +509,28 @@ mod flips {
         }
     }
 }
+
+#[test]
+fn ok_many_members_verify_and_install() {
+    // Regression: the pipelined reader once lost one recycled buffer per member and hung on the
+    // eleventh. 40 members, some empty, must verify and unpack.
+    let f = fixture();
+    let src = f.root.join("src-many");
+    std::fs::create_dir_all(src.join("data")).unwrap();
+    for i in 0..40u32 {
+        let len = if i % 7 == 0 { 0 } else { (i as usize * 3001) % 20_000 };
+        std::fs::write(src.join(format!("data/m{i:02}.bin")), vec![i as u8; len]).unwrap();
+    }
+    let out = f.root.join("many.zlb");
+    pack_dir(&src, &meta("many", 1), std::slice::from_ref(&f.key), &out, &mut |_| {}).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (p, trust, store) = (out.clone(), f.trust.clone(), f.root.join("store"));
+    std::thread::spawn(move || {
+        let v = verify_file(&p, &VerifyOptions::new(&trust), None, &mut |_, _| {}).map(|_| ());
+        let i = Store::new(&store).install(&p, &VerifyOptions::new(&trust), &mut |_, _| {}).map(|_| ());
+        let _ = tx.send((v, i));
+    });
+    let (v, i) = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("verify/install of a 40-member bundle hung");
+    v.unwrap();
+    i.unwrap();
+}

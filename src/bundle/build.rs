@@ -66,6 +66,7 @@ pub fn build(r: &ResolvedRecipe, keys: &[SecretKey], out: &Path, progress: &mut 
 
     compile_schemas(r, staging.path(), progress)?;
     compile_policy(r, staging.path(), progress)?;
+    make_control_vectors(r, staging.path(), progress)?;
     let meta = BundleMeta {
         name: r.recipe.bundle.name.clone(),
         version: r.recipe.bundle.version,
@@ -104,6 +105,61 @@ fn compile_policy(r: &ResolvedRecipe, staging: &Path, progress: &mut dyn FnMut(P
     if let Some(ps) = presets {
         let table = crate::policy::PresetTable::resolve(ps, spec).map_err(|e| err(e.to_string()))?;
         std::fs::write(dir.join("presets.json"), table.to_json()).map_err(BundleError::io(&dir))?;
+    }
+    Ok(())
+}
+
+/// Train (with the just-imported model) or import the recipe's control vectors into `control/`
+/// (FORMAT.md §10.3). A trained vector ships with its pairs file, `control/NAME.pairs.jsonl`, so
+/// an auditor can see what it was made from.
+fn make_control_vectors(r: &ResolvedRecipe, staging: &Path, progress: &mut dyn FnMut(Progress<'_>)) -> Result<(), BundleError> {
+    use crate::policy::control::{self, ControlVector, ModelRef, TrainOptions};
+    if r.control.is_empty() {
+        return Ok(());
+    }
+    let err = |name: &str, msg: String| BundleError::Recipe { path: PathBuf::from(format!("control.{name}")), msg };
+    let dir = staging.join("control");
+    std::fs::create_dir_all(&dir).map_err(BundleError::io(&dir))?;
+    let mut loaded: Option<(crate::engine::Engine, crate::tokenizer::Tokenizer, crate::tokenizer::template::ChatTemplate)> = None;
+    for (name, src) in &r.control {
+        let cv = match src {
+            super::recipe::ControlSource::Train { pairs, method, layers } => {
+                progress(Progress::Step(&format!("training control vector {name}")));
+                let list = control::read_pairs(pairs).map_err(|e| err(name, e.to_string()))?;
+                if loaded.is_none() {
+                    let engine = crate::engine::Engine::load(staging, &crate::engine::EngineOptions { threads: 0, max_seqs: 1, max_context: 0 }).map_err(|e| BundleError::Import(e.to_string()))?;
+                    let tok = crate::tokenizer::Tokenizer::load(&staging.join(crate::model::TOKENIZER_PATH)).map_err(|e| BundleError::Import(e.to_string()))?;
+                    let tpl = crate::tokenizer::template::ChatTemplate::load(&staging.join(crate::model::CHAT_TEMPLATE_PATH)).map_err(|e| BundleError::Import(e.to_string()))?;
+                    loaded = Some((engine, tok, tpl));
+                }
+                let Some((engine, tok, tpl)) = loaded.as_mut() else { unreachable!("just loaded") };
+                let file = pairs.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+                let opts = TrainOptions { method: *method, layers: layers.clone(), source: format!("{} pairs from {file} (control/{name}.pairs.jsonl)", list.len()) };
+                let mut m = ModelRef { engine, tokenizer: tok, template: tpl };
+                let cv = control::train(&mut m, &list, &opts, &mut |_, _| {}).map_err(|e| err(name, e.to_string()))?;
+                let p = dir.join(format!("{name}.pairs.jsonl"));
+                std::fs::copy(pairs, &p).map_err(BundleError::io(pairs))?;
+                cv
+            }
+            super::recipe::ControlSource::File(f) => {
+                progress(Progress::Step(&format!("importing control vector {name}")));
+                let cfg: crate::model::ModelConfig = serde_json::from_slice(
+                    &std::fs::read(staging.join(crate::model::CONFIG_PATH)).map_err(BundleError::io(staging.join(crate::model::CONFIG_PATH)))?,
+                )
+                .map_err(|e| BundleError::Import(e.to_string()))?;
+                let is_gguf = std::fs::read(f).map_err(BundleError::io(f))?.starts_with(b"GGUF");
+                let cv = if is_gguf {
+                    ControlVector::import_llamacpp(f, cfg.n_layers).map_err(|e| err(name, e.to_string()))?
+                } else {
+                    let bytes = std::fs::read(f).map_err(BundleError::io(f))?;
+                    ControlVector::from_bytes(&bytes, &f.display().to_string()).map_err(|e| err(name, e.to_string()))?
+                };
+                cv.check_fits(name, cfg.n_layers, cfg.hidden_size).map_err(|e| err(name, e.to_string()))?;
+                cv
+            }
+        };
+        let p = dir.join(format!("{name}.safetensors"));
+        std::fs::write(&p, cv.to_bytes().map_err(|e| err(name, e.to_string()))?).map_err(BundleError::io(&p))?;
     }
     Ok(())
 }

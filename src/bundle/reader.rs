@@ -359,6 +359,7 @@ pub fn verify_file(path: &Path, opts: &VerifyOptions<'_>, unpack_into: Option<&P
     let read_result = std::thread::scope(|scope| -> Result<(), BundleError> {
         let worker = scope.spawn(move || hash_worker(job_rx, buf_tx));
         let mut done = 0u64;
+        let mut spare: Option<Vec<u8>> = None;
         let res = (|| -> Result<(), BundleError> {
             for mem in &m.members {
                 let mut e = match entries.next() {
@@ -392,10 +393,16 @@ pub fn verify_file(path: &Path, opts: &VerifyOptions<'_>, unpack_into: Option<&P
                 }
                 let mut got = 0u64;
                 loop {
-                    let mut buf = buf_rx.recv().unwrap_or_else(|_| vec![0u8; 1 << 20]);
+                    // The buffer of the final, empty read is kept for the next member: every buffer
+                    // must go round, or a bundle with more members than buffers would wait forever.
+                    let mut buf = match spare.take() {
+                        Some(b) => b,
+                        None => buf_rx.recv().unwrap_or_else(|_| vec![0u8; 1 << 20]),
+                    };
                     buf.resize(1 << 20, 0);
                     let n = read_full(&mut e, &mut buf).map_err(|err| archive_err(err, total))?;
                     if n == 0 {
+                        spare = Some(buf);
                         break;
                     }
                     buf.truncate(n);

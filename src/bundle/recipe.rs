@@ -20,6 +20,10 @@
 //! strict = { phrases = ["guaranteed returns"], case_insensitive = true }
 //! [policy.redaction]
 //! kinds = ["email", "phone", "card"]
+//! [control.concise]                 # optional: control vectors (docs/policy.md)
+//! pairs = "control/concise-pairs.jsonl"   # trained at build with the bundle's own model
+//! method = "mean"                    # or "pca"; layers = [1, 30] (start, end exclusive)
+//! # or: file = "vectors/x.gguf"      # a llama.cpp control vector (or our .safetensors)
 //! [presets]
 //! default = "balanced"
 //! [presets.balanced]
@@ -51,6 +55,29 @@ pub struct Recipe {
     /// Named presets (see docs/policy.md), stored as `policy/presets.json`.
     #[serde(default)]
     pub presets: Option<crate::policy::PresetsSpec>,
+    /// Named control vectors, each trained at build from contrastive pairs or read from a file;
+    /// stored as `control/NAME.safetensors`.
+    #[serde(default)]
+    pub control: std::collections::BTreeMap<String, ControlSection>,
+}
+
+/// One `[control.NAME]` table: `pairs` (train at build) or `file` (import), not both.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlSection {
+    pub pairs: Option<PathBuf>,
+    pub file: Option<PathBuf>,
+    /// For `pairs`: `mean` (default) or `pca`.
+    pub method: Option<crate::policy::control::Method>,
+    /// For `pairs`: `[start, end)` layers that get a vector; default all but layer 0.
+    pub layers: Option<[usize; 2]>,
+}
+
+/// Where a control vector comes from, paths resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ControlSource {
+    Train { pairs: PathBuf, method: crate::policy::control::Method, layers: Option<std::ops::Range<usize>> },
+    File(PathBuf),
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -79,6 +106,8 @@ pub struct ResolvedRecipe {
     pub source: PathBuf,
     /// Schema files with paths resolved against the recipe's directory.
     pub schemas: Vec<(String, PathBuf)>,
+    /// Control vectors to make, in name order.
+    pub control: Vec<(String, ControlSource)>,
     pub created: String,
     pub expires: String,
     pub min_runtime: String,
@@ -140,10 +169,10 @@ impl Recipe {
                         return Err(bad(format!("presets.{name}.schema = {s:?}: no such schema in [schemas]")));
                     }
                 }
-                if !p.control.is_empty() {
-                    return Err(bad(format!(
-                        "presets.{name}.control: control vectors are not applied by this runtime yet; remove them rather than ship a preset that would silently ignore them"
-                    )));
+                for c in &p.control {
+                    if !self.control.contains_key(&c.vector) {
+                        return Err(bad(format!("presets.{name}.control: vector {:?} is not defined in [control]", c.vector)));
+                    }
                 }
             }
         }
@@ -152,7 +181,33 @@ impl Recipe {
                 return Err(bad(format!("model.quantize {q:?}: supported values: \"q8_0\"")));
             }
         }
+        let rel = |p: &PathBuf| if p.is_absolute() { p.clone() } else { base.join(p) };
+        let mut control = Vec::new();
+        for (name, c) in &self.control {
+            if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-') {
+                return Err(bad(format!("control.{name}: vector names use 1-64 of [a-z0-9_-]")));
+            }
+            let src = match (&c.pairs, &c.file) {
+                (Some(p), None) => {
+                    let layers = match c.layers {
+                        Some([a, b]) if a < b => Some(a..b),
+                        Some([a, b]) => return Err(bad(format!("control.{name}.layers = [{a}, {b}]: start must be below end"))),
+                        None => None,
+                    };
+                    ControlSource::Train { pairs: rel(p), method: c.method.unwrap_or_default(), layers }
+                }
+                (None, Some(f)) => {
+                    if c.method.is_some() || c.layers.is_some() {
+                        return Err(bad(format!("control.{name}: method and layers apply to `pairs` training, not to `file`")));
+                    }
+                    ControlSource::File(rel(f))
+                }
+                _ => return Err(bad(format!("control.{name}: give exactly one of `pairs` (train at build) or `file` (import)"))),
+            };
+            control.push((name.clone(), src));
+        }
         Ok(ResolvedRecipe {
+            control,
             created: format_time(created_unix),
             expires: format_time(expires_unix),
             min_runtime,

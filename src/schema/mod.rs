@@ -188,7 +188,8 @@ pub struct SchemaStats {
 /// n_unique   u32            ≤ 4096 JSON-path patterns of uniqueItems arrays, each:
 ///              u16 n_steps ≤ 256, steps: 0 = key (u16 len, canonical key text), 1 = any key,
 ///              2 = any index
-/// stats      5 × u64        states, distinct_masks, lower µs, mask µs, compile µs
+/// stats      5 × u64        states, distinct_masks, then 3 reserved (written 0: compile timings
+///                           would make builds irreproducible; readers ignore them)
 /// ```
 /// Nothing may follow. Readers check every count against its cap and the remaining input before
 /// allocating, and every index against its table.
@@ -456,7 +457,7 @@ impl CompiledSchema {
             }
         }
         let s = &self.stats;
-        for x in [s.states as u64, s.distinct_masks as u64, s.lower_time.as_micros() as u64, s.mask_time.as_micros() as u64, s.compile_time.as_micros() as u64] {
+        for x in [s.states as u64, s.distinct_masks as u64, 0, 0, 0] {
             out.extend_from_slice(&x.to_le_bytes());
         }
         out

@@ -623,6 +623,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         constraints,
         pipeline,
         extra_output_tokens,
+        steering: preset.as_ref().and_then(|p| state.policy.steering(p)),
     };
     match state.sched.submit(gr) {
         Ok(()) => {}

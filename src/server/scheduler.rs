@@ -81,6 +81,8 @@ pub struct GenRequest {
     pub pipeline: Option<crate::policy::runtime::TextPipeline>,
     /// Tokens of mandatory text, counted in usage as output.
     pub extra_output_tokens: usize,
+    /// The preset's control vectors, added to this sequence's residual stream.
+    pub steering: Option<Arc<crate::engine::Steering>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -277,7 +279,14 @@ impl Loop {
                 ))));
                 continue;
             }
-            match self.engine.new_seq() {
+            let seq = self.engine.new_seq().and_then(|id| match self.engine.set_steering(id, r.steering.clone()) {
+                Ok(()) => Ok(id),
+                Err(e) => {
+                    self.engine.free_seq(id);
+                    Err(e)
+                }
+            });
+            match seq {
                 Ok(id) => {
                     let sampler = Sampler::new(r.params.clone());
                     let stops = StopMatcher::new(r.stop.clone());
