@@ -233,6 +233,9 @@ pub struct Side {
     pub mean_chars: f64,
     /// exp(mean over answers of the per-token NLL under the unsteered model).
     pub perplexity: f64,
+    /// Share of answers that use at least one content word (4+ letters, not a stop word) of
+    /// their prompt: a crude but honest "still on topic" check.
+    pub on_topic: f64,
     pub tokens: Vec<usize>,
     pub nll: Vec<Option<f64>>,
 }
@@ -273,12 +276,14 @@ fn eval(a: EvalArgs) -> Result<(), CliError> {
     let nll_steered = control::answer_nll(&mut m, &ids, &steered, batch).map_err(cerr)?;
     let side = |ans: &[Vec<u32>], nll: Vec<Option<f64>>| {
         let tokens: Vec<usize> = ans.iter().map(Vec::len).collect();
+        let on = ans.iter().zip(&prompts).filter(|(a, p)| shares_content_word(p, &l.tokenizer.decode(a))).count();
         let chars: usize = ans.iter().map(|a| l.tokenizer.decode(a).chars().count()).sum();
         let v: Vec<f64> = nll.iter().flatten().copied().collect();
         Side {
             mean_tokens: tokens.iter().sum::<usize>() as f64 / ans.len() as f64,
             mean_chars: chars as f64 / ans.len() as f64,
             perplexity: (v.iter().sum::<f64>() / v.len().max(1) as f64).exp(),
+            on_topic: on as f64 / ans.len() as f64,
             tokens,
             nll,
         }
@@ -290,7 +295,7 @@ fn eval(a: EvalArgs) -> Result<(), CliError> {
         eprintln!("--- prompt: {}\n[unsteered] {}\n[steered]   {}", prompts[i], l.tokenizer.decode(&base[i]).trim(), l.tokenizer.decode(&steered[i]).trim());
     }
     eprintln!(
-        "{} prompts, max {} tokens, temperature {}: mean length {:.1} → {:.1} tokens ({:+.1}%), {:.0} → {:.0} chars; unsteered-model perplexity {:.2} → {:.2}; {:.1} s",
+        "{} prompts, max {} tokens, temperature {}: mean length {:.1} → {:.1} tokens ({:+.1}%), {:.0} → {:.0} chars; unsteered-model perplexity {:.2} → {:.2}; on topic {:.0}% → {:.0}%; {:.1} s",
         prompts.len(),
         a.max_tokens,
         a.temperature,
@@ -301,6 +306,8 @@ fn eval(a: EvalArgs) -> Result<(), CliError> {
         s.mean_chars,
         b.perplexity,
         s.perplexity,
+        b.on_topic * 100.0,
+        s.on_topic * 100.0,
         t0.elapsed().as_secs_f64()
     );
     if a.json {
@@ -308,4 +315,15 @@ fn eval(a: EvalArgs) -> Result<(), CliError> {
         println!("{j}");
     }
     Ok(())
+}
+
+/// Whether `answer` contains a content word of `prompt` (case-insensitive; words of 4+ letters
+/// that are not common function words; a plural `s` is ignored).
+fn shares_content_word(prompt: &str, answer: &str) -> bool {
+    const STOP: &[&str] = &["what", "does", "that", "this", "with", "from", "have", "your", "about", "when", "which", "should", "would", "could", "there", "their", "they", "them", "into", "each", "some", "make", "work", "works", "explain", "difference", "between", "history"];
+    let words = |t: &str| -> Vec<String> {
+        t.split(|c: char| !c.is_alphanumeric()).filter(|w| w.len() >= 4).map(|w| w.to_lowercase().trim_end_matches('s').to_string()).collect()
+    };
+    let ans: std::collections::HashSet<String> = words(answer).into_iter().collect();
+    words(prompt).iter().filter(|w| !STOP.contains(&w.as_str())).any(|w| ans.contains(w))
 }

@@ -46,7 +46,7 @@ pub enum PolicyError {
     #[error("preset `{preset}` uses safety level `{level}`, which `[policy.safety.levels]` does not define")]
     UnknownSafetyLevel { preset: String, level: String },
     /// The caller's peer credentials do not grant the preset.
-    #[error("preset `{preset}` is not allowed for uid {uid}; the server config's `[[access]]` rules grant: {allowed}")]
+    #[error("preset `{preset}` is not allowed for uid {uid}; the server config's `[access.presets]` rules grant: {allowed}")]
     PresetDenied { preset: String, uid: u32, allowed: String },
     /// A structure grew past a cap.
     #[error("{what} exceeds the limit {limit}; use fewer or shorter phrases")]

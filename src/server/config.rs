@@ -67,6 +67,11 @@ pub struct AccessConfig {
     pub allow_uids: Vec<u32>,
     /// Peer gids (the peer's effective gid, from SO_PEERCRED) allowed to call the API.
     pub allow_gids: Vec<u32>,
+    /// Which presets each peer may use (`[access.presets]`): `rules = [{ uid = 1001, presets =
+    /// ["balanced"] }, { gid = 2001, presets = ["bank"] }]` and `default_presets` for peers no rule
+    /// matches (`"*"` = all). A peer gets the union of its matching rules. Absent: every allowed
+    /// peer may use every preset.
+    pub presets: Option<crate::policy::PeerAccess>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -211,6 +216,9 @@ impl ServerConfig {
         }
         if l.max_connections == 0 {
             return bad("limits.max_connections must be at least 1");
+        }
+        if let Some(p) = &self.access.presets {
+            p.validate().map_err(|e| ConfigError::Invalid(format!("access.presets: {e}")))?;
         }
         if self.trust.threshold == 0 {
             return bad("trust.threshold must be at least 1");

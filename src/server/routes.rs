@@ -512,6 +512,14 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         }
     };
     rec.preset = preset.as_ref().map(|p| p.name.clone());
+    if let (Some(rules), Some(p)) = (&state.cfg.access.presets, &preset) {
+        if let Err(e) = rules.check(rec.peer.uid, &[rec.peer.gid], &p.name) {
+            state.metrics.refused_peer();
+            let mut err = ApiError::new(403, e.to_string());
+            err.param = Some("model".into());
+            return rec.fail(flavor, err);
+        }
+    }
     let mut creq = creq;
     if preset.as_ref().is_some_and(|p| p.redact_input) {
         for m in &mut creq.messages {
