@@ -154,7 +154,12 @@ pub struct EntryLock(#[allow(dead_code)] File);
 
 fn short(identity: &str) -> &str {
     let hex = identity.trim_start_matches("sha256:");
-    &hex[..hex.len().min(12)]
+    hex.get(..12).unwrap_or(hex)
+}
+
+/// `sha256:` and 64 lowercase hex digits (an identity read from `active.json` is not trusted).
+fn valid_identity(identity: &str) -> bool {
+    identity.strip_prefix("sha256:").is_some_and(is_entry_name)
 }
 
 fn now_rfc3339() -> String {
@@ -325,6 +330,9 @@ impl Store {
     /// version passes only when `allow_downgrade` names this identity), then every member's size
     /// and SHA-256 and that no other file is present. Nothing is recorded.
     pub fn verify_entry(&self, identity: &str, opts: &VerifyOptions<'_>, allow_downgrade: Option<&str>) -> Result<VerifiedBundle, BundleError> {
+        if !valid_identity(identity) {
+            return Err(BundleError::Lifecycle(format!("{identity:?} is not a bundle identity (sha256: and 64 hex digits); fix {}", self.active_path().display())));
+        }
         let dir = self.entry_dir(identity);
         if !dir.is_dir() {
             return Err(BundleError::Lifecycle(format!("bundle {identity} is not installed in {} (install it again)", self.root().display())));
@@ -576,5 +584,12 @@ mod tests {
             assert!(matches!(s.find(spec), Err(BundleError::Lifecycle(_))), "{spec}");
         }
         assert!(matches!(s.find("x@1"), Err(BundleError::Lifecycle(m)) if m.contains("installed: none")));
+        // Identities from a hand-edited active.json never reach the file system or panic.
+        let opts_ts = crate::trust::TrustStore::default();
+        let opts = VerifyOptions::new(&opts_ts);
+        for bad in ["sha256:../../etc", "sha256:é", "", "sha256:ABC"] {
+            assert!(matches!(s.verify_entry(bad, &opts, None), Err(BundleError::Lifecycle(_))), "{bad}");
+            let _ = Pointer { identity: bad.into(), name: "x".into(), version: 1 }.to_string();
+        }
     }
 }

@@ -90,7 +90,7 @@ impl Resolved {
 
 fn short(identity: &str) -> String {
     let hex = identity.trim_start_matches("sha256:");
-    format!("sha256:{}", &hex[..hex.len().min(16)])
+    format!("sha256:{}", hex.get(..16).unwrap_or(hex))
 }
 
 #[derive(Debug, Args)]
