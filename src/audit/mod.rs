@@ -23,6 +23,11 @@
 //!
 //! On open, an existing log's last record is read to continue the chain; a malformed last line
 //! (e.g. torn by a crash without fsync) is refused: check it with `applianced audit verify`.
+//!
+//! ## Several writers
+//! The server and the lifecycle commands (`applianced bundle activate`, `rollback`, `gc`) append
+//! to the same file. Each append holds an exclusive `flock` on it, and when the file is longer
+//! than this writer left it, the chain continues from the last record on disk.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read as _, Seek as _, SeekFrom, Write as _};
@@ -54,6 +59,10 @@ struct Tail {
     file: File,
     seq: u64,
     prev: String,
+    /// File length after our last write: when the file has grown since, another process (e.g.
+    /// `applianced bundle activate` beside a running server) appended, and the chain continues
+    /// from its record.
+    end: u64,
     poisoned: bool,
 }
 
@@ -171,6 +180,23 @@ fn last_line(f: &mut File, path: &Path) -> Result<Option<(usize, String)>, Audit
     Ok(Some((0, line)))
 }
 
+/// The (seq, hash) of the last record on disk and the file length.
+fn read_tail(file: &mut File, path: &Path) -> Result<(u64, String, u64), AuditError> {
+    let len = file.metadata().map_err(|source| AuditError::Io { path: path.into(), source })?.len();
+    match last_line(file, path)? {
+        None => Ok((0, GENESIS.to_string(), len)),
+        Some((_, line)) => {
+            let (body, hash) = split_line(&line).map_err(|msg| AuditError::Broken { path: path.into(), line: 0, msg: format!("last record: {msg}") })?;
+            if sha256_hex(body.as_bytes()) != hash {
+                return Err(AuditError::Broken { path: path.into(), line: 0, msg: "last record's hash does not match its content; run `applianced audit verify`".into() });
+            }
+            let v: Map<String, Value> = serde_json::from_str(&line).map_err(|e| AuditError::Broken { path: path.into(), line: 0, msg: e.to_string() })?;
+            let seq = v.get("seq").and_then(Value::as_u64).ok_or_else(|| AuditError::Broken { path: path.into(), line: 0, msg: "last record has no seq".into() })?;
+            Ok((seq, hash.to_string(), len))
+        }
+    }
+}
+
 impl AuditLog {
     /// Open (creating with mode 0640) and continue the chain from the last record.
     pub fn open(path: &Path, fsync: FsyncPolicy) -> Result<AuditLog, AuditError> {
@@ -180,19 +206,11 @@ impl AuditLog {
             std::fs::create_dir_all(dir).map_err(|source| AuditError::Io { path: dir.into(), source })?;
         }
         let mut file = OpenOptions::new().read(true).append(true).create(true).mode(0o640).open(path).map_err(io)?;
-        let (seq, prev) = match last_line(&mut file, path)? {
-            None => (0, GENESIS.to_string()),
-            Some((_, line)) => {
-                let (body, hash) = split_line(&line).map_err(|msg| AuditError::Broken { path: path.into(), line: 0, msg: format!("last record: {msg}") })?;
-                if sha256_hex(body.as_bytes()) != hash {
-                    return Err(AuditError::Broken { path: path.into(), line: 0, msg: "last record's hash does not match its content; run `applianced audit verify`".into() });
-                }
-                let v: Map<String, Value> = serde_json::from_str(&line).map_err(|e| AuditError::Broken { path: path.into(), line: 0, msg: e.to_string() })?;
-                let seq = v.get("seq").and_then(Value::as_u64).ok_or_else(|| AuditError::Broken { path: path.into(), line: 0, msg: "last record has no seq".into() })?;
-                (seq, hash.to_string())
-            }
-        };
-        Ok(AuditLog { path: path.into(), fsync, tail: Mutex::new(Tail { file, seq, prev, poisoned: false }) })
+        file.lock_shared().map_err(io)?;
+        let tail = read_tail(&mut file, path);
+        let _ = file.unlock();
+        let (seq, prev, end) = tail?;
+        Ok(AuditLog { path: path.into(), fsync, tail: Mutex::new(Tail { file, seq, prev, end, poisoned: false }) })
     }
 
     pub fn path(&self) -> &Path {
@@ -210,6 +228,22 @@ impl AuditLog {
         let mut t = self.tail.lock().map_err(|_| AuditError::Poisoned(self.path.clone()))?;
         if t.poisoned {
             return Err(AuditError::Poisoned(self.path.clone()));
+        }
+        let t = &mut *t;
+        t.file.lock().map_err(|source| AuditError::Io { path: self.path.clone(), source })?;
+        let res = self.append_locked(t, fields);
+        let _ = t.file.unlock();
+        res
+    }
+
+    fn append_locked(&self, t: &mut Tail, fields: Map<String, Value>) -> Result<String, AuditError> {
+        let len = t.file.metadata().map_err(|source| AuditError::Io { path: self.path.clone(), source })?.len();
+        if len != t.end {
+            // Another writer appended since our last record: continue from its record.
+            let (seq, prev, end) = read_tail(&mut t.file, &self.path)?;
+            t.seq = seq;
+            t.prev = prev;
+            t.end = end;
         }
         let mut rec = Map::new();
         rec.insert("seq".into(), Value::from(t.seq + 1));
@@ -238,6 +272,7 @@ impl AuditLog {
         }
         t.seq += 1;
         t.prev = hash.clone();
+        t.end = len + line.len() as u64;
         Ok(hash)
     }
 }
@@ -282,5 +317,20 @@ mod tests {
         std::fs::write(&p, format!("{}\n{}", lines[0], &lines[1][..10])).unwrap();
         assert!(matches!(verify_file(&p), Err(AuditError::Broken { line: 2, .. })));
         assert!(AuditLog::open(&p, FsyncPolicy::Always).is_err());
+    }
+
+    /// Two writers on one file (the server and a lifecycle command) keep one intact chain.
+    #[test]
+    fn two_writers_share_the_chain() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("audit.jsonl");
+        let a = AuditLog::open(&p, FsyncPolicy::Never).unwrap();
+        let b = AuditLog::open(&p, FsyncPolicy::Never).unwrap();
+        for i in 0..5 {
+            a.append(rec(i)).unwrap();
+            b.append(rec(100 + i)).unwrap();
+            b.append(rec(200 + i)).unwrap();
+        }
+        assert_eq!(verify_file(&p).unwrap().records, 15);
     }
 }

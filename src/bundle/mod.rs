@@ -7,10 +7,12 @@
 //!   Only it constructs [`Verified`], so unverified data cannot reach the loader.
 //! - [`writer`] writes byte-identical bundles for identical inputs.
 //! - [`store`] unpacks verified bundles into a content-addressed store with atomic renames.
+//! - [`lifecycle`]: which store entry is active, activation, rollback and garbage collection.
 //! - [`recipe`] / [`build`]: `applianced build`.
 
 pub mod build;
 pub mod canonical;
+pub mod lifecycle;
 pub mod manifest;
 pub mod reader;
 pub mod recipe;
@@ -78,6 +80,13 @@ pub enum BundleError {
     Import(String),
     #[error("store entry {path}: {msg}")]
     Store { path: PathBuf, msg: String },
+    /// The store's lifecycle state does not allow the operation (no such installed bundle, none
+    /// active, nothing to roll back to, an ambiguous name, a bad `active.json`).
+    #[error("{0}")]
+    Lifecycle(String),
+    /// The audit log could not record a lifecycle change (the change was not made).
+    #[error("audit log: {0}")]
+    Audit(String),
 }
 
 impl BundleError {

@@ -58,8 +58,12 @@ pub struct VerifyOptions<'a> {
     pub trust: &'a TrustStore,
     /// Unix seconds used for the expiry check.
     pub now: i64,
-    /// Rollback state; when given, a successful verify records the accepted version.
+    /// Rollback state; when given, a lower version (or the same version with another manifest) is
+    /// refused, and a successful verify records the accepted version unless `record_state` is off.
     pub state: Option<&'a RollbackState>,
+    /// Record the accepted version in `state` (default on). `bundle install` turns it off: an
+    /// installed bundle is only accepted when it is activated.
+    pub record_state: bool,
     /// Cap on the total decompressed content.
     pub max_content_bytes: u64,
     /// Cap on decompressed / compressed size.
@@ -75,6 +79,7 @@ impl<'a> VerifyOptions<'a> {
                 .map(|d| d.as_secs() as i64)
                 .unwrap_or(0),
             state: None,
+            record_state: true,
             max_content_bytes: 256 << 30,
             max_ratio: 1000,
         }
@@ -296,6 +301,26 @@ pub(crate) fn read_head(path: &Path) -> Result<Head, BundleError> {
     Ok(Head { manifest, manifest_bytes, signatures_bytes, signatures })
 }
 
+/// Read the control members of an unpacked store entry (`<entry>/applianced/manifest.json` and
+/// `signatures.json`), bounded by the same caps as in a bundle. Nothing is trusted yet.
+pub(crate) fn read_head_from_dir(dir: &Path) -> Result<Head, BundleError> {
+    let read = |name: &str, cap: u64| -> Result<Vec<u8>, BundleError> {
+        let p = dir.join(name);
+        let f = std::fs::File::open(&p).map_err(BundleError::io(&p))?;
+        let mut buf = Vec::new();
+        f.take(cap + 1).read_to_end(&mut buf).map_err(BundleError::io(&p))?;
+        if buf.len() as u64 > cap {
+            return Err(FormatError::Member { path: name.into(), msg: format!("exceeds cap {cap}") }.into());
+        }
+        Ok(buf)
+    };
+    let manifest_bytes = read(MANIFEST_NAME, MAX_MANIFEST_BYTES)?;
+    let signatures_bytes = read(SIGNATURES_NAME, MAX_SIGNATURES_BYTES)?;
+    let manifest = Manifest::parse(&manifest_bytes)?;
+    let signatures = parse_signatures(&signatures_bytes)?;
+    Ok(Head { manifest, manifest_bytes, signatures_bytes, signatures })
+}
+
 /// Check trust and policy for a head read by [`read_head`], without reading members. The result is
 /// *not* a [`Verified`]: callers must still check member digests (the store does, against files).
 pub(crate) fn check_head_only(head: &Head, opts: &VerifyOptions<'_>) -> Result<Vec<String>, BundleError> {
@@ -455,7 +480,7 @@ pub fn verify_file(path: &Path, opts: &VerifyOptions<'_>, unpack_into: Option<&P
     if consumed != total || tail.iter().any(|&b| b != 0) {
         return Err(FormatError::Trailing.into());
     }
-    if let Some(st) = opts.state {
+    if let Some(st) = opts.state.filter(|_| opts.record_state) {
         st.accept(&head.manifest.name, head.manifest.version, &identity_of(&head.manifest_bytes))?;
     }
     Ok(verified_from_store(head, signers))

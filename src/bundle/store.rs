@@ -56,7 +56,8 @@ impl Store {
         &self.root
     }
 
-    fn entry_dir(&self, identity: &str) -> PathBuf {
+    /// `<store>/<hex of identity>` (whether or not it exists).
+    pub fn entry_dir(&self, identity: &str) -> PathBuf {
         self.root.join(identity.trim_start_matches("sha256:"))
     }
 
@@ -71,7 +72,7 @@ impl Store {
         if dir.exists() {
             match recheck(&dir, &head) {
                 Ok(()) => {
-                    if let Some(st) = opts.state {
+                    if let Some(st) = opts.state.filter(|_| opts.record_state) {
                         st.accept(&head.manifest.name, head.manifest.version, &identity)?;
                     }
                     let verified = reader::verified_from_store(head, signers);
@@ -111,7 +112,7 @@ impl Store {
     }
 
     /// Remove temporary unpack directories left by a crash more than an hour ago.
-    fn clean_stale_temps(&self) {
+    pub(crate) fn clean_stale_temps(&self) {
         let Ok(rd) = std::fs::read_dir(&self.root) else { return };
         for e in rd.flatten() {
             let name = e.file_name();
@@ -125,7 +126,7 @@ impl Store {
 
 /// Check an existing entry against a verified head: same manifest bytes, every member's size and
 /// digest, and no other files.
-fn recheck(dir: &Path, head: &reader::Head) -> Result<(), BundleError> {
+pub(crate) fn recheck(dir: &Path, head: &reader::Head) -> Result<(), BundleError> {
     let stored = std::fs::read(dir.join(MANIFEST_NAME)).map_err(BundleError::io(dir.join(MANIFEST_NAME)))?;
     if stored != head.manifest_bytes {
         return Err(BundleError::Store { path: dir.into(), msg: "manifest differs".into() });

@@ -1,4 +1,4 @@
-//! keygen, build, verify, inspect.
+//! keygen, build, verify, inspect. (The `bundle` subcommands are in lifecycle.rs.)
 
 use std::path::PathBuf;
 
@@ -168,41 +168,6 @@ pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
     println!("members   {} ({:.1} MB)", m.members.len(), m.content_bytes() as f64 / 1e6);
     for mem in &m.members {
         println!("  {:>12}  {}  {}", mem.size, &mem.sha256[..16], mem.path);
-    }
-    Ok(())
-}
-
-#[derive(Debug, Args)]
-pub struct InstallArgs {
-    /// The bundle to verify and unpack into the store.
-    pub bundle: PathBuf,
-    #[command(flatten)]
-    pub trust: TrustArgs,
-    #[command(flatten)]
-    pub store: super::common::StoreArgs,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// `applianced bundle install`: verify, then unpack into the content-addressed store (or re-check
-/// an existing entry). The entry is not activated; `run` and `serve` use it on their next start.
-pub fn install(a: InstallArgs) -> Result<(), CliError> {
-    let started = std::time::Instant::now();
-    let vb = super::common::open_bundle(&a.bundle, &a.trust, &a.store, a.json)?;
-    let secs = started.elapsed().as_secs_f64();
-    let m = vb.verified.manifest();
-    if a.json {
-        println!(
-            "{}",
-            serde_json::json!({"ok": true, "name": m.name, "version": m.version, "identity": vb.verified.identity(),
-                "entry": vb.root, "reused": vb.reused, "seconds": secs, "content_bytes": m.content_bytes()})
-        );
-    } else {
-        let how = if vb.reused { "existing entry re-checked" } else { "verified and unpacked" };
-        println!("{} version {}: {how} in {:.2} s", m.name, m.version, secs);
-        println!("identity {}", vb.verified.identity());
-        println!("entry {}", vb.root.display());
     }
     Ok(())
 }

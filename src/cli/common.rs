@@ -97,6 +97,8 @@ impl CliError {
                 BundleError::Expired { .. } => 8,
                 BundleError::RuntimeTooOld { .. } => 10,
                 BundleError::Recipe { .. } | BundleError::Import(_) => 11,
+                BundleError::Audit(_) => 3,
+                BundleError::Lifecycle(_) => 15,
             },
             CliError::Trust(t) => trust_code(t),
             CliError::Usage(_) => 2,

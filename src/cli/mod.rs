@@ -6,6 +6,7 @@ mod audit_cmd;
 mod bundle_cmds;
 mod common;
 mod control_cmd;
+mod lifecycle;
 mod serve;
 mod run;
 mod schema_cmd;
@@ -23,7 +24,8 @@ pub use common::{CliError, TrustArgs};
 /// Exit codes: 0 ok, 1 other error, 2 usage, 3 I/O, 4 malformed bundle, 5 signature or trust
 /// failure, 6 revoked key, 7 member integrity (digest, size, missing, extra), 8 expired,
 /// 9 rollback refused, 10 runtime too old, 11 recipe or import error, 12 engine error,
-/// 13 server error, 14 schema error.
+/// 13 server error, 14 schema error, 15 bundle lifecycle (no such installed bundle, none active,
+/// nothing to roll back to).
 #[derive(Debug, Parser)]
 #[command(name = "applianced", version, about, long_about, propagate_version = true)]
 pub struct Cli {
@@ -43,7 +45,7 @@ pub enum Command {
     Verify(bundle_cmds::VerifyArgs),
     /// Show a bundle's manifest, members and signer key ids WITHOUT verifying anything.
     Inspect(bundle_cmds::InspectArgs),
-    /// Bundle lifecycle on this box.
+    /// Bundle lifecycle on this box: install, activate, list, rollback, gc (docs/operations.md).
     #[command(subcommand)]
     Bundle(BundleCommand),
     /// Structured output: compile JSON Schemas to token automata.
@@ -68,9 +70,24 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum BundleCommand {
-    /// Verify a bundle and unpack it into the content-addressed store (or re-check the existing
-    /// entry). Nothing partial is ever visible; a failing bundle leaves the store untouched.
-    Install(bundle_cmds::InstallArgs),
+    /// Verify a bundle (trust, threshold, revocations, expiry, rollback state) and unpack it into
+    /// the content-addressed store, or re-check the existing entry. The entry stays inactive.
+    /// Nothing partial is ever visible; a failing bundle leaves the store untouched.
+    Install(lifecycle::InstallArgs),
+    /// Make an installed bundle the active one: re-verify it against its signed manifest and the
+    /// trust keys, record it in the audit log, then switch atomically. The bundle active before
+    /// is kept as "previous" for `rollback`. A running server switches on SIGHUP
+    /// (`systemctl reload applianced`).
+    Activate(lifecycle::ActivateArgs),
+    /// List installed bundles: name@version, identity, signer key ids, expiry, and which is
+    /// active and previous.
+    List(lifecycle::ListArgs),
+    /// Re-activate the previous bundle. A version below the highest accepted one is refused
+    /// (exit 9) unless overridden with --allow-downgrade --reason TEXT, which is audited.
+    Rollback(lifecycle::RollbackArgs),
+    /// Remove inactive bundles beyond the N most recently installed (never the active or the
+    /// previous one, nor one a running server has loaded).
+    Gc(lifecycle::GcArgs),
 }
 
 /// Parse arguments, run, print errors; returns the process exit code.
@@ -85,7 +102,11 @@ pub fn main() -> i32 {
         Command::Serve(a) => serve::exec(a),
         Command::Audit(a) => audit_cmd::exec(a),
         Command::ControlVector(c) => control_cmd::exec(c),
-        Command::Bundle(BundleCommand::Install(a)) => bundle_cmds::install(a),
+        Command::Bundle(BundleCommand::Install(a)) => lifecycle::install(a),
+        Command::Bundle(BundleCommand::Activate(a)) => lifecycle::activate(a),
+        Command::Bundle(BundleCommand::List(a)) => lifecycle::list(a),
+        Command::Bundle(BundleCommand::Rollback(a)) => lifecycle::rollback(a),
+        Command::Bundle(BundleCommand::Gc(a)) => lifecycle::gc(a),
         Command::Schema(c) => schema_cmd::exec(c),
         Command::Run(a) => run::run(a),
         Command::Bench(a) => run::bench(a, start),

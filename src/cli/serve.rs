@@ -1,6 +1,7 @@
 //! `applianced serve`: verify a bundle (exactly as `verify` does), load it, and serve the
 //! Anthropic Messages and OpenAI Chat Completions APIs on a Unix socket. Settings come from the
-//! config file (docs/server.md, packaging/config.toml); flags override it.
+//! config file (docs/server.md, packaging/config.toml); flags override it. Without a bundle file
+//! it serves the store's active bundle; SIGHUP reloads (docs/operations.md).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,12 +9,15 @@ use std::sync::Arc;
 use clap::Args as ClapArgs;
 
 use super::common::{open_bundle, CliError, StoreArgs, TrustArgs};
+use crate::bundle::{Store, VerifiedBundle, VerifyOptions};
 use crate::server::config::{ServerConfig, DEFAULT_CONFIG_PATH};
-use crate::server::{serve, ServeOptions, ServerError};
+use crate::server::{serve, BundleSource, ServeOptions, ServerError};
 
 #[derive(Debug, Clone, ClapArgs)]
 pub struct Args {
-    /// The signed bundle to serve. Default: `bundle` in the config file.
+    /// The signed bundle file to serve. Default: `bundle` in the config file, else the store's
+    /// active bundle (`applianced bundle activate`). SIGHUP (`systemctl reload applianced`)
+    /// re-verifies this source and switches to it without dropping requests.
     #[arg(long, value_name = "X.zlb")]
     pub bundle: Option<PathBuf>,
     /// Unix socket path to listen on (ignored when socket-activated by systemd).
@@ -45,7 +49,7 @@ fn server_err(e: ServerError) -> CliError {
 }
 
 /// Resolve flags over the config file.
-pub fn resolve(args: &Args) -> Result<(ServerConfig, PathBuf, TrustArgs, StoreArgs), CliError> {
+pub fn resolve(args: &Args) -> Result<(ServerConfig, Option<PathBuf>, TrustArgs, StoreArgs), CliError> {
     let mut cfg = match &args.config {
         Some(p) => ServerConfig::load(p, true),
         None => ServerConfig::load(std::path::Path::new(DEFAULT_CONFIG_PATH), false),
@@ -63,11 +67,8 @@ pub fn resolve(args: &Args) -> Result<(ServerConfig, PathBuf, TrustArgs, StoreAr
     if args.log_requests {
         cfg.logging.requests = true;
     }
-    let bundle = args
-        .bundle
-        .clone()
-        .or_else(|| cfg.bundle.clone())
-        .ok_or_else(|| CliError::Usage("no bundle: pass --bundle X.zlb or set `bundle` in the config".into()))?;
+    // --bundle, else `bundle` in the config, else the store's active bundle.
+    let bundle = args.bundle.clone().or_else(|| cfg.bundle.clone());
     // --trust replaces the config's key list; --threshold/--state override when given.
     let trust = TrustArgs {
         trust: if args.trust.trust.is_empty() { cfg.trust.keys.clone() } else { args.trust.trust.clone() },
@@ -79,9 +80,28 @@ pub fn resolve(args: &Args) -> Result<(ServerConfig, PathBuf, TrustArgs, StoreAr
     Ok((cfg, bundle, trust, store))
 }
 
+/// The store's active entry, re-verified completely (trust, threshold, revocations, expiry,
+/// rollback state with a recorded downgrade override, every member digest).
+fn open_active(trust: &TrustArgs, store: &StoreArgs) -> Result<VerifiedBundle, CliError> {
+    let (ts, state) = trust.load()?;
+    let mut opts = VerifyOptions::new(&ts);
+    opts.state = state.as_ref();
+    let store = Store::new(&store.store.clone().unwrap_or_else(Store::default_root));
+    Ok(store.verify_active(&opts)?)
+}
+
 pub fn exec(args: Args) -> Result<(), CliError> {
     let (cfg, bundle, trust, store) = resolve(&args)?;
-    let vb = open_bundle(&bundle, &trust, &store, true)?;
+    // The same source serves the start and every reload (SIGHUP): the trust store is read again
+    // each time, so new keys and revocations apply on reload.
+    let source = move || -> Result<VerifiedBundle, CliError> {
+        match &bundle {
+            Some(path) => open_bundle(path, &trust, &store, true),
+            None => open_active(&trust, &store),
+        }
+    };
+    let vb = source()?;
     let log: crate::server::Logger = Arc::new(|line: &str| eprintln!("applianced: {line}"));
-    serve(ServeOptions { bundle: vb, config: cfg, allow_activation: true, log }).map_err(server_err)
+    let reload: BundleSource = Arc::new(move || source().map_err(|e| format!("{e} (exit code {})", e.exit_code())));
+    serve(ServeOptions { bundle: vb, config: cfg, allow_activation: true, log, reload: Some(reload) }).map_err(server_err)
 }

@@ -41,6 +41,7 @@ pub struct ServerConfig {
     pub audit: AuditConfig,
     pub trust: TrustConfig,
     pub logging: LoggingConfig,
+    pub expiry: ExpiryConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -185,6 +186,32 @@ pub struct LoggingConfig {
     pub requests: bool,
 }
 
+/// What a server does when the bundle it serves reaches its signed `expires` time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExpiry {
+    /// Refuse new API requests with 503 (fail closed; default).
+    Refuse,
+    /// Keep serving, log a warning every hour and set `applianced_bundle_expired` to 1.
+    Warn,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExpiryConfig {
+    /// Seconds before the bundle's expiry from which the server warns (log line, metric
+    /// `applianced_bundle_expiring`). 0 = no advance warning.
+    pub warn_secs: u64,
+    /// After expiry: "refuse" (default) or "warn".
+    pub on_expiry: OnExpiry,
+}
+
+impl Default for ExpiryConfig {
+    fn default() -> Self {
+        ExpiryConfig { warn_secs: 7 * 24 * 3600, on_expiry: OnExpiry::Refuse }
+    }
+}
+
 impl ServerConfig {
     /// Read `path`. With `required = false` a missing file gives the defaults.
     pub fn load(path: &Path, required: bool) -> Result<ServerConfig, ConfigError> {
@@ -277,5 +304,8 @@ mod tests {
         assert_eq!(c.access.allow_uids, vec![5]);
         let c: ServerConfig = toml::from_str("[socket]\nmode = \"9\"").unwrap();
         assert!(c.validate().is_err());
+        let c: ServerConfig = toml::from_str("[expiry]\nwarn_secs = 60\non_expiry = \"warn\"").unwrap();
+        assert_eq!(c.expiry, ExpiryConfig { warn_secs: 60, on_expiry: OnExpiry::Warn });
+        assert!(toml::from_str::<ServerConfig>("[expiry]\non_expiry = \"ignore\"").is_err());
     }
 }

@@ -57,6 +57,21 @@ struct Inner {
     batch_size: Histogram,
     batch_tokens: Histogram,
     steps: u64,
+    bundle: Option<BundleGauge>,
+    reloads: BTreeMap<&'static str, u64>,
+    last_reload_seconds: f64,
+    last_switch_seconds: f64,
+    retiring: i64,
+}
+
+/// The bundle being served, for the info and expiry metrics.
+#[derive(Debug, Clone)]
+struct BundleGauge {
+    name: String,
+    version: u64,
+    identity: String,
+    expires_unix: i64,
+    warn_secs: u64,
 }
 
 /// All server metrics.
@@ -82,6 +97,11 @@ impl Default for Metrics {
                 batch_size: Histogram::new(BATCH_BUCKETS),
                 batch_tokens: Histogram::new(&[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0]),
                 steps: 0,
+                bundle: None,
+                reloads: BTreeMap::new(),
+                last_reload_seconds: 0.0,
+                last_switch_seconds: 0.0,
+                retiring: 0,
             }),
         }
     }
@@ -111,8 +131,28 @@ impl Metrics {
     pub fn queue_depth_add(&self, d: i64) {
         self.with(|m| m.queue_depth += d);
     }
-    pub fn set_active(&self, n: usize) {
-        self.with(|m| m.active_seqs = n as i64);
+    /// Sequences started (+) or ended (−) on one engine; during a hot reload two engines report.
+    pub fn active_add(&self, d: i64) {
+        self.with(|m| m.active_seqs += d);
+    }
+    /// The bundle now serving new requests.
+    pub fn set_bundle(&self, name: &str, version: u64, identity: &str, expires_unix: i64, warn_secs: u64) {
+        self.with(|m| m.bundle = Some(BundleGauge { name: name.into(), version, identity: identity.into(), expires_unix, warn_secs }));
+    }
+    /// One SIGHUP handled: `result` is "ok", "unchanged" or "failed"; for "ok", the time from the
+    /// signal to new requests going to the new bundle, and the pointer swap alone.
+    pub fn reload(&self, result: &'static str, seconds: Option<(f64, f64)>) {
+        self.with(|m| {
+            *m.reloads.entry(result).or_default() += 1;
+            if let Some((total, switch)) = seconds {
+                m.last_reload_seconds = total;
+                m.last_switch_seconds = switch;
+            }
+        });
+    }
+    /// Bundles replaced by a reload whose in-flight requests are still finishing.
+    pub fn retiring_add(&self, d: i64) {
+        self.with(|m| m.retiring += d);
     }
     pub fn connections_add(&self, d: i64) {
         self.with(|m| m.open_connections += d);
@@ -165,6 +205,27 @@ impl Metrics {
         m.batch_size.render(&mut o, "applianced_batch_size");
         head(&mut o, "applianced_batch_tokens", "histogram", "Tokens per engine step (decode tokens plus prefill chunk).");
         m.batch_tokens.render(&mut o, "applianced_batch_tokens");
+        if let Some(b) = &m.bundle {
+            let now = time::OffsetDateTime::now_utc().unix_timestamp();
+            head(&mut o, "applianced_bundle_info", "gauge", "The bundle serving new requests (always 1; the labels carry its name, version and identity).");
+            let _ = writeln!(o, "applianced_bundle_info{{name=\"{}\",version=\"{}\",identity=\"{}\"}} 1", escape(&b.name), b.version, escape(&b.identity));
+            head(&mut o, "applianced_bundle_expiry_timestamp_seconds", "gauge", "Signed expiry time of the serving bundle (Unix seconds).");
+            let _ = writeln!(o, "applianced_bundle_expiry_timestamp_seconds {}", b.expires_unix);
+            head(&mut o, "applianced_bundle_expiring", "gauge", "1 from [expiry] warn_secs before the serving bundle expires.");
+            let _ = writeln!(o, "applianced_bundle_expiring {}", u8::from(now >= b.expires_unix.saturating_sub(b.warn_secs as i64)));
+            head(&mut o, "applianced_bundle_expired", "gauge", "1 once the serving bundle has expired.");
+            let _ = writeln!(o, "applianced_bundle_expired {}", u8::from(now >= b.expires_unix));
+        }
+        head(&mut o, "applianced_reloads_total", "counter", "SIGHUP reloads by result: ok (switched), unchanged (already serving the active bundle), failed (old bundle kept).");
+        for r in ["ok", "unchanged", "failed"] {
+            let _ = writeln!(o, "applianced_reloads_total{{result=\"{r}\"}} {}", m.reloads.get(r).copied().unwrap_or(0));
+        }
+        head(&mut o, "applianced_last_reload_seconds", "gauge", "Last successful reload: from SIGHUP to new requests going to the new bundle (verify + load + switch).");
+        let _ = writeln!(o, "applianced_last_reload_seconds {}", m.last_reload_seconds);
+        head(&mut o, "applianced_last_reload_switch_seconds", "gauge", "Last successful reload: the switch of new requests to the loaded bundle alone.");
+        let _ = writeln!(o, "applianced_last_reload_switch_seconds {}", m.last_switch_seconds);
+        head(&mut o, "applianced_retiring_bundles", "gauge", "Replaced bundles still finishing in-flight requests (unmapped when they are done).");
+        let _ = writeln!(o, "applianced_retiring_bundles {}", m.retiring.max(0));
         head(&mut o, "applianced_time_to_first_token_seconds", "histogram", "Time from request admission to the first generated token.");
         m.ttft.render(&mut o, "applianced_time_to_first_token_seconds");
         head(&mut o, "applianced_inter_token_seconds", "histogram", "Time between consecutive generated tokens of a sequence.");
@@ -186,7 +247,13 @@ mod tests {
         m.request("/v1/messages", 200, 0.3);
         m.ttft(0.02);
         m.step(3, 40);
+        m.set_bundle("x", 2, "sha256:ab", 0, 60);
+        m.reload("ok", Some((1.5, 0.000002)));
         let t = m.render(true);
+        assert!(t.contains("applianced_bundle_info{name=\"x\",version=\"2\",identity=\"sha256:ab\"} 1"));
+        assert!(t.contains("applianced_bundle_expired 1"));
+        assert!(t.contains("applianced_reloads_total{result=\"ok\"} 1"));
+        assert!(t.contains("applianced_last_reload_seconds 1.5"));
         assert!(t.contains("applianced_requests_total{endpoint=\"/v1/messages\",status=\"200\"} 1"));
         assert!(t.contains("applianced_time_to_first_token_seconds_bucket{le=\"0.025\"} 1"));
         assert!(t.contains("applianced_batch_size_count 1"));

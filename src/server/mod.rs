@@ -66,6 +66,10 @@ pub enum Phase {
 /// Where log lines go (the CLI passes stderr; library code never prints).
 pub type Logger = Arc<dyn Fn(&str) + Send + Sync>;
 
+/// Verifies the bundle to switch to on SIGHUP (the CLI's closure: the store's active entry, or
+/// the `--bundle` file again). Runs on a blocking thread; the error is one line.
+pub type BundleSource = Arc<dyn Fn() -> Result<VerifiedBundle, String> + Send + Sync>;
+
 /// What `serve` needs beyond the config.
 pub struct ServeOptions {
     pub bundle: VerifiedBundle,
@@ -73,6 +77,8 @@ pub struct ServeOptions {
     /// Take the listening socket from systemd when socket-activated (else bind `config.socket.path`).
     pub allow_activation: bool,
     pub log: Logger,
+    /// Where a reload (SIGHUP) takes the new bundle from; `None`: SIGHUP is logged and ignored.
+    pub reload: Option<BundleSource>,
 }
 
 /// The bundle's identity, as reported by the API and in audit records.
@@ -83,11 +89,44 @@ pub struct BundleInfo {
     pub identity: String,
     pub created: String,
     pub created_unix: i64,
+    pub expires: String,
+    pub expires_unix: i64,
 }
 
-/// Everything request handlers share.
-pub(crate) struct State {
+impl BundleInfo {
+    fn of(vb: &VerifiedBundle) -> BundleInfo {
+        let m = vb.verified.manifest();
+        BundleInfo {
+            name: m.name.clone(),
+            version: m.version,
+            identity: vb.verified.identity().to_string(),
+            created: m.created.clone(),
+            created_unix: crate::bundle::manifest::parse_time(&m.created).unwrap_or(0),
+            expires: m.expires.clone(),
+            // A verified manifest always has a valid expiry; fail closed if not.
+            expires_unix: crate::bundle::manifest::parse_time(&m.expires).unwrap_or(0),
+        }
+    }
+}
+
+impl std::fmt::Display for BundleInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{} ({})", self.name, self.version, self.identity)
+    }
+}
+
+/// Server-wide state shared by every bundle generation.
+struct Shared {
     phase: AtomicU8,
+    /// Requests in flight on any generation (for the SIGTERM drain).
+    inflight: AtomicUsize,
+    inflight_done: Notify,
+}
+
+/// Everything request handlers share about one loaded bundle (a "generation"). A hot reload
+/// builds a new one beside the old; each request keeps the generation it started on.
+pub(crate) struct State {
+    shared: Arc<Shared>,
     pub sched: Scheduler,
     pub tokenizer: Arc<Tokenizer>,
     pub template: ChatTemplate,
@@ -100,39 +139,96 @@ pub(crate) struct State {
     pub bundle: BundleInfo,
     pub cfg: ServerConfig,
     pub allow: Allowlist,
-    pub audit: Option<AuditLog>,
+    pub audit: Option<Arc<AuditLog>>,
     pub metrics: Arc<Metrics>,
-    inflight: AtomicUsize,
-    inflight_done: Notify,
+    /// Requests using this generation: handlers running plus responses still streaming.
+    users: AtomicUsize,
+    users_done: Notify,
     pub log: Logger,
 }
 
 impl State {
     pub fn phase(&self) -> Phase {
-        match self.phase.load(Ordering::SeqCst) {
+        match self.shared.phase.load(Ordering::SeqCst) {
             0 => Phase::Loading,
             1 => Phase::Ready,
             _ => Phase::Draining,
         }
     }
-    fn set_phase(&self, p: Phase) {
-        self.phase.store(p as u8, Ordering::SeqCst);
-    }
     /// Count a request in flight until the guard drops.
     pub fn inflight(self: &Arc<Self>) -> InflightGuard {
-        self.inflight.fetch_add(1, Ordering::SeqCst);
+        self.shared.inflight.fetch_add(1, Ordering::SeqCst);
+        self.users.fetch_add(1, Ordering::SeqCst);
         InflightGuard(self.clone())
     }
+    /// When the bundle has expired and `[expiry] on_expiry = "refuse"`: the refusal message.
+    pub fn expired(&self) -> Option<String> {
+        if self.cfg.expiry.on_expiry != config::OnExpiry::Refuse || unix_now() < self.bundle.expires_unix {
+            return None;
+        }
+        Some(format!(
+            "bundle {}@{} expired at {}; this server refuses requests until an operator installs and activates a newer bundle (then `systemctl reload applianced`)",
+            self.bundle.name, self.bundle.version, self.bundle.expires
+        ))
+    }
+    fn release_user(&self) {
+        if self.users.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.users_done.notify_waiters();
+        }
+    }
+}
+
+fn unix_now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
 pub(crate) struct InflightGuard(Arc<State>);
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        if self.0.inflight.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.inflight_done.notify_waiters();
+        if self.0.shared.inflight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.shared.inflight_done.notify_waiters();
         }
+        self.0.release_user();
     }
+}
+
+/// Keeps a generation in use while a request handler runs (taken before the handler sees it).
+struct Pin(Arc<State>);
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        self.0.release_user();
+    }
+}
+
+/// The generation serving new requests, swapped by a reload.
+struct Current {
+    state: std::sync::RwLock<Arc<State>>,
+}
+
+impl Current {
+    /// The current generation, pinned: counted in its users under the read lock, so a reload
+    /// that swaps it afterwards sees this request before it retires the old generation.
+    fn pinned(&self) -> Pin {
+        let g = self.state.read().unwrap_or_else(|p| p.into_inner());
+        g.users.fetch_add(1, Ordering::SeqCst);
+        Pin(g.clone())
+    }
+    fn get(&self) -> Arc<State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+    fn swap(&self, new: Arc<State>) -> Arc<State> {
+        let mut g = self.state.write().unwrap_or_else(|p| p.into_inner());
+        std::mem::replace(&mut *g, new)
+    }
+}
+
+/// A generation as the main loop holds it: its engine thread and the store lock on its entry.
+struct Generation {
+    state: Arc<State>,
+    engine: std::thread::JoinHandle<()>,
+    _entry_lock: Option<crate::bundle::lifecycle::EntryLock>,
 }
 
 fn read_model(root: &Path) -> Result<(Tokenizer, ChatTemplate, ModelConfig), ServerError> {
@@ -184,10 +280,9 @@ fn bind_socket(cfg: &ServerConfig) -> Result<(std::os::unix::net::UnixListener, 
 
 /// Run the server until SIGTERM/SIGINT. Returns after a graceful drain.
 pub fn serve(opts: ServeOptions) -> Result<(), ServerError> {
-    let ServeOptions { bundle, config: cfg, allow_activation, log } = opts;
+    let ServeOptions { bundle, config: cfg, allow_activation, log, reload } = opts;
     cfg.validate()?;
-    let (tokenizer, template, model_cfg) = read_model(&bundle.root)?;
-    let audit = if cfg.audit.enabled { Some(AuditLog::open(&cfg.audit.path, cfg.audit.fsync)?) } else { None };
+    let audit = if cfg.audit.enabled { Some(Arc::new(AuditLog::open(&cfg.audit.path, cfg.audit.fsync)?)) } else { None };
 
     let activated = if allow_activation { systemd::activated_listener().map_err(io("socket activation"))? } else { None };
     let (std_listener, owned, where_) = match activated {
@@ -202,52 +297,49 @@ pub fn serve(opts: ServeOptions) -> Result<(), ServerError> {
     };
     std_listener.set_nonblocking(true).map_err(io("socket"))?;
 
-    let m = bundle.verified.manifest();
-    let binfo = BundleInfo {
-        name: m.name.clone(),
-        version: m.version,
-        identity: bundle.verified.identity().to_string(),
-        created: m.created.clone(),
-        created_unix: crate::bundle::manifest::parse_time(&m.created).unwrap_or(0),
-    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("applianced-io")
         .enable_all()
         .build()
         .map_err(io("starting the async runtime"))?;
-    let res = rt.block_on(run(std_listener, where_, bundle.root.clone(), binfo, cfg, tokenizer, template, model_cfg, audit, log));
+    let res = rt.block_on(run(std_listener, where_, bundle, cfg, audit, log, reload));
     drop(owned);
     // Do not wait for stuck connection tasks.
     rt.shutdown_timeout(Duration::from_millis(200));
     res
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run(
-    std_listener: std::os::unix::net::UnixListener,
-    where_: String,
-    root: PathBuf,
-    bundle: BundleInfo,
+/// What every generation shares.
+struct Common {
+    shared: Arc<Shared>,
     cfg: ServerConfig,
-    tokenizer: Tokenizer,
-    template: ChatTemplate,
-    model_cfg: ModelConfig,
-    audit: Option<AuditLog>,
+    audit: Option<Arc<AuditLog>>,
+    metrics: Arc<Metrics>,
     log: Logger,
-) -> Result<(), ServerError> {
-    let listener = UnixListener::from_std(std_listener).map_err(io("socket"))?;
-    let policy = Arc::new(
-        crate::policy::runtime::BundlePolicy::load(&root, &tokenizer).map_err(|e| ServerError::Load(format!("bundle policy: {e}")))?,
-    );
+}
+
+/// Read a verified bundle's model files and policy, and start its engine thread (loading).
+/// Returns the generation and the receiver of the load result.
+fn spawn_generation(c: &Common, vb: &VerifiedBundle) -> Result<(Generation, tokio::sync::oneshot::Receiver<Result<EngineInfo, String>>), ServerError> {
+    let entry_lock = match crate::bundle::Store::hold_entry(&vb.root) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            (c.log)(&format!("warning: cannot lock store entry {} against `bundle gc`: {e}", vb.root.display()));
+            None
+        }
+    };
+    let (tokenizer, template, model_cfg) = read_model(&vb.root)?;
+    let policy = Arc::new(crate::policy::runtime::BundlePolicy::load(&vb.root, &tokenizer).map_err(|e| ServerError::Load(format!("bundle policy: {e}")))?);
     let vocab = Arc::new(crate::schema::Vocabulary::new(&tokenizer.generation_vocab(model_cfg.vocab_size), &model_cfg.eog_token_ids));
     let schemas = std::sync::Mutex::new(crate::schema::SchemaCache::new(vocab, 256 << 20));
-    let metrics = Arc::new(Metrics::default());
     let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();
+    let cfg = &c.cfg;
     let eopts = EngineOptions { threads: cfg.threads, max_seqs: cfg.limits.max_concurrent, max_context: cfg.limits.max_context };
-    let (sched, engine_thread) = Scheduler::spawn(
+    let root = vb.root.clone();
+    let (sched, engine) = Scheduler::spawn(
         SchedulerOptions { max_seqs: cfg.limits.max_concurrent, queue_size: cfg.limits.queue_size, prefill_chunk: cfg.limits.prefill_chunk },
-        metrics.clone(),
+        c.metrics.clone(),
         Box::new(move || Engine::load(&root, &eopts).map_err(|e| e.to_string())),
         Box::new(move |r| {
             let _ = loaded_tx.send(r);
@@ -255,8 +347,8 @@ async fn run(
     )
     .map_err(io("starting the engine thread"))?;
     let state = Arc::new(State {
-        phase: AtomicU8::new(Phase::Loading as u8),
-        sched: sched.clone(),
+        shared: c.shared.clone(),
+        sched,
         tokenizer: Arc::new(tokenizer),
         template,
         policy,
@@ -264,95 +356,319 @@ async fn run(
         model_cfg,
         info: OnceLock::new(),
         allow: Allowlist::from_config(&cfg.access),
-        bundle,
-        cfg,
-        audit,
-        metrics,
-        inflight: AtomicUsize::new(0),
-        inflight_done: Notify::new(),
-        log: log.clone(),
+        bundle: BundleInfo::of(vb),
+        cfg: cfg.clone(),
+        audit: c.audit.clone(),
+        metrics: c.metrics.clone(),
+        users: AtomicUsize::new(0),
+        users_done: Notify::new(),
+        log: c.log.clone(),
     });
+    Ok((Generation { state, engine, _entry_lock: entry_lock }, loaded_rx))
+}
+
+/// Wait for a generation's engine to load; on failure its thread is joined.
+async fn await_loaded(g: &Generation, rx: tokio::sync::oneshot::Receiver<Result<EngineInfo, String>>) -> Result<EngineInfo, String> {
+    match rx.await {
+        Ok(Ok(info)) => {
+            let _ = g.state.info.set(info.clone());
+            Ok(info)
+        }
+        Ok(Err(msg)) => Err(msg),
+        Err(_) => Err("the engine thread exited while loading".into()),
+    }
+}
+
+/// A bundle lifecycle event in the audit log (reloads, expiry). Failures are logged: the event
+/// already happened.
+fn audit_event(c: &Common, event: &str, fields: serde_json::Value) {
+    let Some(log) = &c.audit else { return };
+    let mut m = serde_json::Map::new();
+    m.insert("ts".into(), time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default().into());
+    m.insert("event".into(), event.into());
+    if let serde_json::Value::Object(f) = fields {
+        m.extend(f);
+    }
+    if let Err(e) = log.append(m) {
+        (c.log)(&format!("audit log write failed for {event}: {e}"));
+    }
+}
+
+fn bundle_json(b: &BundleInfo) -> serde_json::Value {
+    serde_json::json!({"name": b.name, "version": b.version, "identity": b.identity})
+}
+
+async fn run(
+    std_listener: std::os::unix::net::UnixListener,
+    where_: String,
+    bundle: VerifiedBundle,
+    cfg: ServerConfig,
+    audit: Option<Arc<AuditLog>>,
+    log: Logger,
+    reload: Option<BundleSource>,
+) -> Result<(), ServerError> {
+    let listener = UnixListener::from_std(std_listener).map_err(io("socket"))?;
+    let shared = Arc::new(Shared { phase: AtomicU8::new(Phase::Loading as u8), inflight: AtomicUsize::new(0), inflight_done: Notify::new() });
+    let common = Common { shared: shared.clone(), cfg: cfg.clone(), audit, metrics: Arc::new(Metrics::default()), log: log.clone() };
+    let (first, loaded_rx) = spawn_generation(&common, &bundle)?;
+    drop(bundle);
+    let current = Arc::new(Current { state: std::sync::RwLock::new(first.state.clone()) });
+    let b = first.state.bundle.clone();
+    common.metrics.set_bundle(&b.name, b.version, &b.identity, b.expires_unix, cfg.expiry.warn_secs);
     let (stop_tx, stop_rx) = watch::channel(false);
-    let accept = tokio::spawn(accept_loop(listener, state.clone(), stop_rx.clone()));
-    log(&format!("listening on {where_}; loading {} v{} ({})", state.bundle.name, state.bundle.version, state.bundle.identity));
-    systemd::notify(&format!("STATUS=loading {} v{}", state.bundle.name, state.bundle.version));
+    let accept = tokio::spawn(accept_loop(listener, current.clone(), common.metrics.clone(), cfg.clone(), log.clone(), stop_rx.clone()));
+    log(&format!("listening on {where_}; loading {b}"));
+    systemd::notify(&format!("STATUS=loading {} v{}", b.name, b.version));
 
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(io("installing a SIGTERM handler"))?;
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(io("installing a SIGINT handler"))?;
+    let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).map_err(io("installing a SIGHUP handler"))?;
 
     let load_started = Instant::now();
     tokio::select! {
-        r = loaded_rx => match r {
-            Ok(Ok(info)) => {
+        r = await_loaded(&first, loaded_rx) => match r {
+            Ok(info) => {
                 log(&format!("model loaded in {:.1}s on {}; context {}; ready", load_started.elapsed().as_secs_f64(), info.backend, info.max_context));
-                let _ = state.info.set(info);
-                state.set_phase(Phase::Ready);
-                systemd::notify(&format!("READY=1\nSTATUS=serving {} v{}", state.bundle.name, state.bundle.version));
+                shared.phase.store(Phase::Ready as u8, Ordering::SeqCst);
+                systemd::notify(&format!("READY=1\nSTATUS=serving {} v{}", b.name, b.version));
             }
-            Ok(Err(msg)) => {
+            Err(msg) => {
                 let _ = stop_tx.send(true);
+                let _ = first.engine.join();
                 return Err(ServerError::Load(msg));
             }
-            Err(_) => return Err(ServerError::Load("the engine thread exited while loading".into())),
         },
         _ = sigterm.recv() => { log("SIGTERM while loading; exiting"); return Ok(()); }
         _ = sigint.recv() => { log("SIGINT while loading; exiting"); return Ok(()); }
     }
 
     let watchdog = systemd::watchdog_interval().map(|every| {
-        let st = state.clone();
+        let cur = current.clone();
         tokio::spawn(async move {
             let mut t = tokio::time::interval(every);
             loop {
                 t.tick().await;
                 // Only vouch for the engine if its loop went round recently (a step can take a
                 // while on a large prefill chunk: allow a generous margin).
-                if st.sched.heartbeat_age().is_some_and(|a| a < every * 2 + Duration::from_secs(30)) {
+                if cur.get().sched.heartbeat_age().is_some_and(|a| a < every * 2 + Duration::from_secs(30)) {
                     systemd::notify("WATCHDOG=1");
                 }
             }
         })
     });
+    let expiry = tokio::spawn(expiry_monitor(current.clone(), Common { shared: shared.clone(), cfg: cfg.clone(), audit: common.audit.clone(), metrics: common.metrics.clone(), log: log.clone() }));
 
-    tokio::select! {
-        _ = sigterm.recv() => log("SIGTERM: draining"),
-        _ = sigint.recv() => log("SIGINT: draining"),
+    // Serve; SIGHUP reloads. Generations replaced by a reload retire in the background.
+    let mut live = first;
+    let mut retiring: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+    let mut retiring_states: Vec<std::sync::Weak<State>> = Vec::new();
+    loop {
+        tokio::select! {
+            _ = sigterm.recv() => { log("SIGTERM: draining"); break; }
+            _ = sigint.recv() => { log("SIGINT: draining"); break; }
+            _ = sighup.recv() => {
+                let Some(source) = &reload else {
+                    log("SIGHUP: this server has no bundle source to reload from; ignored");
+                    continue;
+                };
+                let mut stop = false;
+                let outcome = tokio::select! {
+                    r = reload_once(&common, &current, source) => Some(r),
+                    _ = sigterm.recv() => { log("SIGTERM during reload: abandoning it; draining"); stop = true; None }
+                    _ = sigint.recv() => { log("SIGINT during reload: abandoning it; draining"); stop = true; None }
+                };
+                if let Some(Some(new)) = outcome {
+                    let old = std::mem::replace(&mut live, new);
+                    retiring_states.push(Arc::downgrade(&old.state));
+                    retiring.push(tokio::spawn(retire(old, log.clone(), common.metrics.clone())));
+                }
+                if stop {
+                    break;
+                }
+            }
+        }
     }
+
     systemd::notify("STOPPING=1\nSTATUS=draining");
-    state.set_phase(Phase::Draining);
+    shared.phase.store(Phase::Draining as u8, Ordering::SeqCst);
     let _ = stop_tx.send(true);
     let _ = accept.await;
-    let deadline = state.cfg.limits.drain_timeout();
-    if !wait_idle(&state, deadline).await {
-        log(&format!("drain deadline of {}s passed with {} requests in flight; cancelling them", deadline.as_secs(), state.inflight.load(Ordering::SeqCst)));
-        state.sched.cancel_all();
-        wait_idle(&state, Duration::from_secs(5)).await;
+    expiry.abort();
+    let deadline = cfg.limits.drain_timeout();
+    let cancel_everything = |live: &Generation| {
+        live.state.sched.cancel_all();
+        for w in &retiring_states {
+            if let Some(s) = w.upgrade() {
+                s.sched.cancel_all();
+            }
+        }
+    };
+    if !wait_idle(&shared, deadline).await {
+        log(&format!("drain deadline of {}s passed with {} requests in flight; cancelling them", deadline.as_secs(), shared.inflight.load(Ordering::SeqCst)));
+        cancel_everything(&live);
+        wait_idle(&shared, Duration::from_secs(5)).await;
     }
-    state.sched.cancel_all();
+    cancel_everything(&live);
     if let Some(w) = watchdog {
         w.abort();
     }
-    let _ = tokio::task::spawn_blocking(move || engine_thread.join()).await;
+    for r in retiring {
+        let _ = r.await;
+    }
+    let Generation { state, engine, _entry_lock } = live;
+    drop(state);
+    let _ = tokio::task::spawn_blocking(move || engine.join()).await;
     log("stopped");
     Ok(())
 }
 
+/// One SIGHUP: verify the bundle source; if it names another bundle, load it beside the running
+/// one and switch new requests to it. Returns the new generation, or None when nothing changed
+/// or the reload failed (the old bundle keeps serving; logged, audited, counted).
+async fn reload_once(c: &Common, current: &Current, source: &BundleSource) -> Option<Generation> {
+    let t0 = Instant::now();
+    let old = current.get().bundle.clone();
+    systemd::notify(&format!("RELOADING=1\nSTATUS=reloading (serving {} v{})", old.name, old.version));
+    (c.log)("SIGHUP: reloading: verifying the bundle source");
+    let ready = |what: &str| systemd::notify(&format!("READY=1\nSTATUS={what}"));
+    let fail = |stage: &str, msg: String| {
+        (c.log)(&format!("reload failed ({stage}): {msg}; still serving {old}"));
+        audit_event(c, "bundle_reload", serde_json::json!({"result": "failed", "stage": stage, "error": msg, "serving": bundle_json(&old)}));
+        c.metrics.reload("failed", None);
+        ready(&format!("serving {} v{} (last reload failed)", old.name, old.version));
+        None
+    };
+    // The source verifies on a blocking thread (it hashes every member).
+    let src = source.clone();
+    let vb = match tokio::task::spawn_blocking(move || src()).await {
+        Ok(Ok(vb)) => vb,
+        Ok(Err(msg)) => return fail("verify", msg),
+        Err(e) => return fail("verify", format!("the verifier failed: {e}")),
+    };
+    let new_info = BundleInfo::of(&vb);
+    if new_info.identity == old.identity {
+        (c.log)(&format!("reload: {old} is already serving; nothing to change"));
+        c.metrics.reload("unchanged", None);
+        ready(&format!("serving {} v{}", old.name, old.version));
+        return None;
+    }
+    let verified_at = t0.elapsed();
+    let (g, rx) = match spawn_generation(c, &vb) {
+        Ok(x) => x,
+        Err(e) => return fail("load", e.to_string()),
+    };
+    if let Err(msg) = await_loaded(&g, rx).await {
+        let Generation { state, engine, .. } = g;
+        drop(state);
+        let _ = tokio::task::spawn_blocking(move || engine.join()).await;
+        return fail("load", msg);
+    }
+    let loaded_at = t0.elapsed();
+    let sw = Instant::now();
+    let previous = current.swap(g.state.clone());
+    let switch = sw.elapsed();
+    let total = t0.elapsed();
+    let in_flight = previous.users.load(Ordering::SeqCst);
+    drop(previous);
+    c.metrics.set_bundle(&new_info.name, new_info.version, &new_info.identity, new_info.expires_unix, c.cfg.expiry.warn_secs);
+    c.metrics.reload("ok", Some((total.as_secs_f64(), switch.as_secs_f64())));
+    (c.log)(&format!(
+        "reload: switched from {old} to {new_info} in {:.3}s (verify {:.3}s, load {:.3}s, switch {:.1}µs); {in_flight} requests still on the old bundle",
+        total.as_secs_f64(),
+        verified_at.as_secs_f64(),
+        (loaded_at - verified_at).as_secs_f64(),
+        switch.as_secs_f64() * 1e6
+    ));
+    audit_event(
+        c,
+        "bundle_reload",
+        serde_json::json!({"result": "ok", "from": bundle_json(&old), "to": bundle_json(&new_info),
+            "verify_ms": verified_at.as_millis() as u64, "load_ms": (loaded_at - verified_at).as_millis() as u64,
+            "switch_us": switch.as_micros() as u64, "old_in_flight": in_flight}),
+    );
+    ready(&format!("serving {} v{}", new_info.name, new_info.version));
+    Some(g)
+}
+
+/// Let a replaced generation finish its in-flight requests, then stop its engine and unmap it.
+async fn retire(g: Generation, log: Logger, metrics: Arc<Metrics>) {
+    metrics.retiring_add(1);
+    let t0 = Instant::now();
+    loop {
+        let n = g.state.users_done.notified();
+        if g.state.users.load(Ordering::SeqCst) == 0 {
+            break;
+        }
+        n.await;
+    }
+    g.state.sched.cancel_all();
+    let Generation { state, engine, _entry_lock } = g;
+    let name = state.bundle.to_string();
+    drop(state);
+    let _ = tokio::task::spawn_blocking(move || engine.join()).await;
+    drop(_entry_lock);
+    metrics.retiring_add(-1);
+    log(&format!("reload: old bundle {name} released (engine stopped, weights unmapped) {:.2}s after the switch", t0.elapsed().as_secs_f64()));
+}
+
+/// Warn ahead of the serving bundle's expiry and when it passes (log + audit once each, then
+/// hourly while it lasts); `State::expired` refuses requests after it when so configured.
+async fn expiry_monitor(current: Arc<Current>, c: Common) {
+    let mut warned: Option<(String, Instant)> = None;
+    let mut expired_logged: Option<(String, Instant)> = None;
+    loop {
+        let st = current.get();
+        let b = st.bundle.clone();
+        drop(st);
+        let now = unix_now();
+        let left = b.expires_unix - now;
+        let hourly = |last: &Option<(String, Instant)>| last.as_ref().is_none_or(|(id, at)| *id != b.identity || at.elapsed() >= Duration::from_secs(3600));
+        if left <= 0 {
+            if hourly(&expired_logged) {
+                let first = expired_logged.as_ref().is_none_or(|(id, _)| *id != b.identity);
+                let what = match c.cfg.expiry.on_expiry {
+                    config::OnExpiry::Refuse => "refusing new requests (on_expiry = \"refuse\")",
+                    config::OnExpiry::Warn => "still serving (on_expiry = \"warn\")",
+                };
+                (c.log)(&format!("bundle {b} expired at {}; {what}; install and activate a newer bundle, then reload", b.expires));
+                if first {
+                    audit_event(&c, "bundle_expired", serde_json::json!({"bundle": bundle_json(&b), "expires": b.expires, "on_expiry": what}));
+                }
+                expired_logged = Some((b.identity.clone(), Instant::now()));
+            }
+        } else if c.cfg.expiry.warn_secs > 0 && left <= c.cfg.expiry.warn_secs as i64 && hourly(&warned) {
+            (c.log)(&format!("warning: bundle {b} expires at {} (in {:.1} h); install and activate a newer bundle, then reload", b.expires, left as f64 / 3600.0));
+            warned = Some((b.identity.clone(), Instant::now()));
+        }
+        // Wake at the next interesting moment: the warning threshold, the expiry, or in a minute.
+        let warn_at = left - c.cfg.expiry.warn_secs as i64;
+        let mut next = 60i64;
+        for t in [warn_at, left] {
+            if t > 0 {
+                next = next.min(t);
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(next.max(1) as u64)).await;
+    }
+}
+
 /// Wait until no request is in flight; false on timeout.
-async fn wait_idle(state: &Arc<State>, limit: Duration) -> bool {
+async fn wait_idle(shared: &Arc<Shared>, limit: Duration) -> bool {
     let until = tokio::time::Instant::now() + limit;
     loop {
-        let n = state.inflight_done.notified();
-        if state.inflight.load(Ordering::SeqCst) == 0 {
+        let n = shared.inflight_done.notified();
+        if shared.inflight.load(Ordering::SeqCst) == 0 {
             return true;
         }
         if tokio::time::timeout_at(until, n).await.is_err() {
-            return state.inflight.load(Ordering::SeqCst) == 0;
+            return shared.inflight.load(Ordering::SeqCst) == 0;
         }
     }
 }
 
-async fn accept_loop(listener: UnixListener, state: Arc<State>, mut stop: watch::Receiver<bool>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(state.cfg.limits.max_connections));
+async fn accept_loop(listener: UnixListener, current: Arc<Current>, metrics: Arc<Metrics>, cfg: ServerConfig, log: Logger, mut stop: watch::Receiver<bool>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(cfg.limits.max_connections));
+    let header_timeout = cfg.limits.header_timeout();
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
@@ -362,7 +678,7 @@ async fn accept_loop(listener: UnixListener, state: Arc<State>, mut stop: watch:
             Ok((s, _)) => s,
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning or exiting.
-                (state.log)(&format!("accept: {e}"));
+                log(&format!("accept: {e}"));
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
@@ -376,22 +692,31 @@ async fn accept_loop(listener: UnixListener, state: Arc<State>, mut stop: watch:
             Ok(p) => p,
             Err(_) => continue,
         };
-        let st = state.clone();
+        let cur = current.clone();
+        let m = metrics.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
-            st.metrics.connections_add(1);
-            serve_conn(stream, peer, st.clone(), stop).await;
-            st.metrics.connections_add(-1);
+            m.connections_add(1);
+            serve_conn(stream, peer, cur, header_timeout, stop).await;
+            m.connections_add(-1);
             drop(permit);
         });
     }
 }
 
-async fn serve_conn(stream: tokio::net::UnixStream, peer: Peer, state: Arc<State>, mut stop: watch::Receiver<bool>) {
-    let st = state.clone();
-    let svc = hyper::service::service_fn(move |req| routes::handle(st.clone(), peer, req));
+async fn serve_conn(stream: tokio::net::UnixStream, peer: Peer, current: Arc<Current>, header_timeout: Duration, mut stop: watch::Receiver<bool>) {
+    // Each request takes the generation current when it arrives and keeps it to the end.
+    let svc = hyper::service::service_fn(move |req| {
+        let pin = current.pinned();
+        async move {
+            let state = pin.0.clone();
+            let r = routes::handle(state, peer, req).await;
+            drop(pin);
+            r
+        }
+    });
     let mut b = http1::Builder::new();
-    b.timer(TokioTimer::new()).header_read_timeout(state.cfg.limits.header_timeout()).max_buf_size(64 * 1024).keep_alive(true);
+    b.timer(TokioTimer::new()).header_read_timeout(header_timeout).max_buf_size(64 * 1024).keep_alive(true);
     let conn = b.serve_connection(TokioIo::new(stream), svc);
     tokio::pin!(conn);
     if *stop.borrow() {

@@ -265,11 +265,12 @@ pub(crate) async fn handle(state: Arc<State>, peer: Peer, req: Request<Incoming>
         }
         "/healthz" if get => response(200, "text/plain; charset=utf-8", "ok\n"),
         "/readyz" if get => match state.phase() {
+            Phase::Ready if state.expired().is_some() => response(503, "text/plain; charset=utf-8", "bundle expired\n"),
             Phase::Ready => response(200, "text/plain; charset=utf-8", "ready\n"),
             Phase::Loading => response(503, "text/plain; charset=utf-8", "loading\n"),
             Phase::Draining => response(503, "text/plain; charset=utf-8", "draining\n"),
         },
-        "/metrics" if get => response(200, "text/plain; version=0.0.4; charset=utf-8", state.metrics.render(state.phase() == Phase::Ready)),
+        "/metrics" if get => response(200, "text/plain; version=0.0.4; charset=utf-8", state.metrics.render(state.phase() == Phase::Ready && state.expired().is_none())),
         "other" => error_response(flavor, &ApiError::new(404, format!("no such endpoint: {method} {path}"))),
         _ => {
             let allow = if ep.starts_with("/v1/models") || !ep.starts_with("/v1/") { "GET, HEAD" } else { "POST" };
@@ -478,6 +479,9 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         Phase::Ready => {}
         Phase::Loading => return rec.fail(flavor, ApiError::new(503, "the model is still loading; retry shortly").retry(5)),
         Phase::Draining => return rec.fail(flavor, ApiError::new(503, "the server is shutting down").retry(5)),
+    }
+    if let Some(msg) = state.expired() {
+        return rec.fail(flavor, ApiError::new(503, msg));
     }
     if !counting && state.audit.as_ref().is_some_and(|a| a.is_poisoned()) && !state.cfg.audit.fail_open {
         return rec.fail(flavor, ApiError::new(503, "the audit log cannot be written; the server refuses requests until an operator fixes it").retry(30));

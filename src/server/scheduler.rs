@@ -207,6 +207,8 @@ struct Loop {
     eog: HashSet<u32>,
     max_context: usize,
     active: Vec<Seq>,
+    /// What this engine last added to the shared active-sequences gauge.
+    reported_active: usize,
 }
 
 impl Loop {
@@ -215,7 +217,7 @@ impl Loop {
         let mut eog: HashSet<u32> = cfg.eog_token_ids.iter().copied().collect();
         eog.insert(cfg.eos_token_id);
         let max_context = engine.max_context();
-        Loop { engine, opts, metrics, cancel_all, rx, eog, max_context, active: Vec::new() }
+        Loop { engine, opts, metrics, cancel_all, rx, eog, max_context, active: Vec::new(), reported_active: 0 }
     }
 
     fn run(&mut self, beat: &Scheduler) {
@@ -230,11 +232,18 @@ impl Loop {
                 return;
             }
             self.drop_cancelled();
-            self.metrics.set_active(self.active.len());
+            self.report_active(self.active.len());
             if self.active.is_empty() {
                 continue;
             }
             self.step();
+        }
+    }
+
+    fn report_active(&mut self, n: usize) {
+        if n != self.reported_active {
+            self.metrics.active_add(n as i64 - self.reported_active as i64);
+            self.reported_active = n;
         }
     }
 
@@ -247,7 +256,7 @@ impl Loop {
             self.metrics.queue_depth_add(-1);
             let _ = r.events.send(Event::Error(GenError::Shutdown));
         }
-        self.metrics.set_active(0);
+        self.report_active(0);
     }
 
     /// Take queued requests while slots are free. Waits briefly when idle. False when the queue is
