@@ -491,20 +491,27 @@ mod flips {
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
-        /// Any single-byte change anywhere in a real bundle is rejected and nothing is unpacked.
-        /// (zstd's content checksum, the canonical tar headers, the signed manifest and the member
-        /// digests together leave no byte whose change is harmless.)
+        /// Any single-byte change anywhere in a real bundle is rejected and nothing is unpacked —
+        /// unless it leaves the decompressed archive byte-identical. zstd's content checksum, the
+        /// canonical tar headers, the signed manifest and the member digests cover every byte of
+        /// the archive; a few compressed-stream bits do not change it (e.g. a larger window size in
+        /// the frame header: seen once under qemu-aarch64), and those flips are harmless.
         #[test]
         fn every_flip_is_rejected(pos in any::<prop::sample::Index>(), xor in 1u8..=255) {
             let f = fixture();
             let p = valid_bundle(&f, "flip", 1);
+            let original = zstd::decode_all(&std::fs::read(&p).unwrap()[..]).unwrap();
             let mut bytes = std::fs::read(&p).unwrap();
             let i = pos.index(bytes.len());
             bytes[i] ^= xor;
             std::fs::write(&p, &bytes).unwrap();
             let store = Store::new(&f.root.join("store"));
             let r = store.install(&p, &VerifyOptions::new(&f.trust), &mut |_, _| {});
-            prop_assert!(r.is_err(), "flip at {} accepted", i);
+            if r.is_ok() {
+                let same = zstd::decode_all(&bytes[..]).ok().is_some_and(|d| d == original);
+                prop_assert!(same, "flip at {} (xor {:#x}) accepted and it changes the archive", i, xor);
+                return Ok(());
+            }
             prop_assert!(store_entries(store.root()).iter().all(|e| e.starts_with('.')) , "entry written");
         }
     }

@@ -207,6 +207,14 @@ fn serve_applies_the_presets_vector_like_run() {
         v["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("{r}")).to_string()
     };
     let steered_serve = ask("smollm2-135m-instruct:concise");
+    // The `preset` field (SDKs: extra_body) is the same as `model = "bundle:preset"`.
+    let body = serde_json::json!({"model": "smollm2-135m-instruct", "preset": "concise", "seed": 7, "messages": [{"role": "user", "content": prompt}]}).to_string();
+    let r = curl("/v1/chat/completions", &body);
+    let v: serde_json::Value = serde_json::from_str(&r).unwrap_or_else(|_| panic!("{r}"));
+    assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(steered_serve.as_str()), "{r}");
+    let body = serde_json::json!({"model": "smollm2-135m-instruct:balanced", "preset": "concise", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let r = curl("/v1/messages", &body);
+    assert!(r.contains("invalid_request_error") && r.contains("`preset` is `concise`"), "{r}");
     // `balanced` with concise's sampling (temperature 0.2, no nucleus cut, 128 tokens, same seed):
     // the only difference left is the control vector.
     let body = serde_json::json!({"model": "smollm2-135m-instruct:balanced", "seed": 7, "temperature": 0.2, "top_p": 1.0, "max_tokens": 128,

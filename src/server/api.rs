@@ -106,6 +106,9 @@ pub struct ChatRequest {
     /// A JSON Schema the answer must satisfy (OpenAI `response_format`, Anthropic
     /// `output_config.format` / `output_format`); compiled to a token automaton and enforced.
     pub schema: Option<Value>,
+    /// The `preset` field (an appliance extension; SDKs send it via `extra_body`): a preset of
+    /// the bundle, as an alternative to `model = "bundle:preset"`.
+    pub preset: Option<String>,
 }
 
 impl ChatRequest {
@@ -285,7 +288,7 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
     let o = Obj::new(m, "");
     // Accepted and ignored: routing and caching hints that do not change the answer here.
     const HINTS: &[&str] = &["service_tier", "cache_control", "inference_geo", "speed", "user_profile_id", "workspace_id", "diagnostics"];
-    let mut known: Vec<&str> = vec!["model", "messages", "system"];
+    let mut known: Vec<&str> = vec!["model", "messages", "system", "preset"];
     if !counting {
         known.extend(["max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "metadata", "stream"]);
     }
@@ -381,7 +384,8 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
         }
         stream = o.bool("stream")?.unwrap_or(false);
     }
-    Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false, overrides, schema })
+    let preset = o.str("preset")?.map(str::to_owned);
+    Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false, overrides, schema, preset })
 }
 
 /// `POST /v1/chat/completions`.
@@ -391,7 +395,7 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         &[
             "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream",
             "stream_options", "user", "frequency_penalty", "presence_penalty", "logprobs", "response_format", "store",
-            "metadata", "parallel_tool_calls", "service_tier",
+            "metadata", "parallel_tool_calls", "service_tier", "preset",
         ],
         &["tools", "tool_choice", "functions", "function_call", "logit_bias", "top_logprobs", "audio", "modalities", "prediction", "reasoning_effort", "web_search_options"],
     )?;
@@ -487,7 +491,8 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         }
     }
     overrides.seed = seed;
-    Ok(ChatRequest { model, messages, max_tokens: mt.map(|x| x as usize), sampling, seed, stop, stream, include_usage, overrides, schema })
+    let preset = o.str("preset")?.map(str::to_owned);
+    Ok(ChatRequest { model, messages, max_tokens: mt.map(|x| x as usize), sampling, seed, stop, stream, include_usage, overrides, schema, preset })
 }
 
 // ---- responses ----

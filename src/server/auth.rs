@@ -62,7 +62,7 @@ mod tests {
         let a = Allowlist::from_config(&AccessConfig::default());
         assert!(a.allows(&Peer { uid: own_uid(), gid: 12345, pid: None }));
         assert!(a.allows(&Peer { uid: 0, gid: 0, pid: None }));
-        let a = Allowlist::from_config(&AccessConfig { allow_uids: vec![7], allow_gids: vec![9] });
+        let a = Allowlist::from_config(&AccessConfig { allow_uids: vec![7], allow_gids: vec![9], presets: None });
         assert!(a.allows(&Peer { uid: 7, gid: 1, pid: None }));
         assert!(a.allows(&Peer { uid: 8, gid: 9, pid: None }));
         assert!(!a.allows(&Peer { uid: 8, gid: 1, pid: None }));

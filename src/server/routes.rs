@@ -507,6 +507,14 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         let e = model_not_found(state, creq.model.as_deref().unwrap_or(""));
         return rec.fail(flavor, e);
     }
+    let preset_name = match (preset_name, creq.preset.as_deref()) {
+        (Some(a), Some(b)) if a != b => {
+            let mut err = ApiError::new(400, format!("`model` names preset `{a}` but `preset` is `{b}`; give one, or the same in both"));
+            err.param = Some("preset".into());
+            return rec.fail(flavor, err);
+        }
+        (a, b) => a.or(b),
+    };
     let preset = match state.policy.preset(preset_name) {
         Ok(p) => p.cloned(),
         Err(e) => {
