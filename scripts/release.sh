@@ -15,8 +15,8 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 CACHE="${APPLIANCED_CACHE:-$ROOT/.cache}"
 CARGO_DEB_VERSION=3.8.0
-CARGO_ZIGBUILD_VERSION=0.20.1
-ZIGLANG_VERSION=0.13.0
+CARGO_ZIGBUILD_VERSION=0.24.1
+ZIGLANG_VERSION=0.14.1
 VERSION=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["packages"][0]["version"])')
 DIST=dist
 log() { echo "release: $*" >&2; }
