@@ -5,7 +5,8 @@
 #  2. aarch64: the core test subset (lib unit tests incl. the NEON kernels, tests/bundle_hostile.rs,
 #     tests/import_gguf.rs, tests/cli.rs) cross-built with gcc-aarch64-linux-gnu and run under
 #     qemu-aarch64; then the aarch64 binary (test profile, debug assertions on) verifies and runs
-#     the default bundle under qemu, so the NEON kernels run on a real model.
+#     the default bundle under qemu, so the NEON kernels run on a real model; the answer at
+#     temperature 0 must equal the host's scalar-reference answer exactly.
 #  3. Debian package: man pages from the clap definitions, `cargo deb`, lintian, then `dpkg -i` into
 #     a clean Debian 12 chroot made with debootstrap (cached): `applianced --version`, user, dirs,
 #     conffiles, `systemd-analyze verify` of the installed units, `systemd-analyze security
@@ -114,7 +115,9 @@ part_arm() {
   qemu-aarch64-static "$A" run "$W/default.zlb" --trust "$W/k.pub" --prompt "$PROMPT" --max-tokens 24 --temperature 0 >"$W/run-arm.txt"
   [ -s "$W/run-arm.txt" ] || die "aarch64 run printed nothing"
   log "aarch64 answer: $(cat "$W/run-arm.txt")"
-  if cmp -s "$W/run-arm.txt" "$W/run-glibc.txt"; then log "aarch64 answer = x86_64 answer"; else log "aarch64 answer differs from x86_64 (summation order): '$(cat "$W/run-glibc.txt")'"; fi
+  cmp -s "$W/run-arm.txt" "$W/run-scalar.txt" \
+    || die "aarch64 NEON answer differs from the x86_64 scalar-reference answer: '$(cat "$W/run-scalar.txt")'"
+  log "aarch64 NEON answer = x86_64 scalar-reference answer (bit-identical kernels)"
   step_end
 
 }
@@ -202,6 +205,9 @@ H=target/release/applianced
 "$H" build bundles/smollm2-135m.toml --model "$GGUF" --key "$W/k.key" --out "$W/default.zlb" -q >/dev/null
 "$H" run "$W/default.zlb" --trust "$W/k.pub" --prompt "$PROMPT" --max-tokens 24 --temperature 0 >"$W/run-glibc.txt"
 [ -s "$W/run-glibc.txt" ] || die "host run printed nothing"
+# The scalar reference kernels: the NEON kernels compute the same integer sums and accumulate in
+# the same order, so the aarch64 answer must equal this one bit for bit (AVX2/AVX-512 differ).
+APPLIANCED_CPU_KERNELS=scalar "$H" run "$W/default.zlb" --trust "$W/k.pub" --prompt "$PROMPT" --max-tokens 24 --temperature 0 >"$W/run-scalar.txt"
 step_end
 
 PARTS="${*:-musl arm deb}"
