@@ -19,6 +19,7 @@ CARGO_ZIGBUILD_VERSION=0.24.1
 ZIGLANG_VERSION=0.14.1
 VERSION=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["packages"][0]["version"])')
 DIST=dist
+TD="${CARGO_TARGET_DIR:-target}"
 log() { echo "release: $*" >&2; }
 die() { echo "release: FAILED: $*" >&2; exit 1; }
 
@@ -34,7 +35,7 @@ for t in x86_64-unknown-linux-gnu x86_64-unknown-linux-musl aarch64-unknown-linu
   grep -qx "$t" <<<"$INSTALLED_TARGETS" || rustup target add "$t"
 done
 cargo deb --version 2>/dev/null | grep -q "$CARGO_DEB_VERSION" || cargo install cargo-deb --locked --version "$CARGO_DEB_VERSION"
-cargo zigbuild --version 2>/dev/null | grep -q "$CARGO_ZIGBUILD_VERSION" || cargo install cargo-zigbuild --locked --version "$CARGO_ZIGBUILD_VERSION"
+cargo-zigbuild --version 2>/dev/null | grep -q "$CARGO_ZIGBUILD_VERSION" || cargo install cargo-zigbuild --locked --version "$CARGO_ZIGBUILD_VERSION"
 VENV="$CACHE/release-venv"
 if ! "$VENV/bin/python" -m ziglang version 2>/dev/null | grep -q "^$ZIGLANG_VERSION"; then
   python3 -m venv "$VENV"
@@ -57,7 +58,7 @@ max_glibc() { objdump -T "$1" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n1; }
 for spec in x86_64-unknown-linux-gnu:x86_64-linux-gnu:strip aarch64-unknown-linux-gnu:aarch64-linux-gnu:aarch64-linux-gnu-strip \
             x86_64-unknown-linux-musl:x86_64-linux-musl:strip aarch64-unknown-linux-musl:aarch64-linux-musl:aarch64-linux-gnu-strip; do
   IFS=: read -r triple name stripper <<<"$spec"
-  b=target/$triple/release/applianced
+  b=$TD/$triple/release/applianced
   out="$DIST/applianced-$VERSION-$name"
   "$stripper" -o "$out" "$b"
   case $name in
@@ -71,13 +72,15 @@ for spec in x86_64-unknown-linux-gnu:x86_64-linux-gnu:strip aarch64-unknown-linu
 done
 
 # ---------------------------------------------------------------- Debian packages (from the glibc 2.17 builds)
+# Man pages: the mangen example, built like the x86_64 glibc release (reuses its dependencies).
+timed mangen cargo zigbuild --release --quiet --target x86_64-unknown-linux-gnu.2.17 --all-features --example mangen
 rm -rf target/man
-cargo run --release --quiet --example mangen -- target/man
+"$TD/x86_64-unknown-linux-gnu/release/examples/mangen" target/man
 gzip -9nf target/man/*.1
 for triple in x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu; do
   # Package the stripped binary (cargo-deb cannot strip a cross binary without extra config).
-  cp "$DIST/applianced-$VERSION-${triple/-unknown/}" "target/$triple/release/applianced.stripped"
-  mv "target/$triple/release/applianced.stripped" "target/$triple/release/applianced"
+  cp "$DIST/applianced-$VERSION-${triple/-unknown/}" "$TD/$triple/release/applianced.stripped"
+  mv "$TD/$triple/release/applianced.stripped" "$TD/$triple/release/applianced"
   timed "deb-$triple" cargo deb --no-build --no-strip --quiet --target "$triple" --output "$DIST/" >/dev/null
 done
 
