@@ -19,3 +19,6 @@ target/release/applianced build bundles/smollm2-135m.toml --model "$GGUF" --key 
 ENTRY=$(target/release/applianced bundle install "$T/default.zlb" --trust "$T/k.pub" --store "$T/store" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["entry"])')
 export APPLIANCED_TEST_TOKENIZER_JSON="$ENTRY/tokenizer/tokenizer.json"
 cargo test --release --all-targets -- --test-threads 2
+# Packaging (issue 9): static musl build, aarch64 test subset under qemu, the .deb installed and
+# checked in a clean Debian 12 chroot. Installs its own tools; needs root (as CI runs).
+scripts/ci-packaging.sh
