@@ -102,11 +102,7 @@ part_arm() {
   step_end
   step_start "aarch64 tests under qemu"
   # The runner runs the test binaries; tests/cli.rs spawns the aarch64 binary through binfmt_misc.
-  # KNOWN FAILURE, excluded by name and announced below (open, see issue 9's report): on aarch64
-  # the proptest bundle_hostile::flips::every_flip_is_rejected once found a flip that was accepted
-  # (pos 2068, xor 0x20, tiny "flip" bundle). Remove the --skip once that is understood.
-  log "KNOWN FAILURE NOT RUN on aarch64: bundle_hostile flips::every_flip_is_rejected (accepted one flip under qemu)"
-  cargo test --target $ARM "${ARM_TESTS[@]}" -- --test-threads 2 --skip flips::every_flip_is_rejected >"$W/arm-tests.txt" 2>&1 \
+  cargo test --target $ARM "${ARM_TESTS[@]}" -- --test-threads 2 >"$W/arm-tests.txt" 2>&1 \
     || { tail -60 "$W/arm-tests.txt" >&2; die "aarch64 tests failed under qemu (log: $W/arm-tests.txt)"; }
   grep -E "^test result|Running" "$W/arm-tests.txt" >&2
   [ "$(grep -c "^test result: ok" "$W/arm-tests.txt")" -eq 4 ] || die "expected 4 passing aarch64 test binaries (see $W/arm-tests.txt)"
