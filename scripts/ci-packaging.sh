@@ -143,10 +143,11 @@ part_deb() {
   step_end
 
   step_start "debootstrap Debian 12 base (cached)"
-  BASE="$CACHE/pkg-ci/bookworm-base"
+  # procps: the unit's ExecReload runs /bin/kill (the package depends on it).
+  BASE="$CACHE/pkg-ci/bookworm-base-procps"
   if [ ! -f "$BASE/.complete" ]; then
     rm -rf "$BASE"
-    debootstrap --variant=minbase --include=systemd,man-db bookworm "$BASE" http://deb.debian.org/debian >"$CACHE/pkg-ci/debootstrap.log" 2>&1 \
+    debootstrap --variant=minbase --include=systemd,man-db,procps bookworm "$BASE" http://deb.debian.org/debian >"$CACHE/pkg-ci/debootstrap.log" 2>&1 \
       || { tail -20 "$CACHE/pkg-ci/debootstrap.log" >&2; die "debootstrap failed"; }
     touch "$BASE/.complete"
   fi
