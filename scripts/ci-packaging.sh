@@ -72,7 +72,7 @@ part_musl() {
   LDD=$(ldd "$S" 2>&1 || true)
   log "ldd $S: $LDD"
   grep -Eq "not a dynamic executable|statically linked" <<<"$LDD" || die "musl binary is not static: $LDD"
-  file "$S" | grep -Eq "static(-pie)? linked" || die "file(1) does not call the musl binary static: $(file "$S")"
+  file "$S" | grep -Eq "statically linked|static-pie linked" || die "file(1) does not call the musl binary static: $(file "$S")"
   step_start "musl binary: keygen, build, verify, run"
   "$S" keygen --out "$W/k-musl" >/dev/null
   [ -s "$W/k-musl.pub" ] || die "musl keygen wrote no key"

@@ -67,7 +67,7 @@ for spec in x86_64-unknown-linux-gnu:x86_64-linux-gnu:strip aarch64-unknown-linu
       [ "$(printf '%s\n' "$g" GLIBC_2.17 | sort -V | tail -n1)" = GLIBC_2.17 ] || die "$name needs $g (> GLIBC_2.17)"
       log "$name: highest glibc symbol version $g";;
     *musl)
-      file "$out" | grep -Eq "static(-pie)? linked" || die "$name is not static: $(file "$out")";;
+      file "$out" | grep -Eq "statically linked|static-pie linked" || die "$name is not static: $(file "$out")";;
   esac
 done
 
