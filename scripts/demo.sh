@@ -21,6 +21,10 @@ echo "== verify" >&2
 "$BIN" verify "$OUT/smollm2-135m.zlb" --trust signing/dev.pub
 echo "== run: $PROMPT" >&2
 "$BIN" run "$OUT/smollm2-135m.zlb" --trust signing/dev.pub --store "$OUT/store" --prompt "$PROMPT" --max-tokens 64 --verbose
+Q="What is the capital of France and what is it known for?"
+echo "== run: $Q (preset balanced, then concise: the control vector trained at build)" >&2
+"$BIN" run "$OUT/smollm2-135m.zlb" --trust signing/dev.pub --store "$OUT/store" --prompt "$Q" --preset balanced --seed 1 --verbose
+"$BIN" run "$OUT/smollm2-135m.zlb" --trust signing/dev.pub --store "$OUT/store" --prompt "$Q" --preset concise --seed 1 --verbose
 echo "== serve on $OUT/applianced.sock" >&2
 SOCK="$OUT/applianced.sock"
 rm -f "$SOCK"
