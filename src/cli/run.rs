@@ -118,12 +118,7 @@ pub fn prompt_ids(l: &Loaded, system: Option<&str>, user: &str) -> Result<Vec<u3
 
 /// Prefill in chunks; returns the logits after the last prompt token.
 pub fn prefill(engine: &mut Engine, seq: u32, ids: &[u32], chunk: usize) -> Result<Vec<f32>, CliError> {
-    let mut last = Vec::new();
-    for c in ids.chunks(chunk.max(1)) {
-        let mut out = engine.forward(&[(seq, c)]).map_err(|e| CliError::Engine(e.to_string()))?;
-        last = out.pop().unwrap_or_default();
-    }
-    Ok(last)
+    engine.prefill(seq, ids, chunk).map_err(|e| CliError::Engine(e.to_string()))
 }
 
 /// Load the bundle's policy members (presets, safety masks, redaction, schemas).

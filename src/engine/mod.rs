@@ -175,6 +175,16 @@ impl Engine {
         }
     }
 
+    /// Feed `ids` to one sequence in chunks of at most `chunk` tokens; returns the logits after
+    /// the last one (empty for no ids).
+    pub fn prefill(&mut self, seq: SeqId, ids: &[u32], chunk: usize) -> Result<Vec<f32>, EngineError> {
+        let mut last = Vec::new();
+        for c in ids.chunks(chunk.max(1)) {
+            last = self.forward(&[(seq, c)])?.pop().unwrap_or_default();
+        }
+        Ok(last)
+    }
+
     /// One sequence's forward step that also returns the residual stream at its last token after
     /// every layer (`n_layers` vectors of `hidden_size`), for training control vectors.
     pub fn forward_hidden(&mut self, seq: SeqId, tokens: &[u32]) -> Result<(Vec<f32>, Vec<Vec<f32>>), EngineError> {

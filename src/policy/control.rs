@@ -31,6 +31,8 @@ pub const MAX_ABS: f32 = 1.0e4;
 pub const MAX_LAYERS: usize = 1024;
 /// Largest hidden size accepted.
 pub const MAX_HIDDEN: usize = 65536;
+/// Prompt tokens per forward step when prefilling.
+const PREFILL_CHUNK: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -323,9 +325,7 @@ impl ModelRef<'_> {
         let seq = self.engine.new_seq()?;
         let r = (|| {
             let (head, last) = ids.split_at(ids.len().saturating_sub(1));
-            for c in head.chunks(256) {
-                self.engine.forward(&[(seq, c)])?;
-            }
+            self.engine.prefill(seq, head, PREFILL_CHUNK)?;
             Ok::<_, ControlError>(self.engine.forward_hidden(seq, last)?.1)
         })();
         self.engine.free_seq(seq);
@@ -436,11 +436,7 @@ pub fn generate(m: &mut ModelRef<'_>, prompts: &[Vec<u32>], steer: Option<Arc<St
                 let s = m.engine.new_seq()?;
                 seqs.push(s);
                 m.engine.set_steering(s, steer.clone())?;
-                let (head, last) = p.split_at(p.len().saturating_sub(1));
-                for c in head.chunks(256) {
-                    m.engine.forward(&[(s, c)])?;
-                }
-                logits.push(m.engine.forward(&[(s, last)])?.pop().unwrap_or_default());
+                logits.push(m.engine.prefill(s, p, PREFILL_CHUNK)?);
                 let mut sp = params.clone();
                 sp.seed = params.seed.wrapping_add((chunk_i * batch + j) as u64);
                 samplers.push(Sampler::new(sp));
@@ -492,12 +488,7 @@ pub fn answer_nll(m: &mut ModelRef<'_>, prompts: &[Vec<u32>], answers: &[Vec<u32
             for &i in chunk {
                 let s = m.engine.new_seq()?;
                 seqs.push(s);
-                let p = &prompts[i];
-                let (head, last) = p.split_at(p.len().saturating_sub(1));
-                for c in head.chunks(256) {
-                    m.engine.forward(&[(s, c)])?;
-                }
-                logits.push(m.engine.forward(&[(s, last)])?.pop().unwrap_or_default());
+                logits.push(m.engine.prefill(s, &prompts[i], PREFILL_CHUNK)?);
             }
             let mut sum = vec![0f64; chunk.len()];
             let longest = chunk.iter().map(|&i| answers[i].len()).max().unwrap_or(0);
