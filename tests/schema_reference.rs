@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use applianced::schema::{CompileOptions, CompiledSchema, Matcher, SchemaError, Vocabulary};
+use applianced::schema::corpus::{self, Case, CorpusReport};
+use applianced::schema::{CompileOptions, CompiledSchema, Matcher, Vocabulary};
 use serde_json::Value;
 
 /// Schemas expected not to compile, with the keyword (or error kind) that stops them. A schema
@@ -71,34 +72,6 @@ fn corpus_dir() -> Option<PathBuf> {
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference/schemas"));
     p.join("manifest.json").exists().then_some(p)
-}
-
-struct Case {
-    id: String,
-    schema: Value,
-    valid: Vec<String>,
-    invalid: Vec<String>,
-}
-
-fn load_corpus(dir: &Path) -> Vec<Case> {
-    let manifest: Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest")).expect("manifest json");
-    let mut out = Vec::new();
-    for rec in manifest.as_array().expect("manifest array") {
-        let id = rec["id"].as_str().expect("id").to_string();
-        let file = |sub: &str| {
-            let a = dir.join(sub).join(&id);
-            if a.exists() {
-                a
-            } else {
-                dir.join(sub).join(format!("{id}.json"))
-            }
-        };
-        let schema: Value = serde_json::from_slice(&std::fs::read(file("schemas")).expect("schema")).expect("schema json");
-        let inst: Value = serde_json::from_slice(&std::fs::read(file("instances")).expect("instances")).expect("instances json");
-        let strs = |k: &str| inst[k].as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default();
-        out.push(Case { id, valid: strs("valid"), invalid: strs("invalid"), schema });
-    }
-    out
 }
 
 /// A byte-level vocabulary: the 256 single bytes, JSON punctuation clusters, literals, digit
@@ -198,62 +171,8 @@ fn bit(mask: &[u64], id: u32) -> bool {
     mask[id as usize / 64] >> (id % 64) & 1 == 1
 }
 
-/// Walks `ids` through a [`Matcher`] checking that each token is in its mask exactly when
-/// `advance` takes it; then checks EOS against acceptance.
-fn walk(c: &CompiledSchema, ids: &[u32], eos: u32, lookups: &mut Vec<Duration>) -> bool {
-    let mut m = Matcher::new(c);
-    let mut buf = vec![0u64; c.mask_words()];
-    for &id in ids {
-        let t = Instant::now();
-        m.allowed(&mut buf);
-        let allowed = bit(&buf, id);
-        lookups.push(t.elapsed());
-        let ok = m.advance(id);
-        assert_eq!(allowed, ok, "mask and advance disagree on token {id}");
-        if !ok {
-            return false;
-        }
-    }
-    let ok = m.is_accepting();
-    m.allowed(&mut buf);
-    assert_eq!(ok, bit(&buf, eos), "EOS bit and accepting disagree");
-    ok
-}
-
-fn pct(xs: &mut [Duration], p: f64) -> Duration {
-    if xs.is_empty() {
-        return Duration::ZERO;
-    }
-    xs.sort_unstable();
-    xs[((xs.len() - 1) as f64 * p).round() as usize]
-}
-
-fn error_tag(e: &SchemaError) -> String {
-    match e {
-        SchemaError::TooLarge { .. } => "too-large".into(),
-        SchemaError::UnresolvedRef { .. } => "$ref".into(),
-        SchemaError::Unsatisfiable { .. } => "unsatisfiable".into(),
-        other => other.keyword().unwrap_or("?").to_string(),
-    }
-}
-
-struct Outcome {
-    compiled: usize,
-    valid_total: usize,
-    valid_ok: usize,
-    invalid_total: usize,
-    invalid_rejected: usize,
-    compile_times: Vec<Duration>,
-    lower_times: Vec<Duration>,
-    mask_times: Vec<Duration>,
-    states: Vec<usize>,
-    lookups: Vec<Duration>,
-    failures: Vec<(String, String, String)>,
-    accepted_invalid: Vec<(String, String)>,
-    rejected_valid: Vec<(String, String)>,
-}
-
-fn run_corpus(cases: &[Case], vocab: &Arc<Vocabulary>, tokens: &[Vec<u8>], eos: u32, opts: &CompileOptions) -> Outcome {
+/// Two tokenizations per instance: greedy longest match, and one token per byte.
+fn tokenizer(tokens: &[Vec<u8>]) -> impl Fn(&str) -> Vec<Vec<u32>> + '_ {
     let index: HashMap<&[u8], u32> = tokens.iter().enumerate().filter(|(_, t)| !t.is_empty()).map(|(i, t)| (t.as_slice(), i as u32)).collect();
     let max_len = tokens.iter().map(|t| t.len()).max().unwrap_or(1);
     // Real vocabularies lack a few single bytes (invalid UTF-8 lead bytes, some controls) that
@@ -264,107 +183,38 @@ fn run_corpus(cases: &[Case], vocab: &Arc<Vocabulary>, tokens: &[Vec<u8>], eos: 
             *slot = id;
         }
     }
-    let by_bytes = |s: &str| -> Option<Vec<u32>> { s.bytes().map(|b| Some(byte_id[b as usize]).filter(|&i| i != u32::MAX)).collect() };
-    let mut o = Outcome {
-        compiled: 0,
-        valid_total: 0,
-        valid_ok: 0,
-        invalid_total: 0,
-        invalid_rejected: 0,
-        compile_times: Vec::new(),
-        lower_times: Vec::new(),
-        mask_times: Vec::new(),
-        states: Vec::new(),
-        lookups: Vec::new(),
-        failures: Vec::new(),
-        accepted_invalid: Vec::new(),
-        rejected_valid: Vec::new(),
-    };
-    let trace = std::env::var_os("SCHEMA_TRACE").is_some();
-    for case in cases {
-        if trace {
-            eprintln!("compiling {}", case.id);
+    move |s: &str| {
+        let mut out = vec![tokenize_greedy(s.as_bytes(), &index, max_len)];
+        if let Some(bytes) = s.bytes().map(|b| Some(byte_id[b as usize]).filter(|&i| i != u32::MAX)).collect::<Option<Vec<u32>>>() {
+            out.push(bytes);
         }
-        let t = Instant::now();
-        let res = CompiledSchema::compile_with(&case.schema, vocab, opts);
-        let dt = t.elapsed();
-        if trace {
-            eprintln!("  {:?} {:?}", dt, res.as_ref().map(|c| c.stats().states).map_err(|e| error_tag(e)));
-        }
-        let c = match res {
-            Ok(c) => c,
-            Err(e) => {
-                o.failures.push((case.id.clone(), error_tag(&e), e.to_string()));
-                continue;
-            }
-        };
-        o.compiled += 1;
-        o.compile_times.push(dt);
-        o.lower_times.push(c.stats().lower_time);
-        o.mask_times.push(c.stats().mask_time);
-        o.states.push(c.stats().states);
-        for inst in &case.valid {
-            o.valid_total += 1;
-            let greedy = tokenize_greedy(inst.as_bytes(), &index, max_len);
-            let b = walk(&c, &greedy, eos, &mut o.lookups);
-            let a = match by_bytes(inst) {
-                Some(bytes) => walk(&c, &bytes, eos, &mut o.lookups),
-                None => b,
-            };
-            assert_eq!(a, b, "byte path and greedy path disagree on {} / {inst}", case.id);
-            if a {
-                o.valid_ok += 1;
-            } else {
-                // Mark where the text leaves the language.
-                let mut st = Some(c.start());
-                let mut at = inst.len();
-                for (i, b) in inst.bytes().enumerate() {
-                    st = st.and_then(|s| c.advance_bytes(s, &[b]));
-                    if st.is_none() {
-                        at = i;
-                        break;
-                    }
-                }
-                let fb = |mut i: usize| {
-                    while !inst.is_char_boundary(i) {
-                        i -= 1;
-                    }
-                    i
-                };
-                let (lo, mid, hi) = (fb(at.saturating_sub(120)), fb(at), fb((at + 20).min(inst.len())));
-                o.rejected_valid.push((case.id.clone(), format!("…{}⟦HERE⟧{}", &inst[lo..mid], &inst[mid..hi])));
-            }
-        }
-        for inst in &case.invalid {
-            o.invalid_total += 1;
-            let ids = by_bytes(inst).unwrap_or_else(|| tokenize_greedy(inst.as_bytes(), &index, max_len));
-            if walk(&c, &ids, eos, &mut o.lookups) {
-                o.accepted_invalid.push((case.id.clone(), inst.clone()));
-            } else {
-                o.invalid_rejected += 1;
-            }
-        }
+        out
     }
-    o
 }
 
-fn report(name: &str, cases: &[Case], o: &mut Outcome) {
-    let n = cases.len();
-    let with_valid: Vec<&Case> = cases.iter().filter(|c| !c.valid.is_empty()).collect();
-    let all_valid_ok = with_valid
-        .iter()
-        .filter(|c| !o.failures.iter().any(|f| f.0 == c.id) && !o.rejected_valid.iter().any(|r| r.0 == c.id))
-        .count();
+fn run_corpus(cases: &[Case], vocab: &Arc<Vocabulary>, tokens: &[Vec<u8>], eos: u32, opts: &CompileOptions) -> CorpusReport {
+    let trace = std::env::var_os("SCHEMA_TRACE").is_some();
+    let tok = tokenizer(tokens);
+    let r = corpus::run(cases, vocab, eos, &tok, opts, &mut |_, id| {
+        if trace {
+            eprintln!("compiling {id}");
+        }
+    });
+    assert_eq!(r.mask_advance_disagreements, 0, "mask, advance and the two tokenizations must agree");
+    r
+}
+
+fn report(name: &str, o: &CorpusReport) {
+    let with_valid = o.per_schema.iter().filter(|s| s.compiled && s.valid[1] > 0).count();
     println!("== {name}");
-    println!("coverage: {}/{} schemas compiled ({:.1}%)", o.compiled, n, 100.0 * o.compiled as f64 / n as f64);
+    println!("coverage: {}/{} schemas compiled ({:.1}%)", o.compiled, o.schemas, 100.0 * o.compiled as f64 / o.schemas as f64);
     println!(
-        "valid instances accepted (token by token, EOS included): {}/{} ({:.1}%); schemas with all valid instances accepted: {}/{} ({:.1}%)",
-        o.valid_ok,
+        "valid instances accepted (token by token, EOS included): {}/{} ({:.1}%); compiled schemas with all valid instances accepted: {}/{}",
+        o.valid_accepted,
         o.valid_total,
-        100.0 * o.valid_ok as f64 / o.valid_total.max(1) as f64,
-        all_valid_ok,
-        with_valid.len(),
-        100.0 * all_valid_ok as f64 / with_valid.len().max(1) as f64
+        100.0 * o.valid_accepted as f64 / o.valid_total.max(1) as f64,
+        o.schemas_all_valid_accepted,
+        with_valid
     );
     println!(
         "invalid instances rejected: {}/{} ({:.2}%)",
@@ -372,38 +222,36 @@ fn report(name: &str, cases: &[Case], o: &mut Outcome) {
         o.invalid_total,
         100.0 * o.invalid_rejected as f64 / o.invalid_total.max(1) as f64
     );
-    let (m, p90, mx) = (pct(&mut o.compile_times, 0.5), pct(&mut o.compile_times, 0.9), pct(&mut o.compile_times, 1.0));
-    println!("compile time (compiled schemas): median {m:?}, p90 {p90:?}, max {mx:?}");
-    let (lm_, lp_) = (pct(&mut o.lower_times, 0.5), pct(&mut o.lower_times, 0.9));
-    let (mm_, mp_) = (pct(&mut o.mask_times, 0.5), pct(&mut o.mask_times, 0.9));
-    o.states.sort_unstable();
-    let sm = o.states.get(o.states.len() / 2).copied().unwrap_or(0);
-    println!("  of which schema→DFA median {lm_:?} / p90 {lp_:?}, masks median {mm_:?} / p90 {mp_:?}; DFA states median {sm}");
-    let (lm, l99) = (pct(&mut o.lookups, 0.5), pct(&mut o.lookups, 0.99));
-    println!("mask lookup per token (allowed + bit test, incl. timer overhead): median {lm:?}, p99 {l99:?} over {} lookups", o.lookups.len());
+    let c = &o.compile_ms;
+    println!("compile time (compiled schemas): median {:.1} ms, p90 {:.1} ms, max {:.1} ms", c.median, c.p90, c.max);
+    let m = &o.mask_us;
+    println!("mask lookup per token (allowed + bit test, incl. timer overhead): median {:.3} µs, p99 {:.3} µs over {} lookups", m.median, m.p99, o.mask_lookups);
     let mut kinds: HashMap<&str, usize> = HashMap::new();
-    for f in &o.failures {
-        *kinds.entry(f.1.as_str()).or_default() += 1;
+    for s in o.per_schema.iter().filter(|s| !s.compiled) {
+        *kinds.entry(s.error_tag.as_deref().unwrap_or("?")).or_default() += 1;
     }
     let mut kinds: Vec<_> = kinds.into_iter().collect();
     kinds.sort_by(|a, b| b.1.cmp(&a.1));
     println!("failures by keyword: {kinds:?}");
-    for (id, inst) in o.accepted_invalid.iter().take(30) {
-        println!("  ACCEPTED INVALID {id}: {}", &inst[..inst.len().min(200)]);
-    }
-    for (id, inst) in o.rejected_valid.iter().take(60) {
-        println!("  rejected valid {id}: {}", &inst[..inst.len().min(300)]);
-    }
-    if std::env::var_os("SCHEMA_VERBOSE").is_some() {
-        for (id, tag, msg) in &o.failures {
-            println!("  FAIL {id} [{tag}] {}", &msg[..msg.len().min(200)]);
+    for s in &o.per_schema {
+        for inst in s.accepted_invalid.iter().take(5) {
+            println!("  ACCEPTED INVALID {}: {}", s.id, &inst[..inst.len().min(200)]);
+        }
+        for inst in s.rejected_valid.iter().take(5) {
+            println!("  rejected valid {}: {}", s.id, &inst[..inst.len().min(300)]);
+        }
+        if std::env::var_os("SCHEMA_VERBOSE").is_some() && !s.compiled {
+            let e = s.error.as_deref().unwrap_or("");
+            println!("  FAIL {} [{}] {}", s.id, s.error_tag.as_deref().unwrap_or("?"), &e[..e.len().min(200)]);
         }
     }
 }
 
-fn check_expected(o: &Outcome) {
+fn check_expected(o: &CorpusReport) {
     let mut regressions = Vec::new();
-    for (id, tag, msg) in &o.failures {
+    let failures: Vec<(&String, &str, &str)> =
+        o.per_schema.iter().filter(|s| !s.compiled).map(|s| (&s.id, s.error_tag.as_deref().unwrap_or("?"), s.error.as_deref().unwrap_or(""))).collect();
+    for &(id, tag, msg) in &failures {
         match EXPECTED_FAILURES.iter().find(|(i, _)| i == id) {
             Some((_, t)) if t == tag => {}
             // The compile-time cap depends on the machine's speed and load: not a regression.
@@ -414,7 +262,7 @@ fn check_expected(o: &Outcome) {
         }
     }
     for (id, _) in EXPECTED_FAILURES {
-        if !o.failures.iter().any(|f| f.0 == *id) {
+        if !failures.iter().any(|f| f.0 == id) {
             println!("now compiles (remove from EXPECTED_FAILURES): {id}");
         }
     }
@@ -430,12 +278,12 @@ fn reference_corpus_synthetic_vocab() {
         println!("skipped: schema corpus not found (set APPLIANCED_SCHEMA_CORPUS)");
         return;
     };
-    let cases = load_corpus(&dir);
+    let cases = corpus::load(&dir).expect("corpus");
     let (tokens, eos) = synthetic_vocab();
     let vocab = Arc::new(Vocabulary::new(&tokens, &[eos]));
     let opts = CompileOptions::default();
-    let mut o = run_corpus(&cases, &vocab, &tokens, eos, &opts);
-    report("reference corpus, synthetic byte-level vocabulary", &cases, &mut o);
+    let o = run_corpus(&cases, &vocab, &tokens, eos, &opts);
+    report("reference corpus, synthetic byte-level vocabulary", &o);
     check_expected(&o);
     // Faithfulness: nothing invalid gets through.
     assert!(
@@ -456,14 +304,14 @@ fn reference_corpus_real_vocab() {
         println!("skipped: schema corpus not found");
         return;
     };
-    let cases = load_corpus(&dir);
+    let cases = corpus::load(&dir).expect("corpus");
     let (tokens, eos_ids) = real_vocab(&path);
     let t = Instant::now();
     let vocab = Arc::new(Vocabulary::new(&tokens, &eos_ids));
     println!("vocabulary: {} tokens, trie built in {:?}", tokens.len(), t.elapsed());
     let opts = CompileOptions::default();
-    let mut o = run_corpus(&cases, &vocab, &tokens, eos_ids[0], &opts);
-    report("reference corpus, real vocabulary", &cases, &mut o);
+    let o = run_corpus(&cases, &vocab, &tokens, eos_ids[0], &opts);
+    report("reference corpus, real vocabulary", &o);
     check_expected(&o);
 }
 

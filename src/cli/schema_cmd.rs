@@ -12,6 +12,35 @@ pub enum SchemaCommand {
     /// Compile FILE against a bundle's vocabulary (or, without --bundle, a plain byte vocabulary)
     /// and report states, distinct masks, memory and compile time.
     Compile(CompileArgs),
+    /// Benchmark the compiler on a schema corpus (the layout of shared/reference/schemas:
+    /// manifest.json, schemas/ID, instances/ID): coverage, valid instances accepted token by
+    /// token (EOS included), invalid ones rejected, compile time and per-token mask time.
+    /// scripts/bench-schemas.sh runs it beside xgrammar, llguidance and outlines-core.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The corpus directory.
+    #[arg(long, value_name = "DIR")]
+    pub corpus: PathBuf,
+    /// The vocabulary: a Hugging Face tokenizer.json (byte-level BPE). Instances are tokenized
+    /// with it; EOS is `<|im_end|>` or `<|endoftext|>`.
+    #[arg(long, value_name = "FILE", conflicts_with = "bundle")]
+    pub tokenizer_json: Option<PathBuf>,
+    /// Or the vocabulary of this bundle's tokenizer (verified first).
+    #[arg(long, value_name = "X.zlb")]
+    pub bundle: Option<PathBuf>,
+    /// Only the first N schemas of the manifest.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+    /// Print one JSON object (figures and per-schema outcomes) on stdout instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub trust: TrustArgs,
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 #[derive(Debug, Args)]
@@ -34,7 +63,58 @@ pub struct CompileArgs {
 }
 
 pub fn exec(cmd: SchemaCommand) -> Result<(), CliError> {
-    let SchemaCommand::Compile(a) = cmd;
+    match cmd {
+        SchemaCommand::Compile(a) => compile(a),
+        SchemaCommand::Bench(a) => bench(a),
+    }
+}
+
+fn bench(a: BenchArgs) -> Result<(), CliError> {
+    use std::io::Write;
+    let tok = match (&a.tokenizer_json, &a.bundle) {
+        (Some(p), _) => crate::tokenizer::Tokenizer::load(p).map_err(|e| CliError::Usage(e.to_string()))?,
+        (None, Some(b)) => {
+            let vb = open_bundle(b, &a.trust, &a.store, true)?;
+            crate::tokenizer::Tokenizer::load(&vb.root.join(crate::model::TOKENIZER_PATH)).map_err(|e| CliError::Engine(e.to_string()))?
+        }
+        (None, None) => return Err(CliError::Usage("schema bench needs a vocabulary: --tokenizer-json FILE or --bundle X.zlb".into())),
+    };
+    let eos = ["<|im_end|>", "<|endoftext|>", "</s>"]
+        .iter()
+        .find_map(|t| tok.token_id(t))
+        .ok_or_else(|| CliError::Usage("the tokenizer has no end-of-sequence token (<|im_end|>, <|endoftext|>, </s>)".into()))?;
+    let tokens = tok.generation_vocab(tok.vocab_size());
+    let vocab = std::sync::Arc::new(crate::schema::Vocabulary::new(&tokens, &[eos]));
+    let mut cases = crate::schema::corpus::load(&a.corpus).map_err(|e| CliError::Usage(e.to_string()))?;
+    if let Some(n) = a.limit {
+        cases.truncate(n);
+    }
+    let encode = |s: &str| vec![tok.encode(s, false).unwrap_or_default()];
+    let n = cases.len();
+    let mut progress = |i: usize, id: &str| {
+        let mut e = std::io::stderr().lock();
+        let _ = write!(e, "\r\x1b[K[{}/{n}] {}", i + 1, &id[..id.len().min(70)]);
+    };
+    let r = crate::schema::corpus::run(&cases, &vocab, eos, &encode, &Default::default(), &mut progress);
+    eprintln!();
+    if a.json {
+        println!("{}", serde_json::to_string(&r).map_err(|e| CliError::Other(e.to_string()))?);
+        return Ok(());
+    }
+    let pc = |a: usize, b: usize| 100.0 * a as f64 / b.max(1) as f64;
+    println!("corpus {} against {} tokens", a.corpus.display(), tokens.len());
+    println!("  compiled            {}/{} ({:.1}%)", r.compiled, r.schemas, pc(r.compiled, r.schemas));
+    println!("  valid accepted      {}/{} ({:.1}%), all valid accepted in {} schemas", r.valid_accepted, r.valid_total, pc(r.valid_accepted, r.valid_total), r.schemas_all_valid_accepted);
+    println!("  invalid rejected    {}/{} ({:.1}%)", r.invalid_rejected, r.invalid_total, pc(r.invalid_rejected, r.invalid_total));
+    println!("  compile time        median {:.1} ms, p90 {:.1} ms, max {:.0} ms", r.compile_ms.median, r.compile_ms.p90, r.compile_ms.max);
+    println!("  mask per token      median {:.3} µs, p99 {:.3} µs ({} lookups)", r.mask_us.median, r.mask_us.p99, r.mask_lookups);
+    if r.mask_advance_disagreements > 0 {
+        return Err(CliError::Schema(format!("{} tokens where the mask and the automaton disagreed", r.mask_advance_disagreements)));
+    }
+    Ok(())
+}
+
+fn compile(a: CompileArgs) -> Result<(), CliError> {
     let text = std::fs::read_to_string(&a.file).map_err(|e| CliError::Usage(format!("{}: {e}", a.file.display())))?;
     let schema: serde_json::Value = serde_json::from_str(&text).map_err(|e| CliError::Schema(format!("{}: not JSON: {e}", a.file.display())))?;
     let (vocab, eos, what) = match &a.bundle {

@@ -14,6 +14,7 @@
 //! values) is expanded to a bounded depth (a finite automaton, no stack).
 
 mod automata;
+pub mod corpus;
 mod lower;
 mod matcher;
 mod numbers;
@@ -58,6 +59,9 @@ pub enum SchemaError {
     /// Vocabulary / EOS ids inconsistent.
     #[error("bad vocabulary: {reason}")]
     Vocabulary { reason: String },
+    /// A schema corpus (for `schema bench` and the reference test) could not be read.
+    #[error("schema corpus: {reason}")]
+    Corpus { reason: String },
     /// `from_bytes` input malformed.
     #[error("malformed compiled schema: {reason}")]
     Decode { reason: String },
