@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use applianced::schema::corpus::{self, Case, CorpusReport};
 use applianced::schema::{CompileOptions, CompiledSchema, Matcher, Vocabulary};
@@ -253,7 +253,7 @@ fn check_expected(o: &CorpusReport) {
         o.per_schema.iter().filter(|s| !s.compiled).map(|s| (&s.id, s.error_tag.as_deref().unwrap_or("?"), s.error.as_deref().unwrap_or(""))).collect();
     for &(id, tag, msg) in &failures {
         match EXPECTED_FAILURES.iter().find(|(i, _)| i == id) {
-            Some((_, t)) if t == tag => {}
+            Some((_, t)) if *t == tag => {}
             // The compile-time cap depends on the machine's speed and load: not a regression.
             _ if tag == "too-large" && msg.contains("compile time") => {
                 println!("timing-dependent failure (compile-time cap): {id}");
