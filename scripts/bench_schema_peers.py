@@ -137,8 +137,9 @@ class XGrammarPeer:
 class LLGuidancePeer:
     """llguidance: LLMatcher.grammar_from_json_schema + LLMatcher construction (the compile; its
     lexer is built lazily, so part of the work moves into the first masks). No flexible
-    whitespace, the corpus's separators ", " and ": ". Lenient adds lenient=True (unimplemented keywords ignored) and
-    coerce_one_of=True (oneOf as anyOf). End: EOS in the mask and is_accepting()."""
+    whitespace, the corpus's separators ", " and ": ". Lenient adds lenient=True (unimplemented
+    keywords ignored) and coerce_one_of=True (oneOf as anyOf). End: EOS in the mask and
+    is_accepting()."""
 
     def __init__(self, tokenizer_json, vocab_size, eos, lenient):
         import llguidance
@@ -189,9 +190,9 @@ def byte_level_decoder():
 
 class OutlinesPeer:
     """outlines-core: json_schema.build_regex_from_schema with its defaults (whitespace pattern
-    `[ ]?` between tokens, which covers the corpus's separators; max_recursion_depth=3) + Index over a Vocabulary of the byte-level tokens decoded to
-    bytes (special/added tokens left out, EOS given separately). End: EOS in the mask and
-    Guide.is_finished()."""
+    `[ ]?` between tokens, which covers the corpus's separators; max_recursion_depth=3) + Index
+    over a Vocabulary of the byte-level tokens decoded to bytes (special/added tokens left out,
+    EOS given separately). End: EOS in the mask and Guide.is_finished()."""
     settings = "build_regex_from_schema defaults (whitespace `[ ]?`, max_recursion_depth=3); Index(regex, Vocabulary)"
 
     def __init__(self, tokenizer_json, vocab_size, eos):
@@ -245,24 +246,29 @@ def make_peer(name, tokenizer_json, vocab_size, eos):
 
 def walk(peer, compiled, ids, eos, mask):
     """Feeds ids one by one; a token (and at the end EOS) passes if the mask allows it and the
-    matcher accepts it. Returns (accepted, mask µs per token, mask/advance disagreements)."""
-    from time import perf_counter_ns
+    matcher accepts it. Returns (where it was refused: a token index, len(ids) for the end, None
+    if accepted; mask µs per token; mask/advance disagreements)."""
     m = peer.matcher(compiled)
     times = []
     disagreements = 0
-    for t in ids:
-        t0 = perf_counter_ns()
+    for k, t in enumerate(ids):
+        t0 = time.perf_counter_ns()
         m.fill(mask)
-        times.append((perf_counter_ns() - t0) / 1000.0)
+        times.append((time.perf_counter_ns() - t0) / 1000.0)
         allowed = bool(int(mask[0, t >> 5]) >> (t & 31) & 1)
         ok = bool(m.advance(t))
         disagreements += allowed != ok
         if not (allowed and ok):
-            return False, times, disagreements
+            return k, times, disagreements
     m.fill(mask)
     allowed = bool(int(mask[0, eos >> 5]) >> (eos & 31) & 1)
     ok = bool(m.can_end())
-    return allowed and ok, times, disagreements + (allowed != ok)
+    return None if allowed and ok else len(ids), times, disagreements + (allowed != ok)
+
+
+def mark(text, at):
+    """Where a text was refused, marked as the appliance marks it (120 characters of context)."""
+    return f"…{text[max(0, at - 120):at]}⟦HERE⟧{text[at:at + 20]}"
 
 
 def worker_main(name, tokenizer_json, cases, conn, log_path):
@@ -278,7 +284,7 @@ def worker_main(name, tokenizer_json, cases, conn, log_path):
     eos = tok.token_to_id(EOS_TOKEN)
     peer = make_peer(name, tokenizer_json, vocab_size, eos)
     mask = np.zeros((1, (vocab_size + 31) // 32), dtype=np.int32)
-    conn.send({"ready": True, "settings": peer.settings, "eos": eos})
+    conn.send({"settings": peer.settings})
     compiled = None
     while True:
         op, i = conn.recv()
@@ -294,13 +300,16 @@ def worker_main(name, tokenizer_json, cases, conn, log_path):
         elif op == "walk":
             for kind in ("valid", "invalid"):
                 for text in case[kind]:
-                    ids = tok.encode(text, add_special_tokens=False).ids
+                    enc = tok.encode(text, add_special_tokens=False)
                     try:
-                        ok, times, dis = walk(peer, compiled, ids, eos, mask)
-                    except Exception:
+                        at, times, dis = walk(peer, compiled, enc.ids, eos, mask)
+                    except Exception:  # counted as refused at the start; the trace goes to the log
                         traceback.print_exc()
-                        ok, times, dis = False, [], 0
-                    conn.send({"kind": kind, "ok": ok, "mask_us": times, "dis": dis})
+                        at, times, dis = 0, [], 0
+                    msg = {"ok": at is None, "mask_us": times, "dis": dis}
+                    if at is not None:
+                        msg["mark"] = mark(text, enc.offsets[at][0] if at < len(enc.ids) else len(text))
+                    conn.send(msg)
 
 
 class Worker:
@@ -309,7 +318,6 @@ class Worker:
     def __init__(self, name, tokenizer_json, cases, log_path):
         self.args = (name, str(tokenizer_json), cases)
         self.log_path = str(log_path)
-        self.proc = None
         self.start()
 
     def start(self):
@@ -394,15 +402,15 @@ def run_peer(name, tokenizer_json, cases, out):
                             w.restart()
                         # Not walked in time: a failure either way (valid not accepted,
                         # invalid not rejected).
-                        r = {"ok": kind == "invalid", "mask_us": [], "dis": 0}
+                        r = {"ok": kind == "invalid", "mask_us": [], "dis": 0, "mark": "(walk timeout)"}
                     mask_us.extend(r["mask_us"])
                     disagreements += r["dis"]
                     if kind == "valid" and r["ok"]:
                         o["valid"][0] += 1
                     elif kind == "valid":
-                        o["rejected_valid"].append(j)
+                        o["rejected_valid"].append(r["mark"])
                     elif r["ok"]:
-                        o["accepted_invalid"].append(j)
+                        o["accepted_invalid"].append(case["invalid"][j])
                     else:
                         o["invalid"][0] += 1
     finally:
@@ -457,6 +465,9 @@ def run_applianced(binary, corpus, tokenizer_json):
 def table(rows, corpus_size):
     def pc(a, b):
         return f"{a}/{b} ({100.0 * a / b:.1f}%)" if b else f"{a}/{b}"
+
+    def num(x):
+        return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
     lines = [
         "| engine | schemas | compiled | valid accepted | schemas with all valid accepted | invalid rejected "
         "| compile median / p90 (ms) | mask median / p99 per token (µs) | wall (s) |",
@@ -469,19 +480,22 @@ def table(rows, corpus_size):
         lines.append(
             f"| {r['engine']} | {size} | {pc(r['compiled'], n)} | {pc(r['valid_accepted'], r['valid_total'])} "
             f"| {r['schemas_all_valid_accepted']}/{with_valid} | {pc(r['invalid_rejected'], r['invalid_total'])} "
-            f"| {r['compile_ms']['median']:.1f} / {r['compile_ms']['p90']:.1f} "
-            f"| {r['mask_us']['median']:.1f} / {r['mask_us']['p99']:.1f} | {r.get('wall_s', '')} |")
+            f"| {num(r['compile_ms']['median'])} / {num(r['compile_ms']['p90'])} "
+            f"| {num(r['mask_us']['median'])} / {num(r['mask_us']['p99'])} | {r.get('wall_s', '')} |")
     lines.append("")
     lines.append("Valid/invalid totals are over each engine's compiled schemas; \"schemas with all valid "
                  "accepted\" is out of the compiled schemas that have valid instances. Compile > 30 s = "
-                 "not compiled. Every token of every instance is masked and timed (mask call only for the "
-                 "peers; lookup + bit test for applianced). Settings:")
+                 "not compiled. Every token fed is masked and timed (the mask call only for the peers, "
+                 "from Python; lookup + bit test in-process for applianced). Settings:")
     for r in rows:
         extra = []
         if r.get("mask_advance_disagreements"):
             extra.append(f"{r['mask_advance_disagreements']} mask/advance disagreements")
         if r.get("walk_timeouts"):
             extra.append(f"{r['walk_timeouts']} schemas whose instance walk timed out")
+        slow = sum(1 for o in r["per_schema"] if (o["compile_ms"] or 0) > COMPILE_TIMEOUT_S * 1e3)
+        if slow:
+            extra.append(f"{slow} schemas compiled in over {COMPILE_TIMEOUT_S:.0f} s, counted as compiled")
         lines.append(f"- {r['engine']}: {r.get('settings', '')}" + (f" ({'; '.join(extra)})" if extra else ""))
     return "\n".join(lines) + "\n"
 

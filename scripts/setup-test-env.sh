@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv with the official Python SDKs the server tests call the API with (anthropic,
-# openai, httpx). Idempotent: an existing venv that already imports them is kept.
+# openai, httpx) and the reference JSON Schema validator (jsonschema) the generation test uses. Idempotent: an existing venv that already imports them is kept.
 # Usage: scripts/setup-test-env.sh   (then APPLIANCED_TEST_PYTHON=.venv/bin/python)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 fi
 VENV=.venv
 PY="$VENV/bin/python"
-if [ -x "$PY" ] && "$PY" -c 'import anthropic, openai, httpx' 2>/dev/null; then
+if [ -x "$PY" ] && "$PY" -c 'import anthropic, openai, httpx, jsonschema' 2>/dev/null; then
   exit 0
 fi
 PYTHON="${PYTHON:-python3}"
@@ -28,6 +28,6 @@ if ! command -v "$PYTHON" >/dev/null; then
   echo "setup-test-env: $PYTHON not found; the SDK tests will be skipped" >&2
   exit 0
 fi
-"$PYTHON" -m venv "$VENV"
-"$PY" -m pip install --quiet --disable-pip-version-check 'anthropic>=0.40' 'openai>=1.50' 'httpx>=0.27'
-"$PY" -c 'import anthropic, openai, httpx; print("setup-test-env: anthropic", anthropic.__version__, "openai", openai.__version__, "httpx", httpx.__version__)' >&2
+[ -x "$PY" ] || "$PYTHON" -m venv "$VENV"
+"$PY" -m pip install --quiet --disable-pip-version-check 'anthropic>=0.40' 'openai>=1.50' 'httpx>=0.27' 'jsonschema[format-nongpl]>=4.23'
+"$PY" -c 'import importlib.metadata, anthropic, openai, httpx, jsonschema; print("setup-test-env: anthropic", anthropic.__version__, "openai", openai.__version__, "httpx", httpx.__version__, "jsonschema", importlib.metadata.version("jsonschema"))' >&2

@@ -18,6 +18,8 @@ mkdir -p "$T"
 target/release/applianced build bundles/smollm2-135m.toml --model "$GGUF" --key "$T/k.key" --out "$T/default.zlb" -q >/dev/null
 ENTRY=$(target/release/applianced bundle install "$T/default.zlb" --trust "$T/k.pub" --store "$T/store" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["entry"])')
 export APPLIANCED_TEST_TOKENIZER_JSON="$ENTRY/tokenizer/tokenizer.json"
+# The same installed (verified, unpacked) bundle for the schema generation test.
+export APPLIANCED_TEST_BUNDLE_ROOT="$ENTRY"
 cargo test --release --all-targets -- --test-threads 2
 # Packaging (issue 9): static musl build, aarch64 test subset under qemu, the .deb installed and
 # checked in a clean Debian 12 chroot. Installs its own tools; needs root (as CI runs).

@@ -8,7 +8,7 @@ mod common;
 mod control_cmd;
 mod lifecycle;
 mod serve;
-mod run;
+pub mod run;
 mod schema_cmd;
 
 use clap::{Parser, Subcommand};

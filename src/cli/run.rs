@@ -179,6 +179,7 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
     };
     let vocab = l.engine.config().vocab_size;
     let mut cons = policy.constraints(preset, adhoc, vocab);
+    cons.set_budget(max_new);
     let mut pipe = policy.pipeline(preset);
     let prefix = pipe.start();
     cons.feed_text(prefix.as_bytes());

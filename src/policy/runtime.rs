@@ -186,6 +186,8 @@ pub struct Constraints {
     buf: Vec<u64>,
     tmp: Vec<u64>,
     vocab: usize,
+    /// Tokens left to generate, when the caller set a budget (see [`Constraints::set_budget`]).
+    budget: Option<usize>,
 }
 
 impl Constraints {
@@ -195,7 +197,7 @@ impl Constraints {
             let s = m.start();
             (m, s)
         });
-        Constraints { schema: schema.map(Matcher::new), safety, buf: vec![0; words], tmp: vec![0; words], vocab }
+        Constraints { schema: schema.map(Matcher::new), safety, buf: vec![0; words], tmp: vec![0; words], vocab, budget: None }
     }
 
     pub fn is_active(&self) -> bool {
@@ -211,6 +213,15 @@ impl Constraints {
         if let Some((m, s)) = self.safety.as_mut() {
             *s = m.advance_bytes(*s, bytes);
         }
+    }
+
+    /// The answer may take at most `max_tokens` more tokens (EOS included). With a schema, once
+    /// the budget gets short only tokens after which the document can still be finished within
+    /// it are allowed, so a budget that suffices at the start always ends in a complete
+    /// document. A budget too small from the start is left alone: the answer stops at the
+    /// limit, incomplete, and says so (`max_tokens` / `length`).
+    pub fn set_budget(&mut self, max_tokens: usize) {
+        self.budget = Some(max_tokens);
     }
 
     /// Set every disallowed logit to −∞. Returns `Err` when nothing is allowed.
@@ -232,6 +243,9 @@ impl Constraints {
                 *b &= a.get(i).copied().unwrap_or(0);
             }
         }
+        if let (Some(m), Some(left)) = (self.schema.as_ref(), self.budget) {
+            budget_filter(m, left, &mut self.buf, self.vocab);
+        }
         let mut any = false;
         for (id, x) in logits.iter_mut().enumerate().take(self.vocab) {
             if self.buf[id / 64] >> (id % 64) & 1 == 1 {
@@ -248,6 +262,9 @@ impl Constraints {
 
     /// Advance by the sampled token. `false` means the token was not allowed (a bug upstream).
     pub fn advance(&mut self, token: u32) -> bool {
+        if let Some(b) = self.budget.as_mut() {
+            *b = b.saturating_sub(1);
+        }
         if let Some((m, s)) = self.safety.as_mut() {
             *s = m.advance(*s, token);
             if s.is_banned() {
@@ -263,6 +280,35 @@ impl Constraints {
     /// Whether the output so far is a complete document (always true without a schema).
     pub fn is_complete(&self) -> bool {
         self.schema.as_ref().is_none_or(|m| m.is_accepting())
+    }
+}
+
+/// Clears from `mask` the tokens after which the document could not be finished within `left - 1`
+/// further tokens. Only does work when the budget is short: with `left` at least the schema's
+/// largest distance to acceptance, every token fits.
+fn budget_filter(m: &Matcher<Arc<CompiledSchema>>, left: usize, mask: &mut [u64], vocab: usize) {
+    let c = m.schema();
+    let s = m.state();
+    let Some(need) = c.tokens_to_finish(s) else { return };
+    if need as usize > left || left > c.max_tokens_to_finish() as usize {
+        return;
+    }
+    for (w, word) in mask.iter_mut().enumerate() {
+        let mut bits = *word;
+        while bits != 0 {
+            let id = (w * 64 + bits.trailing_zeros() as usize) as u32;
+            bits &= bits - 1;
+            if id as usize >= vocab {
+                continue;
+            }
+            let fits = match c.advance(s, id) {
+                Some(next) => c.tokens_to_finish(next).is_some_and(|n| n as usize + 1 <= left),
+                None => true, // EOS (allowed only where the document is complete)
+            };
+            if !fits {
+                *word &= !(1u64 << (id % 64));
+            }
+        }
     }
 }
 

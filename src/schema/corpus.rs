@@ -62,6 +62,9 @@ pub struct SchemaOutcome {
     /// A short tag for the error: the keyword at fault, `too-large`, `unsatisfiable`, `$ref`.
     pub error_tag: Option<String>,
     pub compile_ms: Option<f64>,
+    /// Of which: schema → DFA, and the token masks.
+    pub lower_ms: Option<f64>,
+    pub mask_ms: Option<f64>,
     pub states: Option<usize>,
     /// Valid instances accepted, of the total.
     pub valid: [usize; 2],
@@ -204,6 +207,8 @@ pub fn run(
             error: None,
             error_tag: None,
             compile_ms: None,
+            lower_ms: None,
+            mask_ms: None,
             states: None,
             valid: [0, case.valid.len()],
             invalid: [0, case.invalid.len()],
@@ -221,6 +226,8 @@ pub fn run(
         };
         o.compile_ms = Some(dur_ms(dt));
         o.states = Some(c.stats().states);
+        o.lower_ms = Some(dur_ms(c.stats().lower_time));
+        o.mask_ms = Some(dur_ms(c.stats().mask_time));
         compile_ms.push(dur_ms(dt));
         for inst in &case.valid {
             let results: Vec<bool> = tokenize(inst).iter().map(|ids| walk(&c, ids, eos, &mut lookups, &mut disagreements)).collect();

@@ -246,6 +246,11 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         Matcher { schema, state, tracker: Tracker::default(), track }
     }
 
+    /// The compiled schema.
+    pub fn schema(&self) -> &CompiledSchema {
+        &self.schema
+    }
+
     /// The automaton state.
     pub fn state(&self) -> StateId {
         self.state

@@ -207,6 +207,9 @@ pub struct CompiledSchema {
     /// JSON-path patterns of arrays whose scalar items must be unique (see [`Matcher`]).
     pub(crate) unique: Vec<Vec<lower::PStep>>,
     stats: SchemaStats,
+    /// Per state: bytes on the shortest path to acceptance (`u32::MAX`: none); and their
+    /// maximum over live states. Computed on first use (not part of the encoding).
+    dist: std::sync::OnceLock<(Vec<u32>, u32)>,
 }
 
 const MAGIC: &[u8; 8] = b"ZLSCHM\0\x01";
@@ -286,7 +289,7 @@ impl CompiledSchema {
             mask_time,
             compile_time: t0.elapsed(),
         };
-        Ok(CompiledSchema { vocab: vocab.clone(), dfa, words, masks, state_mask, unique, stats })
+        Ok(CompiledSchema { vocab: vocab.clone(), dfa, words, masks, state_mask, unique, stats, dist: Default::default() })
     }
 
     /// The start state.
@@ -380,6 +383,66 @@ impl CompiledSchema {
             }
         }
         None
+    }
+
+    fn distances(&self) -> &(Vec<u32>, u32) {
+        self.dist.get_or_init(|| {
+            let (n, k) = (self.dfa.n_states(), self.dfa.ncls);
+            // Reverse edges (CSR), then a breadth-first search from the accepting states.
+            let mut deg = vec![0u32; n + 1];
+            for q in 1..n {
+                for &t in self.dfa.row(q as u32) {
+                    if t != DEAD {
+                        deg[t as usize + 1] += 1;
+                    }
+                }
+            }
+            for i in 1..=n {
+                deg[i] += deg[i - 1];
+            }
+            let mut fill = deg.clone();
+            let mut rev = vec![0u32; deg[n] as usize];
+            for q in 1..n {
+                for c in 0..k {
+                    let t = self.dfa.trans[q * k + c];
+                    if t != DEAD {
+                        rev[fill[t as usize] as usize] = q as u32;
+                        fill[t as usize] += 1;
+                    }
+                }
+            }
+            let mut dist = vec![u32::MAX; n];
+            let mut queue = std::collections::VecDeque::new();
+            for q in 1..n {
+                if self.dfa.accept[q] {
+                    dist[q] = 0;
+                    queue.push_back(q as u32);
+                }
+            }
+            while let Some(t) = queue.pop_front() {
+                for &q in &rev[deg[t as usize] as usize..deg[t as usize + 1] as usize] {
+                    if dist[q as usize] == u32::MAX {
+                        dist[q as usize] = dist[t as usize] + 1;
+                        queue.push_back(q);
+                    }
+                }
+            }
+            let max = dist.iter().copied().filter(|&d| d != u32::MAX).max().unwrap_or(0);
+            (dist, max)
+        })
+    }
+
+    /// The fewest tokens that finish the document from `s`, end-of-sequence included (an upper
+    /// bound: one token per byte of the shortest completion). `None` for the dead state.
+    pub fn tokens_to_finish(&self, s: StateId) -> Option<u32> {
+        let d = *self.distances().0.get(s.0 as usize)?;
+        (d != u32::MAX).then_some(d + 1)
+    }
+
+    /// The largest [`CompiledSchema::tokens_to_finish`] over the automaton's states: with at
+    /// least this many tokens left, no token can make the document unfinishable in time.
+    pub fn max_tokens_to_finish(&self) -> u32 {
+        self.distances().1 + 1
     }
 
     pub fn stats(&self) -> SchemaStats {
@@ -593,7 +656,7 @@ impl CompiledSchema {
             mask_time: Duration::from_micros(st[3]),
             compile_time: Duration::from_micros(st[4]),
         };
-        Ok(CompiledSchema { vocab, dfa, words, masks, state_mask, unique, stats })
+        Ok(CompiledSchema { vocab, dfa, words, masks, state_mask, unique, stats, dist: Default::default() })
     }
 }
 

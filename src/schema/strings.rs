@@ -208,6 +208,12 @@ fn ecma_text(pattern: &str) -> String {
                 out.push(c);
                 break;
             };
+            // `\A` / `\Z` (Python's start / end of input; not ECMA, but real schemas written
+            // for Python validators use them) are `^` / `$` without the multiline flag.
+            if !in_class && (n == 'A' || n == 'Z') {
+                out.push(if n == 'A' { '^' } else { '$' });
+                continue;
+            }
             if !in_class && (n == 'b' || n == 'B') {
                 out.push_str(if n == 'b' { "(?-u:\\b)" } else { "(?-u:\\B)" });
                 continue;
@@ -263,9 +269,73 @@ fn any_char_star() -> Hir {
 /// Decoded-level automaton of the strings that contain a match of `pattern` (JSON Schema
 /// `pattern` is unanchored, as ECMA-262 `RegExp.test`).
 pub(crate) fn pattern_dfa(pattern: &str, cap: usize) -> Result<Dfa, RegexIssue> {
+    if let Some(d) = lookahead_dfa(pattern, cap)? {
+        return Ok(d);
+    }
     let p = parse_ecma(pattern)?;
     let hir = Hir::concat(vec![any_char_star(), p, any_char_star()]);
     hir_dfa(&hir, cap)
+}
+
+/// Index of the `)` closing the group that opens at byte `open` of `p` (escapes and classes
+/// skipped), if any.
+fn group_end(p: &str, open: usize) -> Option<usize> {
+    let b = p.as_bytes();
+    let (mut depth, mut in_class, mut i) = (0usize, false, open);
+    while i < b.len() {
+        match b[i] {
+            b'\\' => i += 1,
+            b'[' if !in_class => in_class = true,
+            b']' if in_class => in_class = false,
+            b'(' if !in_class => depth += 1,
+            b')' if !in_class => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The look-aheads finite automata express exactly, as language operations (regex-automata has
+/// no look-around): look-aheads right after a leading `^` — `^(?=A)(?!B)REST` is the strings
+/// matching `^REST` that start with a match of `A` and not of `B` — and the "tempered dot"
+/// `^((?!A).)*$`: lines not containing `A`. `None` when `pattern` has neither form.
+fn lookahead_dfa(pattern: &str, cap: usize) -> Result<Option<Dfa>, RegexIssue> {
+    let Some(body) = pattern.strip_prefix('^') else { return Ok(None) };
+    let too_large = |_: Overflow| RegexIssue::TooLarge;
+    // Tempered dot.
+    for open in ["((?!", "(?:(?!"] {
+        if let Some(rest) = body.strip_prefix(open) {
+            let la_open = open.len() - 3;
+            let Some(la_end) = group_end(body, la_open) else { return Ok(None) };
+            if &body[la_end + 1..] == ".)*$" && !rest.is_empty() {
+                let lines = pattern_dfa("^.*$", cap)?;
+                let banned = pattern_dfa(&body[la_open + 3..la_end], cap)?;
+                return Dfa::minus(&lines, &banned, cap).map(Some).map_err(too_large);
+            }
+        }
+    }
+    let mut rest = body;
+    let mut looks: Vec<(bool, &str)> = Vec::new();
+    while rest.starts_with("(?=") || rest.starts_with("(?!") {
+        let Some(end) = group_end(rest, 0) else { return Ok(None) };
+        looks.push((rest.as_bytes()[2] == b'=', &rest[3..end]));
+        rest = &rest[end + 1..];
+    }
+    if looks.is_empty() {
+        return Ok(None);
+    }
+    let mut d = pattern_dfa(&format!("^{rest}"), cap)?;
+    for (positive, la) in looks {
+        let l = pattern_dfa(&format!("^(?:{la})"), cap)?;
+        d = if positive { Dfa::intersect(&d, &l, cap) } else { Dfa::minus(&d, &l, cap) }.map_err(too_large)?.minimize();
+    }
+    Ok(Some(d))
 }
 
 /// Decoded-level automaton of the strings that fully match `re` (Rust syntax, trusted).
@@ -442,6 +512,17 @@ mod tests {
         let d = pattern_dfa("^a.c$", 10_000).unwrap();
         assert!(d.matches(b"abc") && !d.matches(b"a\nc") && d.matches("aéc".as_bytes()));
         assert!(pattern_dfa("(?=a)", 1000).is_err());
+        assert!(pattern_dfa("x(?!a)", 1000).is_err());
+        let d = pattern_dfa("^(?!ab|cd)", 1000).unwrap();
+        assert!(d.matches(b"ax") && !d.matches(b"abx") && !d.matches(b"cd") && d.matches(b""));
+        let d = pattern_dfa("^(?!pattern$).*$", 1000).unwrap();
+        assert!(d.matches(b"patterns") && !d.matches(b"pattern") && d.matches(b"x"));
+        let d = pattern_dfa("^(?=[^!,]+$)(?=(.*\\w)).+$", 10_000).unwrap();
+        assert!(d.matches(b"a b") && !d.matches(b"a,b") && !d.matches(b" - ") && !d.matches(b""));
+        let d = pattern_dfa("^((?!message|severity).)*$", 10_000).unwrap();
+        assert!(d.matches(b"warn level") && !d.matches(b"the message") && !d.matches(b"a\nb") && d.matches(b""));
+        let d = pattern_dfa("\\A[^\\n]*\\Z", 1000).unwrap();
+        assert!(d.matches(b"one line") && !d.matches(b"two\nlines"));
         assert!(pattern_dfa("(a)\\1", 1000).is_err());
         assert!(pattern_dfa("^[\\w-]+$", 1000).unwrap().matches(b"a-_9"));
         assert!(pattern_dfa("^[\\w-_.]+$", 1000).unwrap().matches(b"a-_.9"));

@@ -620,7 +620,8 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         }
     };
     let vocab = state.model_cfg.vocab_size;
-    let cons = state.policy.constraints(preset.as_ref(), adhoc, vocab);
+    let mut cons = state.policy.constraints(preset.as_ref(), adhoc, vocab);
+    cons.set_budget(max_tokens as usize);
     let constraints = if cons.is_active() { Some(cons) } else { None };
     let pipeline = preset.as_ref().map(|p| state.policy.pipeline(Some(p)));
     let extra_output_tokens = preset

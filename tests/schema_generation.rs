@@ -1,0 +1,161 @@
+//! Generation under every compiled reference schema with the default model: the answer must be
+//! complete JSON that validates against its schema with a standard validator (the `jsonschema`
+//! Python package, formats checked where the corpus asserts them) — every schema, no retries.
+//!
+//! Needs `APPLIANCED_TEST_BUNDLE_ROOT` (an installed, verified default bundle: scripts/test.sh
+//! sets it), `APPLIANCED_TEST_PYTHON` (a Python with `jsonschema`) and the corpus
+//! (`APPLIANCED_SCHEMA_CORPUS` or `../shared/reference/schemas`). Greedy decoding; the prompt is
+//! made from the schema's own title and description. `SCHEMA_GEN_LIMIT=N` runs the first N.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use applianced::cli::run::{load, load_policy, prompt_ids};
+use applianced::sampling::{Sampler, SamplingParams};
+use applianced::schema::corpus;
+use applianced::schema::{CompileOptions, CompiledSchema};
+use serde_json::{json, Value};
+
+/// Each answer's token budget: the constraints finish the document within it.
+const MAX_TOKENS: usize = 384;
+
+fn corpus_dir() -> Option<PathBuf> {
+    let p = std::env::var_os("APPLIANCED_SCHEMA_CORPUS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference/schemas"));
+    p.join("manifest.json").exists().then_some(p)
+}
+
+/// A request an application would send with this schema: what the document is for, from the
+/// schema's own annotations.
+fn prompt_for(id: &str, schema: &Value) -> String {
+    let get = |k: &str| schema.get(k).and_then(|v| v.as_str()).map(|s| s.chars().take(300).collect::<String>());
+    let what = match (get("title"), get("description")) {
+        (Some(t), Some(d)) => format!("{t}: {d}"),
+        (Some(t), None) => t,
+        (None, Some(d)) => d,
+        (None, None) => format!("a configuration file ({})", id.split("--").last().unwrap_or(id)),
+    };
+    format!("Write a short, realistic example JSON document for {what}. Reply with the JSON only.")
+}
+
+struct Generated {
+    id: String,
+    text: String,
+    tokens: usize,
+    complete: bool,
+    reason: &'static str,
+}
+
+#[test]
+fn every_compiled_reference_schema_generates_valid_json() {
+    let (Some(root), Some(py), Some(dir)) = (std::env::var_os("APPLIANCED_TEST_BUNDLE_ROOT"), std::env::var_os("APPLIANCED_TEST_PYTHON"), corpus_dir())
+    else {
+        println!("skipped: needs APPLIANCED_TEST_BUNDLE_ROOT, APPLIANCED_TEST_PYTHON and the schema corpus");
+        return;
+    };
+    let has_validator = Command::new(&py).args(["-c", "import jsonschema"]).status().is_ok_and(|s| s.success());
+    assert!(has_validator, "{} lacks the jsonschema package (scripts/setup-test-env.sh installs it)", Path::new(&py).display());
+    let root = PathBuf::from(root);
+    let mut l = load(&root, 0, 1).expect("load the default bundle");
+    let policy = load_policy(&root, &l.tokenizer).expect("policy");
+    let cfg = l.engine.config().clone();
+    let eog = cfg.eog_token_ids.clone();
+    let vocab_ids = l.tokenizer.generation_vocab(cfg.vocab_size);
+    let vocab = std::sync::Arc::new(applianced::schema::Vocabulary::new(&vocab_ids, &eog));
+    let mut cases = corpus::load(&dir).expect("corpus");
+    if let Some(n) = std::env::var("SCHEMA_GEN_LIMIT").ok().and_then(|s| s.parse().ok()) {
+        cases.truncate(n);
+    }
+    let t0 = Instant::now();
+    let mut gens: Vec<Generated> = Vec::new();
+    let mut total_tokens = 0usize;
+    for case in &cases {
+        let Ok(c) = CompiledSchema::compile_with(&case.schema, &vocab, &CompileOptions::default()) else { continue };
+        let c = std::sync::Arc::new(c);
+        let ids = prompt_ids(&l, None, &prompt_for(&case.id, &case.schema)).expect("prompt");
+        let mut cons = policy.constraints(None, Some(c), cfg.vocab_size);
+        cons.set_budget(MAX_TOKENS);
+        let mut sampler = Sampler::new(SamplingParams { temperature: 0.0, ..SamplingParams::default() });
+        let seq = l.engine.new_seq().expect("seq");
+        let mut logits = l.engine.prefill(seq, &ids, 512).expect("prefill");
+        let mut history = ids.clone();
+        let mut bytes = Vec::new();
+        let mut reason = "max_tokens";
+        let mut n = 0;
+        while n < MAX_TOKENS {
+            if cons.apply(&mut logits).is_err() {
+                reason = "no_allowed_token";
+                break;
+            }
+            let tok = sampler.sample(&mut logits, &history, None).expect("a token");
+            n += 1;
+            if eog.contains(&tok) {
+                reason = "end_turn";
+                break;
+            }
+            assert!(cons.advance(tok), "{}: the mask allowed token {tok} that the automaton refuses", case.id);
+            history.push(tok);
+            bytes.extend_from_slice(l.tokenizer.token_bytes(tok));
+            logits = l.engine.forward(&[(seq, &[tok])]).expect("forward").pop().expect("logits");
+        }
+        l.engine.free_seq(seq);
+        total_tokens += n;
+        gens.push(Generated { id: case.id.clone(), text: String::from_utf8_lossy(&bytes).into_owned(), tokens: n, complete: cons.is_complete(), reason });
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    // Validate every answer with the reference validator in one Python process.
+    let payload: Vec<Value> = gens
+        .iter()
+        .map(|g| {
+            let case = cases.iter().find(|c| c.id == g.id).expect("case");
+            json!({"id": g.id, "schema": case.schema, "text": g.text, "formats": case.format_assertion})
+        })
+        .collect();
+    let script = r#"
+import json, sys, jsonschema
+out = []
+for rec in json.load(sys.stdin):
+    try:
+        inst = json.loads(rec["text"])
+    except Exception as e:
+        out.append({"id": rec["id"], "ok": False, "why": "not JSON: %s" % e}); continue
+    cls = jsonschema.validators.validator_for(rec["schema"], default=jsonschema.Draft202012Validator)
+    fc = cls.FORMAT_CHECKER if rec["formats"] else None
+    errs = sorted(cls(rec["schema"], format_checker=fc).iter_errors(inst), key=lambda e: list(e.path))
+    out.append({"id": rec["id"], "ok": not errs, "why": "; ".join(e.message[:200] for e in errs[:3])})
+json.dump(out, sys.stdout)
+"#;
+    let mut child = Command::new(&py).args(["-c", script]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("python");
+    child.stdin.take().expect("stdin").write_all(&serde_json::to_vec(&payload).expect("json")).expect("write");
+    let out = child.wait_with_output().expect("validator");
+    assert!(out.status.success(), "the validator failed");
+    let verdicts: Vec<Value> = serde_json::from_slice(&out.stdout).expect("verdicts");
+    let mut bad = Vec::new();
+    for (g, v) in gens.iter().zip(&verdicts) {
+        if !g.complete || g.reason != "end_turn" || v["ok"] != json!(true) {
+            bad.push(format!("{} ({} tokens, stop {}, complete {}): {} — {}", g.id, g.tokens, g.reason, g.complete, v["why"], &g.text[..g.text.len().min(300)]));
+        }
+    }
+    let mut lens: Vec<usize> = gens.iter().map(|g| g.tokens).collect();
+    lens.sort_unstable();
+    println!(
+        "generated under {} compiled schemas: {} valid ({} tokens, median {} / max {} per answer, {:.0} s, {:.1} tok/s incl. prefill)",
+        gens.len(),
+        gens.len() - bad.len(),
+        total_tokens,
+        lens.get(lens.len() / 2).copied().unwrap_or(0),
+        lens.last().copied().unwrap_or(0),
+        secs,
+        total_tokens as f64 / secs
+    );
+    for g in gens.iter().take(5) {
+        println!("  e.g. {}: {}", g.id, &g.text[..g.text.len().min(200)]);
+    }
+    for b in &bad {
+        println!("  INVALID {b}");
+    }
+    assert!(bad.is_empty(), "{} of {} answers are not complete, valid JSON", bad.len(), gens.len());
+}
