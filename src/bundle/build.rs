@@ -183,7 +183,10 @@ fn compile_schemas(r: &ResolvedRecipe, staging: &Path, progress: &mut dyn FnMut(
         progress(Progress::Step(&format!("compiling schema {name}")));
         let text = std::fs::read(path).map_err(BundleError::io(path))?;
         let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| err(name, format!("{}: not JSON: {e}", path.display())))?;
-        let c = crate::schema::CompiledSchema::compile_with(&v, &vocab, &Default::default()).map_err(|e| err(name, format!("{}: {e}", path.display())))?;
+        // Build time has a long budget: the automaton then depends only on the schema and the
+        // deterministic size caps, never on this machine's speed (reproducible builds).
+        let opts = crate::schema::CompileOptions { max_compile_time: std::time::Duration::from_secs(600), ..Default::default() };
+        let c = crate::schema::CompiledSchema::compile_with(&v, &vocab, &opts).map_err(|e| err(name, format!("{}: {e}", path.display())))?;
         std::fs::write(dir.join(format!("{name}.bin")), c.to_bytes()).map_err(BundleError::io(&dir))?;
         std::fs::write(dir.join(format!("{name}.json")), &text).map_err(BundleError::io(&dir))?;
     }

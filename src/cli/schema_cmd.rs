@@ -142,12 +142,20 @@ fn compile(a: CompileArgs) -> Result<(), CliError> {
             "{}",
             serde_json::json!({"ok": true, "states": st.states, "distinct_masks": st.distinct_masks, "mask_bytes": st.mask_bytes,
                 "bytes": st.bytes, "encoded_bytes": bytes.len(), "compile_ms": st.compile_time.as_secs_f64() * 1e3,
+                "max_recursion": st.max_recursion, "max_any_depth": st.max_any_depth,
                 "needs_runtime_checks": c.needs_matcher()})
         );
     } else {
         println!("compiled {} against {what}", a.file.display());
         println!("  {} states, {} distinct token masks ({:.1} KiB of masks, {:.1} KiB in memory, {:.1} KiB encoded)", st.states, st.distinct_masks, st.mask_bytes as f64 / 1024.0, st.bytes as f64 / 1024.0, bytes.len() as f64 / 1024.0);
         println!("  compile time {:.1} ms (lowering {:.1} ms, masks {:.1} ms)", st.compile_time.as_secs_f64() * 1e3, st.lower_time.as_secs_f64() * 1e3, st.mask_time.as_secs_f64() * 1e3);
+        let d = crate::schema::CompileOptions::default();
+        if (st.max_recursion, st.max_any_depth) != (d.max_recursion, d.max_any_depth) {
+            println!(
+                "  nesting bounds lowered to fit: recursion {} (default {}), free-form values {} (default {}); deeper valid documents are not generated",
+                st.max_recursion, d.max_recursion, st.max_any_depth, d.max_any_depth
+            );
+        }
         if c.needs_matcher() {
             println!("  uniqueItems is enforced by a run-time check beside the automaton");
         }

@@ -90,6 +90,9 @@ enum Alt<'a> {
     Contains(Sub<'a>),
     /// The property's value must satisfy the sub-schema.
     Prop(String, Sub<'a>),
+    /// Some key outside these names is present (with a value satisfying the sub-schema, if
+    /// given): the failure of `additionalProperties`.
+    Undeclared(Vec<String>, Option<Sub<'a>>),
 }
 
 /// A disjunction to distribute: alternatives, and whether they are known to be disjoint.
@@ -134,6 +137,9 @@ struct Node<'a> {
     not_enums: Vec<Value>,
     /// Patterns strings must not match (from `not: {pattern}`).
     not_patterns: Vec<(String, Rc<str>)>,
+    /// Objects must have a key outside each of these name sets (whose value satisfies the
+    /// sub-schema, if given): from `not: {additionalProperties}`.
+    undeclared: Vec<(Vec<String>, Option<Sub<'a>>)>,
 }
 
 pub(crate) struct Lowerer<'a> {
@@ -672,6 +678,7 @@ impl<'a> Lowerer<'a> {
                 n.min_contains = n.min_contains.max(1);
             }
             Alt::Prop(name, sub) => self.add_prop(n, name, sub.clone())?,
+            Alt::Undeclared(names, sub) => n.undeclared.push((names.clone(), sub.clone())),
         }
         Ok(())
     }
@@ -825,6 +832,14 @@ impl<'a> Lowerer<'a> {
                     }
                 }
                 "uniqueItems" if kv == &Value::Bool(false) => {}
+                "additionalProperties" if !map.contains_key("patternProperties") => {
+                    if kv == &Value::Bool(true) {
+                        continue;
+                    }
+                    let declared: Vec<String> = map.get("properties").and_then(|p| p.as_object()).map(|o| o.keys().cloned().collect()).unwrap_or_default();
+                    let fails = if kv == &Value::Bool(false) { None } else { Some(neg_sub(kv, ptr_join(ptr, k), base.clone())) };
+                    out.push(vec![Alt::Types(T_OBJ), Alt::Undeclared(declared, fails)]);
+                }
                 "multipleOf" | "uniqueItems" | "contains" | "minContains" | "maxContains" | "prefixItems" | "items" | "additionalItems"
                 | "additionalProperties" | "patternProperties" | "propertyNames" | "dependentRequired" | "dependentSchemas"
                 | "dependencies" | "unevaluatedProperties" | "unevaluatedItems" | "oneOf" | "if" | "$dynamicRef" | "$recursiveRef" => {
@@ -1511,6 +1526,9 @@ impl<'a> Lowerer<'a> {
         if node.additional.is_none() {
             node.additional = node.unevaluated.take();
         }
+        if !node.undeclared.is_empty() {
+            return self.lower_undeclared(node, ptr, any_depth);
+        }
         let mut types = effective_types(&node);
         if let Some(e) = &node.enums {
             let mut tb = 0;
@@ -1616,6 +1634,38 @@ impl<'a> Lowerer<'a> {
                 out.push(Dfa::literals(num_texts.iter().map(|t| t.as_slice()), cap).map_err(self.overflow(ptr))?);
             }
             return self.union(&out, ptr);
+        }
+        self.union(&parts, ptr)
+    }
+
+    /// An object with some key outside a name set (the negation of `additionalProperties`), for
+    /// objects whose own keys are closed: the union, over the node's declared keys outside the
+    /// set, of the node with that key required (and its value failing the negated schema).
+    fn lower_undeclared(&mut self, mut node: Node<'a>, ptr: &str, any_depth: u32) -> Result<Dfa, SchemaError> {
+        let (names, fails) = node.undeclared.remove(0);
+        let closed = node.pattern_props.is_empty()
+            && match &node.additional {
+                Some(a) => a.iter().any(|s| s.v == &Value::Bool(false)),
+                None => !self.opts.allow_undeclared_properties,
+            };
+        if !closed {
+            return Err(SchemaError::Unsupported { keyword: "not (additionalProperties)".into(), pointer: ptr.to_string() });
+        }
+        node.types &= T_OBJ;
+        let keys: Vec<String> = node.props.iter().map(|(k, _)| k.clone()).filter(|k| !names.contains(k)).collect();
+        let mut parts = Vec::new();
+        for k in keys {
+            let mut v = node.clone();
+            if !v.required.contains(&k) {
+                v.required.push(k.clone());
+            }
+            if let Some(f) = &fails {
+                self.add_prop(&mut v, &k, f.clone())?;
+            }
+            let d = self.lower_node(v, ptr, any_depth)?;
+            if !d.is_empty() {
+                parts.push(d);
+            }
         }
         self.union(&parts, ptr)
     }

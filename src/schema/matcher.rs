@@ -290,19 +290,32 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
                 }
             }
         }
-        // Tokens that may complete an item on their own: simulate the allowed ones.
-        for &id in vocab.completing_tokens() {
-            let (w, bit) = (id as usize / 64, 1u64 << (id % 64));
-            if w >= out.len() || out[w] & bit == 0 {
-                continue;
-            }
-            let bytes = vocab.token_bytes(id);
-            if self.tracker.in_str && !bytes.contains(&b'"') {
-                continue; // the string goes on: nothing completes
-            }
-            let mut t = self.tracker.clone();
-            if bytes.iter().any(|&b| t.step(b, pats).is_err()) {
-                out[w] &= !bit;
+        // Tokens after which the item in progress is a duplicate: completed by the token itself,
+        // or by the only continuation the automaton leaves after it (a closing quote that can
+        // only be followed by `}` would otherwise paint the answer into a corner).
+        for w in 0..n {
+            let mut bits = out[w];
+            while bits != 0 {
+                let id = (w * 64) as u32 + bits.trailing_zeros();
+                bits &= bits - 1;
+                let bytes = vocab.token_bytes(id);
+                if bytes.is_empty() || (self.tracker.in_str && !bytes.contains(&b'"')) {
+                    continue; // EOS, or the string goes on: nothing completes
+                }
+                let Some(mut q) = self.schema.advance(self.state, id) else { continue };
+                let mut t = self.tracker.clone();
+                let mut dup = bytes.iter().any(|&b| t.step(b, pats).is_err());
+                for _ in 0..64 {
+                    if dup || self.schema.is_accepting(q) {
+                        break;
+                    }
+                    let Some((b, next)) = self.schema.forced_byte(q) else { break };
+                    dup = t.step(b, pats).is_err();
+                    q = next;
+                }
+                if dup {
+                    out[w] &= !(1u64 << (id % 64));
+                }
             }
         }
     }

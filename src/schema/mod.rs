@@ -121,6 +121,9 @@ pub struct CompileOptions {
     pub max_states: usize,
     /// Wall-clock cap on the schema lowering.
     pub max_compile_time: Duration,
+    /// When the schema is too large at `max_recursion` / `max_any_depth`, retry with both one
+    /// lower, down to 1, within the same `max_compile_time` (see [`SchemaStats::max_recursion`]).
+    pub adaptive_nesting: bool,
     /// Enforce the supported `format`s (date-time, date, time, email, uuid, uri, ipv4, ipv6).
     pub enforce_formats: bool,
     /// Refuse unknown formats instead of treating them as annotations (2020-12's default).
@@ -141,6 +144,7 @@ impl Default for CompileOptions {
             max_items_generated: 64,
             max_states: 200_000,
             max_compile_time: Duration::from_secs(10),
+            adaptive_nesting: true,
             enforce_formats: true,
             unknown_formats_are_errors: false,
             allow_undeclared_properties: true,
@@ -169,6 +173,10 @@ pub struct SchemaStats {
     pub mask_time: Duration,
     /// Whole compilation (vocabulary trie excluded when a prebuilt [`Vocabulary`] was used).
     pub compile_time: Duration,
+    /// The nesting bounds the automaton was built with (lower than the options' when
+    /// [`CompileOptions::adaptive_nesting`] had to lower them; 0 when loaded from bytes).
+    pub max_recursion: u32,
+    pub max_any_depth: u32,
 }
 
 /// A schema compiled against one vocabulary.
@@ -192,7 +200,8 @@ pub struct SchemaStats {
 /// n_unique   u32            ≤ 4096 JSON-path patterns of uniqueItems arrays, each:
 ///              u16 n_steps ≤ 256, steps: 0 = key (u16 len, canonical key text), 1 = any key,
 ///              2 = any index
-/// stats      5 × u64        states, distinct_masks, then 3 reserved (written 0: compile timings
+/// stats      5 × u64        states, distinct_masks, the nesting bounds used (max_recursion,
+///                           max_any_depth; 0 = not recorded), then 1 reserved (written 0: compile timings
 ///                           would make builds irreproducible; readers ignore them)
 /// ```
 /// Nothing may follow. Readers check every count against its cap and the remaining input before
@@ -230,9 +239,23 @@ impl CompiledSchema {
         if vocab.eos.is_empty() {
             return Err(SchemaError::Vocabulary { reason: "no end-of-sequence id".into() });
         }
-        let mut lw = lower::Lowerer::new(schema, opts);
-        let dfa = lw.lower_root()?;
-        let mut unique = std::mem::take(&mut lw.unique);
+        // A schema too large at the requested nesting bounds is retried with both bounds one
+        // lower (down to 1), each attempt getting half the time left (the last one all of it).
+        let mut o = opts.clone();
+        let (dfa, mut unique) = loop {
+            let last = !opts.adaptive_nesting || (o.max_recursion <= 1 && o.max_any_depth <= 1);
+            let left = opts.max_compile_time.saturating_sub(t0.elapsed());
+            o.max_compile_time = if last { left } else { left / 2 };
+            let mut lw = lower::Lowerer::new(schema, &o);
+            match lw.lower_root() {
+                Ok(dfa) => break (dfa, std::mem::take(&mut lw.unique)),
+                Err(SchemaError::TooLarge { .. }) if !last => {
+                    o.max_recursion = o.max_recursion.saturating_sub(1).max(1);
+                    o.max_any_depth = o.max_any_depth.saturating_sub(1).max(1);
+                }
+                Err(e) => return Err(e),
+            }
+        };
         unique.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
         unique.dedup();
         if unique.len() > 4096 {
@@ -288,6 +311,8 @@ impl CompiledSchema {
             lower_time,
             mask_time,
             compile_time: t0.elapsed(),
+            max_recursion: o.max_recursion,
+            max_any_depth: o.max_any_depth,
         };
         Ok(CompiledSchema { vocab: vocab.clone(), dfa, words, masks, state_mask, unique, stats, dist: Default::default() })
     }
@@ -335,6 +360,25 @@ impl CompiledSchema {
             q = self.dfa.next(q, b);
         }
         (q != DEAD).then_some(StateId(q))
+    }
+
+    /// The only byte the automaton allows in `s`, and the state after it; `None` when there are
+    /// several (or none).
+    pub(crate) fn forced_byte(&self, s: StateId) -> Option<(u8, StateId)> {
+        if s.0 == DEAD || s.0 as usize >= self.dfa.n_states() {
+            return None;
+        }
+        let mut found = None;
+        for b in 0..=255u8 {
+            let t = self.dfa.next(s.0, b);
+            if t != DEAD {
+                if found.is_some() {
+                    return None;
+                }
+                found = Some((b, StateId(t)));
+            }
+        }
+        found
     }
 
     /// Whether the text so far is a complete valid document (EOS allowed).
@@ -524,7 +568,7 @@ impl CompiledSchema {
             }
         }
         let s = &self.stats;
-        for x in [s.states as u64, s.distinct_masks as u64, 0, 0, 0] {
+        for x in [s.states as u64, s.distinct_masks as u64, s.max_recursion as u64, s.max_any_depth as u64, 0] {
             out.extend_from_slice(&x.to_le_bytes());
         }
         out
@@ -652,9 +696,11 @@ impl CompiledSchema {
             distinct_masks: st[1] as usize,
             mask_bytes: masks.len() * 8,
             bytes: masks.len() * 8 + n * 4 + n * ncls * 4 + n + 256,
-            lower_time: Duration::from_micros(st[2]),
-            mask_time: Duration::from_micros(st[3]),
-            compile_time: Duration::from_micros(st[4]),
+            lower_time: Duration::ZERO,
+            mask_time: Duration::ZERO,
+            compile_time: Duration::ZERO,
+            max_recursion: st[2].min(u32::MAX as u64) as u32,
+            max_any_depth: st[3].min(u32::MAX as u64) as u32,
         };
         Ok(CompiledSchema { vocab, dfa, words, masks, state_mask, unique, stats, dist: Default::default() })
     }

@@ -235,6 +235,11 @@ fn ecma_text(pattern: &str) -> String {
         if c == ']' && in_class {
             in_class = false;
         }
+        // Inside an ECMA class `[`, `&&` and `~~` are literal; regex-syntax reads them as a
+        // nested class and set operations.
+        if in_class && matches!(c, '[' | '&' | '~') {
+            out.push('\\');
+        }
         out.push(c);
     }
     out
@@ -517,7 +522,8 @@ mod tests {
         assert!(d.matches(b"ax") && !d.matches(b"abx") && !d.matches(b"cd") && d.matches(b""));
         let d = pattern_dfa("^(?!pattern$).*$", 1000).unwrap();
         assert!(d.matches(b"patterns") && !d.matches(b"pattern") && d.matches(b"x"));
-        let d = pattern_dfa("^(?=[^!,]+$)(?=(.*\\w)).+$", 10_000).unwrap();
+        let d = pattern_dfa("^(?=[^!,[\\]~&]+$)(?=(.*\\w)).+$", 10_000).unwrap();
+        assert!(!d.matches(b"a[b") && !d.matches(b"a~b") && !d.matches(b"a]b") && !d.matches(b"a&b"));
         assert!(d.matches(b"a b") && !d.matches(b"a,b") && !d.matches(b" - ") && !d.matches(b""));
         let d = pattern_dfa("^((?!message|severity).)*$", 10_000).unwrap();
         assert!(d.matches(b"warn level") && !d.matches(b"the message") && !d.matches(b"a\nb") && d.matches(b""));

@@ -36,9 +36,6 @@ pub struct Vocabulary {
     node_depth: Vec<u16>,
     /// Per node: one past the last token id index (in `tok_ids`) of its subtree.
     sub_end: Vec<u32>,
-    /// Tokens that can complete a JSON array item on their own: containing `,` or `]`, or at
-    /// least two `"`.
-    completing: Vec<u32>,
     loop_tables: Mutex<HashMap<[u64; 4], Arc<LoopTable>>>,
 }
 
@@ -118,18 +115,11 @@ impl Vocabulary {
                 node_tok[last].0 + node_tok[last].1
             })
             .collect();
-        let completing: Vec<u32> = tokens
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.iter().any(|&b| b == b',' || b == b']' || b == b'}') || t.iter().filter(|&&b| b == b'"').count() >= 2)
-            .map(|(i, _)| i as u32)
-            .collect();
         let max_eos = eos_ids.iter().map(|&e| e as usize + 1).max().unwrap_or(0);
         Vocabulary {
             node_depth,
             loop_tables: Mutex::new(HashMap::new()),
             sub_end,
-            completing,
             tokens: tokens.to_vec(),
             eos: eos_ids.to_vec(),
             n_bits: tokens.len().max(max_eos),
@@ -167,9 +157,6 @@ impl Vocabulary {
         &self.tok_ids[start..self.sub_end[node as usize] as usize]
     }
 
-    pub(crate) fn completing_tokens(&self) -> &[u32] {
-        &self.completing
-    }
 
     /// The bytes of token `id` (empty for special tokens and out-of-range ids).
     pub fn token_bytes(&self, id: u32) -> &[u8] {
