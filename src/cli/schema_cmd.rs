@@ -91,12 +91,19 @@ fn bench(a: BenchArgs) -> Result<(), CliError> {
     }
     let encode = |s: &str| vec![tok.encode(s, false).unwrap_or_default()];
     let n = cases.len();
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut progress = |i: usize, id: &str| {
         let mut e = std::io::stderr().lock();
-        let _ = write!(e, "\r\x1b[K[{}/{n}] {}", i + 1, &id[..id.len().min(70)]);
+        if tty {
+            let _ = write!(e, "\r\x1b[K[{}/{n}] {}", i + 1, &id[..id.len().min(70)]);
+        } else if i % 25 == 0 {
+            let _ = writeln!(e, "[{}/{n}] {id}", i + 1);
+        }
     };
     let r = crate::schema::corpus::run(&cases, &vocab, eos, &encode, &Default::default(), &mut progress);
-    eprintln!();
+    if tty {
+        eprintln!();
+    }
     if a.json {
         println!("{}", serde_json::to_string(&r).map_err(|e| CliError::Other(e.to_string()))?);
         return Ok(());

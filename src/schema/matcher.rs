@@ -303,6 +303,11 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
                     continue; // EOS, or the string goes on: nothing completes
                 }
                 let Some(mut q) = self.schema.advance(self.state, id) else { continue };
+                // An item completes only at a quote, a bracket or a comma (in the token or in a
+                // forced continuation); other tokens leave the next choice free.
+                if !bytes.iter().any(|b| matches!(b, b'"' | b'}' | b']' | b',')) && self.schema.forced_byte(q).is_none() {
+                    continue;
+                }
                 let mut t = self.tracker.clone();
                 let mut dup = bytes.iter().any(|&b| t.step(b, pats).is_err());
                 for _ in 0..64 {

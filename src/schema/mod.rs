@@ -219,6 +219,8 @@ pub struct CompiledSchema {
     /// Per state: bytes on the shortest path to acceptance (`u32::MAX`: none); and their
     /// maximum over live states. Computed on first use (not part of the encoding).
     dist: std::sync::OnceLock<(Vec<u32>, u32)>,
+    /// Per state: 1 + the only byte it allows, or 0 (for the `uniqueItems` check).
+    forced: std::sync::OnceLock<Vec<u16>>,
 }
 
 const MAGIC: &[u8; 8] = b"ZLSCHM\0\x01";
@@ -314,7 +316,7 @@ impl CompiledSchema {
             max_recursion: o.max_recursion,
             max_any_depth: o.max_any_depth,
         };
-        Ok(CompiledSchema { vocab: vocab.clone(), dfa, words, masks, state_mask, unique, stats, dist: Default::default() })
+        Ok(CompiledSchema { vocab: vocab.clone(), dfa, words, masks, state_mask, unique, stats, dist: Default::default(), forced: Default::default() })
     }
 
     /// The start state.
@@ -363,22 +365,32 @@ impl CompiledSchema {
     }
 
     /// The only byte the automaton allows in `s`, and the state after it; `None` when there are
-    /// several (or none).
+    /// several (or none). A table built on first use.
     pub(crate) fn forced_byte(&self, s: StateId) -> Option<(u8, StateId)> {
-        if s.0 == DEAD || s.0 as usize >= self.dfa.n_states() {
-            return None;
-        }
-        let mut found = None;
-        for b in 0..=255u8 {
-            let t = self.dfa.next(s.0, b);
-            if t != DEAD {
-                if found.is_some() {
-                    return None;
-                }
-                found = Some((b, StateId(t)));
-            }
-        }
-        found
+        let table = self.forced.get_or_init(|| {
+            (0..self.dfa.n_states() as u32)
+                .map(|q| {
+                    if q == DEAD {
+                        return 0;
+                    }
+                    let mut found = 0u16;
+                    for b in 0..=255u8 {
+                        if self.dfa.next(q, b) != DEAD {
+                            if found != 0 {
+                                return 0;
+                            }
+                            found = b as u16 + 1;
+                        }
+                    }
+                    found
+                })
+                .collect()
+        });
+        let f = *table.get(s.0 as usize)?;
+        (f != 0).then(|| {
+            let b = (f - 1) as u8;
+            (b, StateId(self.dfa.next(s.0, b)))
+        })
     }
 
     /// Whether the text so far is a complete valid document (EOS allowed).
@@ -702,7 +714,7 @@ impl CompiledSchema {
             max_recursion: st[2].min(u32::MAX as u64) as u32,
             max_any_depth: st[3].min(u32::MAX as u64) as u32,
         };
-        Ok(CompiledSchema { vocab, dfa, words, masks, state_mask, unique, stats, dist: Default::default() })
+        Ok(CompiledSchema { vocab, dfa, words, masks, state_mask, unique, stats, dist: Default::default(), forced: Default::default() })
     }
 }
 
