@@ -359,3 +359,52 @@ impl TextPipeline {
         (&self.mandatory.prefix, &self.mandatory.suffix)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One token per byte, EOS = 256; a "model" that always wants to write more `x`.
+    fn run(budget: usize) -> (String, bool, usize) {
+        let mut vocab: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        vocab.push(Vec::new());
+        let schema = serde_json::json!({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": false});
+        let c = Arc::new(CompiledSchema::compile(&schema, &vocab, &[256], &Default::default()).unwrap());
+        let mut cons = Constraints::new(Some(c), None, 257);
+        cons.set_budget(budget);
+        let mut text = Vec::new();
+        for n in 1..=budget {
+            let mut logits: Vec<f32> = (0..257).map(|i| if i == b'x' as usize { 10.0 } else { -(i as f32) / 1000.0 }).collect();
+            if cons.apply(&mut logits).is_err() {
+                break;
+            }
+            let tok = (0..257).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32;
+            if tok == 256 {
+                return (String::from_utf8(text).unwrap(), cons.is_complete(), n);
+            }
+            assert!(cons.advance(tok));
+            text.push(tok as u8);
+        }
+        let done = cons.is_complete();
+        (String::from_utf8(text).unwrap(), done, budget)
+    }
+
+    #[test]
+    fn a_sufficient_budget_always_finishes_the_document() {
+        // `{"a":""}` + EOS is 9 tokens: every budget from 9 up ends complete, within it.
+        for budget in 9..40 {
+            let (text, complete, used) = run(budget);
+            assert!(complete && used <= budget, "budget {budget}: {text:?}");
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert!(v["a"].as_str().unwrap().chars().all(|c| c == 'x'));
+        }
+        // Without pressure the model writes `x` for as long as it may.
+        assert!(run(30).0.contains("xxxxxxxxxx"));
+    }
+
+    #[test]
+    fn a_budget_too_small_from_the_start_is_left_alone() {
+        let (text, complete, _) = run(6);
+        assert!(!complete, "{text:?}");
+    }
+}
