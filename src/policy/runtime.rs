@@ -302,7 +302,7 @@ fn budget_filter(m: &Matcher<Arc<CompiledSchema>>, left: usize, mask: &mut [u64]
                 continue;
             }
             let fits = match c.advance(s, id) {
-                Some(next) => c.tokens_to_finish(next).is_some_and(|n| n as usize + 1 <= left),
+                Some(next) => c.tokens_to_finish(next).is_some_and(|n| (n as usize) < left),
                 None => true, // EOS (allowed only where the document is complete)
             };
             if !fits {
