@@ -96,7 +96,7 @@ fn bench(a: BenchArgs) -> Result<(), CliError> {
         let mut e = std::io::stderr().lock();
         if tty {
             let _ = write!(e, "\r\x1b[K[{}/{n}] {}", i + 1, &id[..id.len().min(70)]);
-        } else if i % 25 == 0 {
+        } else if i.is_multiple_of(25) {
             let _ = writeln!(e, "[{}/{n}] {id}", i + 1);
         }
     };
