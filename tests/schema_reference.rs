@@ -50,9 +50,6 @@ const EXPECTED_FAILURES: &[(&str, &str)] = &[
     ("cfn-lint--AWS-Billing-BillingView", "too-large"),
     ("cfn-lint--AWS-RUM-AppMonitor", "too-large"),
     ("json-schema-test-suite--draft2020-12-allOf-5", "unsatisfiable"),
-    ("json-schema-test-suite--draft2020-12-unevaluatedItems-7", "unevaluatedItems"),
-    ("json-schema-test-suite--draft2020-12-unevaluatedItems-11", "unevaluatedItems"),
-    ("json-schema-test-suite--draft2020-12-unevaluatedItems-17", "unevaluatedItems"),
     ("json-schema-test-suite--draft7-definitions-0", "$ref"),
     ("json-schema-test-suite--draft7-not-4", "unsatisfiable"),
 ];

@@ -37,7 +37,7 @@ const ANNOTATIONS: &[&str] = &[
 ];
 
 /// Keywords of the standard vocabularies this compiler does not enforce.
-const UNSUPPORTED: &[&str] = &["maxContains", "unevaluatedItems", "$dynamicRef"];
+const UNSUPPORTED: &[&str] = &["maxContains", "$dynamicRef"];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Draft {
@@ -127,6 +127,8 @@ struct Node<'a> {
     pattern_props: Vec<(String, Vec<Sub<'a>>, Rc<str>)>,
     additional: Option<Vec<Sub<'a>>>,
     unevaluated: Option<Vec<Sub<'a>>>,
+    /// `unevaluatedItems`: items past every merged `prefixItems`, when no `items` applies.
+    unevaluated_items: Option<Vec<Sub<'a>>>,
     prop_names: Vec<Sub<'a>>,
     min_props: u64,
     max_props: Option<u64>,
@@ -1228,6 +1230,7 @@ impl<'a> Lowerer<'a> {
                     node.additional.get_or_insert_with(Vec::new).push(s);
                 }
                 "unevaluatedProperties" => node.unevaluated.get_or_insert_with(Vec::new).push(sub(k, v)),
+                "unevaluatedItems" => node.unevaluated_items.get_or_insert_with(Vec::new).push(sub(k, v)),
                 "required" => {
                     for r in v.as_array().ok_or_else(|| bad(k, "expected an array"))? {
                         let r = r.as_str().ok_or_else(|| bad(k, "expected strings"))?;
@@ -1525,6 +1528,18 @@ impl<'a> Lowerer<'a> {
         }
         if node.additional.is_none() {
             node.additional = node.unevaluated.take();
+        }
+        // `unevaluatedItems` over the merged node (allOf / $ref merged, anyOf / oneOf / if
+        // distributed into branches): the items no `prefixItems` or `items` evaluated. Exact
+        // per branch — the passing branch with the longest prefix decides — except beside
+        // `contains`, which evaluates the items it matches.
+        if let Some(u) = node.unevaluated_items.take() {
+            if node.items.is_none() {
+                if node.contains.is_some() {
+                    return Err(SchemaError::Unsupported { keyword: "unevaluatedItems".into(), pointer: ptr.to_string() });
+                }
+                node.items = Some(u);
+            }
         }
         if !node.undeclared.is_empty() {
             return self.lower_undeclared(node, ptr, any_depth);
