@@ -13,10 +13,44 @@
 //! - Every op is batched over rows: one pass over a weight matrix serves every row of the batch
 //!   (prefill chunks and several decoding sequences alike).
 //!
-//! `cpu` is always compiled; `cuda` and `wgpu` are stubs ([`disabled`]) that say "not compiled in".
+//! `cpu` is always compiled; `cuda` (precompiled PTX through cudarc's driver API) and `wgpu` (WGSL
+//! compute shaders) are cargo features, on by default; where one is compiled out, [`disabled`]
+//! says so. [`select`] picks one at load (CUDA, then wgpu, then CPU) and says why.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod disabled;
+pub mod select;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
+
+/// Where a bundle keeps its PTX (one file per target architecture, `sm_XX.ptx`) and the
+/// description of how it was made (`kernels.json`).
+pub const CUDA_DIR: &str = "kernels/cuda";
+/// Where a bundle keeps its WGSL shaders (copied from the source tree's `shaders/`).
+pub const WGSL_DIR: &str = "kernels/wgsl";
+
+/// Which backend to load: the first available (`auto`), or one forced (`--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendPref {
+    #[default]
+    Auto,
+    Force(BackendKind),
+}
+
+impl std::str::FromStr for BackendPref {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(BackendPref::Auto),
+            "cpu" => Ok(BackendPref::Force(BackendKind::Cpu)),
+            "cuda" => Ok(BackendPref::Force(BackendKind::Cuda)),
+            "wgpu" => Ok(BackendPref::Force(BackendKind::Wgpu)),
+            other => Err(format!("unknown backend `{other}` (expected auto, cpu, cuda or wgpu)")),
+        }
+    }
+}
 
 use crate::model::{ModelError, RopeScaling, TensorType};
 

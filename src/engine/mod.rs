@@ -99,6 +99,24 @@ pub enum EngineError {
 
 enum Loaded {
     Cpu(Box<llama::Llama<CpuBackend>>),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<llama::Llama<crate::backend::cuda::CudaBackend>>),
+    #[cfg(feature = "wgpu")]
+    Wgpu(Box<llama::Llama<crate::backend::wgpu::WgpuBackend>>),
+}
+
+/// `with_model!(loaded, m => expr)`: evaluate `expr` with `m` bound to the loaded model, whatever
+/// its backend (the dispatch is per call, never per op).
+macro_rules! with_model {
+    ($loaded:expr, $m:ident => $e:expr) => {
+        match $loaded {
+            Loaded::Cpu($m) => $e,
+            #[cfg(feature = "cuda")]
+            Loaded::Cuda($m) => $e,
+            #[cfg(feature = "wgpu")]
+            Loaded::Wgpu($m) => $e,
+        }
+    };
 }
 
 /// A loaded model plus its sequences.
@@ -121,6 +139,15 @@ impl Engine {
         let cfg: ModelConfig =
             serde_json::from_str(&text).map_err(|e| EngineError::Config { path: cfg_path.clone(), msg: e.to_string() })?;
         llama::check_config(&cfg).map_err(|msg| EngineError::Config { path: cfg_path.clone(), msg })?;
+        // GPU backends run their ops on the device; the pool is only for host-side work there.
+        let small_pool = || {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .map(std::sync::Arc::new)
+                .map_err(|e| EngineError::Backend(BackendError::Setup(format!("cannot start a thread: {e}"))))
+        };
+        let _ = &small_pool;
         match kind {
             BackendKind::Cpu => {
                 let backend = CpuBackend::open(&root.join(WEIGHTS_PATH), opts.threads)?;
@@ -128,8 +155,34 @@ impl Engine {
                 let model = llama::Llama::new(backend, cfg.clone(), opts)?;
                 Ok(Engine { cfg, loaded: Loaded::Cpu(Box::new(model)), pool })
             }
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => {
+                let backend = crate::backend::cuda::open(root, &cfg)?;
+                let model = llama::Llama::new(backend, cfg.clone(), opts)?;
+                Ok(Engine { cfg, loaded: Loaded::Cuda(Box::new(model)), pool: small_pool()? })
+            }
+            #[cfg(feature = "wgpu")]
+            BackendKind::Wgpu => {
+                let backend = crate::backend::wgpu::WgpuBackend::open(
+                    &root.join(WEIGHTS_PATH),
+                    &root.join(crate::backend::WGSL_DIR),
+                )?;
+                let model = llama::Llama::new(backend, cfg.clone(), opts)?;
+                Ok(Engine { cfg, loaded: Loaded::Wgpu(Box::new(model)), pool: small_pool()? })
+            }
+            #[allow(unreachable_patterns)]
             other => match disabled::open(other)? {},
         }
+    }
+
+    /// Load on the backend `pref` asks for: a forced one, or with [`BackendPref::Auto`] the first
+    /// of CUDA, wgpu, CPU that this machine and bundle can run (see [`crate::backend::select`]).
+    /// Returns the engine and why that backend was chosen.
+    pub fn load_with(root: &Path, opts: &EngineOptions, pref: crate::backend::BackendPref) -> Result<(Engine, String), EngineError> {
+        let choice = crate::backend::select::choose(root, pref);
+        let kind = choice.kind.map_err(|e| EngineError::Backend(BackendError::Setup(e)))?;
+        let engine = Engine::load_on(root, opts, kind)?;
+        Ok((engine, choice.reason))
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -140,28 +193,26 @@ impl Engine {
     pub fn backend_description(&self) -> String {
         match &self.loaded {
             Loaded::Cpu(m) => format!("cpu/{} x{}", m.backend().kernel_name(), m.backend().threads()),
+            #[cfg(feature = "cuda")]
+            Loaded::Cuda(m) => m.backend().description(),
+            #[cfg(feature = "wgpu")]
+            Loaded::Wgpu(m) => m.backend().description(),
         }
     }
 
     /// Effective context length per sequence.
     pub fn max_context(&self) -> usize {
-        match &self.loaded {
-            Loaded::Cpu(m) => m.max_context(),
-        }
+        with_model!(&self.loaded, m => m.max_context())
     }
 
     /// Start a sequence with an empty KV cache.
     pub fn new_seq(&mut self) -> Result<SeqId, EngineError> {
-        match &mut self.loaded {
-            Loaded::Cpu(m) => m.new_seq(),
-        }
+        with_model!(&mut self.loaded, m => m.new_seq())
     }
 
     /// Drop a sequence and its KV cache (unknown ids are ignored).
     pub fn free_seq(&mut self, seq: SeqId) {
-        match &mut self.loaded {
-            Loaded::Cpu(m) => m.free_seq(seq),
-        }
+        with_model!(&mut self.loaded, m => m.free_seq(seq))
     }
 
     /// Attach (or with `None` remove) steering vectors to a sequence; they apply to every token
@@ -170,9 +221,7 @@ impl Engine {
         if let Some(s) = &steer {
             s.check(&self.cfg).map_err(EngineError::BadSteering)?;
         }
-        match &mut self.loaded {
-            Loaded::Cpu(m) => m.set_steering(seq, steer),
-        }
+        with_model!(&mut self.loaded, m => m.set_steering(seq, steer))
     }
 
     /// Feed `ids` to one sequence in chunks of at most `chunk` tokens; returns the logits after
@@ -193,21 +242,19 @@ impl Engine {
                 let pool = &self.pool;
                 pool.install(|| m.forward_hidden(seq, tokens))
             }
+            #[allow(unreachable_patterns)]
+            other => with_model!(other, m => m.forward_hidden(seq, tokens)),
         }
     }
 
     /// Tokens held in the sequence's KV cache (0 for unknown ids).
     pub fn seq_len(&self, seq: SeqId) -> usize {
-        match &self.loaded {
-            Loaded::Cpu(m) => m.seq_len(seq),
-        }
+        with_model!(&self.loaded, m => m.seq_len(seq))
     }
 
     /// Forget everything after the first `len` tokens of a sequence (e.g. to reuse a shared prefix).
     pub fn truncate_seq(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
-        match &mut self.loaded {
-            Loaded::Cpu(m) => m.truncate_seq(seq, len),
-        }
+        with_model!(&mut self.loaded, m => m.truncate_seq(seq, len))
     }
 
     /// One forward step over several sequences at once: each entry appends its tokens (a prefill
@@ -221,6 +268,8 @@ impl Engine {
                 // cross-thread hand-off.
                 pool.install(|| m.forward(batch))
             }
+            #[allow(unreachable_patterns)]
+            other => with_model!(other, m => m.forward(batch)),
         }
     }
 }
