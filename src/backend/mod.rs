@@ -31,6 +31,47 @@ pub const CUDA_DIR: &str = "kernels/cuda";
 /// Where a bundle keeps its WGSL shaders (copied from the source tree's `shaders/`).
 pub const WGSL_DIR: &str = "kernels/wgsl";
 
+/// The CUDA targets a recipe's `cuda = "default"` means.
+pub fn cuda_targets_default() -> &'static [&'static str] {
+    #[cfg(feature = "cuda")]
+    {
+        cuda::compile::DEFAULT_TARGETS
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        &[]
+    }
+}
+
+/// Compile the CUDA kernels for `cfg` into `dir` (bundle build); returns the manifest summary.
+pub fn compile_cuda_kernels(cfg: &crate::model::ModelConfig, targets: &[String], dir: &std::path::Path, progress: &mut dyn FnMut(&str)) -> Result<serde_json::Value, String> {
+    #[cfg(feature = "cuda")]
+    {
+        let m = cuda::compile::compile(cfg, targets, dir, progress).map_err(|e| e.to_string())?;
+        Ok(serde_json::json!({
+            "nvrtc": m.nvrtc, "ptx_isa": m.ptx_isa, "min_cuda_driver": m.min_cuda_driver,
+            "targets": m.targets.keys().collect::<Vec<_>>(),
+        }))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (cfg, targets, dir, progress);
+        Err("kernels.cuda: this build of applianced has no CUDA support (built without the `cuda` feature); use a build with it, or drop [kernels] cuda".into())
+    }
+}
+
+/// The WGSL shaders this binary's wgpu backend runs (file name, source), shipped in bundles.
+pub fn wgsl_shaders() -> &'static [(&'static str, &'static str)] {
+    #[cfg(feature = "wgpu")]
+    {
+        wgpu::SHADERS
+    }
+    #[cfg(not(feature = "wgpu"))]
+    {
+        &[]
+    }
+}
+
 /// Which backend to load: the first available (`auto`), or one forced (`--backend`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendPref {
@@ -66,6 +107,8 @@ pub enum BackendError {
     Tensor { name: String, msg: String },
     #[error("backend setup: {0}")]
     Setup(String),
+    #[error("device error: {0}")]
+    Device(String),
 }
 
 /// Which backend to run on.
@@ -193,6 +236,12 @@ pub trait Backend: Send {
     fn read(&self, buf: &Self::Buf, len: usize) -> Vec<f32>;
     /// Copy host values to the start of `buf`.
     fn write(&self, buf: &mut Self::Buf, data: &[f32]);
+    /// Report a device failure since the backend was opened (GPU backends queue work
+    /// asynchronously; a failed op poisons the backend and later ops are skipped). The engine calls
+    /// this after each step, so a device fault becomes an error, never a silently wrong answer.
+    fn check(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
 
     /// `out (tokens, cols) = table[tokens]`, dequantized rows of an embedding table.
     fn embed(&self, table: WeightId, tokens: &[u32], out: &mut Self::Buf);

@@ -67,6 +67,7 @@ pub fn build(r: &ResolvedRecipe, keys: &[SecretKey], out: &Path, progress: &mut 
     compile_schemas(r, staging.path(), progress)?;
     compile_policy(r, staging.path(), progress)?;
     make_control_vectors(r, staging.path(), progress)?;
+    let kernels = build_kernels(r, staging.path(), progress)?;
     let meta = BundleMeta {
         name: r.recipe.bundle.name.clone(),
         version: r.recipe.bundle.version,
@@ -74,8 +75,48 @@ pub fn build(r: &ResolvedRecipe, keys: &[SecretKey], out: &Path, progress: &mut 
         expires: r.expires.clone(),
         min_runtime: r.min_runtime.clone(),
         model: serde_json::to_value(&summary).map_err(|e| BundleError::Import(e.to_string()))?,
+        kernels,
     };
     pack_dir(staging.path(), &meta, keys, out, progress)
+}
+
+/// `[kernels]`: compile the CUDA kernels to PTX per target (NVRTC) into `kernels/cuda/`, copy the
+/// WGSL shaders into `kernels/wgsl/`; returns the manifest's `kernels` summary.
+fn build_kernels(r: &ResolvedRecipe, staging: &Path, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Option<serde_json::Value>, BundleError> {
+    let Some(k) = &r.recipe.kernels else { return Ok(None) };
+    let err = |msg: String| BundleError::Kernels(msg);
+    let mut summary = serde_json::Map::new();
+    if let Some(t) = &k.cuda {
+        let targets: Vec<String> = match t {
+            super::recipe::CudaTargets::Named(n) if n == "default" => {
+                crate::backend::cuda_targets_default().iter().map(|s| s.to_string()).collect()
+            }
+            super::recipe::CudaTargets::Named(n) => return Err(err(format!("kernels.cuda = {n:?}: give a list of targets or \"default\""))),
+            super::recipe::CudaTargets::List(l) => l.clone(),
+        };
+        let cfg_path = staging.join(crate::model::CONFIG_PATH);
+        let text = std::fs::read_to_string(&cfg_path).map_err(BundleError::io(&cfg_path))?;
+        let cfg: crate::model::ModelConfig = serde_json::from_str(&text).map_err(|e| err(format!("model config: {e}")))?;
+        let dir = staging.join(crate::backend::CUDA_DIR);
+        let meta = crate::backend::compile_cuda_kernels(&cfg, &targets, &dir, &mut |s| progress(Progress::Step(s))).map_err(err)?;
+        summary.insert("cuda".into(), meta);
+    }
+    if k.wgsl {
+        progress(Progress::Step("adding WGSL shaders"));
+        let dir = staging.join(crate::backend::WGSL_DIR);
+        std::fs::create_dir_all(&dir).map_err(BundleError::io(&dir))?;
+        let mut names = Vec::new();
+        for (name, text) in crate::backend::wgsl_shaders() {
+            let p = dir.join(name);
+            std::fs::write(&p, text).map_err(BundleError::io(&p))?;
+            names.push(serde_json::Value::from(*name));
+        }
+        if names.is_empty() {
+            return Err(err("kernels.wgsl = true, but this build of applianced has no WGSL shaders (built without the `wgpu` feature)".into()));
+        }
+        summary.insert("wgsl".into(), serde_json::json!({ "files": names }));
+    }
+    Ok(Some(serde_json::Value::Object(summary)))
 }
 
 /// Compile the recipe's `[policy]` and `[presets]` into `policy/` (FORMAT.md §10).
@@ -202,6 +243,8 @@ pub struct BundleMeta {
     pub expires: String,
     pub min_runtime: String,
     pub model: serde_json::Value,
+    /// The manifest's `kernels` summary (FORMAT.md §11), when the bundle carries GPU kernels.
+    pub kernels: Option<serde_json::Value>,
 }
 
 /// Package every file below `dir` (member paths relative to it) into a signed bundle at `out`.
@@ -230,7 +273,7 @@ pub fn pack_dir(dir: &Path, meta: &BundleMeta, keys: &[SecretKey], out: &Path, p
         min_runtime: meta.min_runtime.clone(),
         model: meta.model.clone(),
         members: members.iter().map(|(m, _)| m.clone()).collect(),
-        extra: Default::default(),
+        extra: meta.kernels.iter().map(|k| ("kernels".to_string(), k.clone())).collect(),
     };
     manifest.validate()?;
     let manifest_bytes = manifest.to_bytes()?;

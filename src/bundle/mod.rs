@@ -78,6 +78,9 @@ pub enum BundleError {
     Recipe { path: PathBuf, msg: String },
     #[error("import: {0}")]
     Import(String),
+    /// GPU kernels could not be built (NVRTC missing or failing, a bad target list).
+    #[error("{0}")]
+    Kernels(String),
     #[error("store entry {path}: {msg}")]
     Store { path: PathBuf, msg: String },
     /// The store's lifecycle state does not allow the operation (no such installed bundle, none

@@ -59,6 +59,26 @@ pub struct Recipe {
     /// stored as `control/NAME.safetensors`.
     #[serde(default)]
     pub control: std::collections::BTreeMap<String, ControlSection>,
+    /// GPU kernels compiled at build time for this model's shapes (FORMAT.md §11).
+    #[serde(default)]
+    pub kernels: Option<KernelsSection>,
+}
+
+/// `[kernels]`: `cuda = ["sm_80", ...]` compiles the CUDA kernels to PTX for each target with NVRTC
+/// (`cuda = "default"` is the default target list); `wgsl = true` ships the WGSL shaders.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelsSection {
+    pub cuda: Option<CudaTargets>,
+    #[serde(default)]
+    pub wgsl: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum CudaTargets {
+    Named(String),
+    List(Vec<String>),
 }
 
 /// One `[control.NAME]` table: `pairs` (train at build) or `file` (import), not both.

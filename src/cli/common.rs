@@ -99,6 +99,7 @@ impl CliError {
                 BundleError::Recipe { .. } | BundleError::Import(_) => 11,
                 BundleError::Audit(_) => 3,
                 BundleError::Lifecycle(_) => 15,
+                BundleError::Kernels(_) => 16,
             },
             CliError::Trust(t) => trust_code(t),
             CliError::Usage(_) => 2,

@@ -150,7 +150,7 @@ fn cerr(e: control::ControlError) -> CliError {
 
 fn open(b: &BundleOpts, max_seqs: usize, quiet: bool) -> Result<(crate::bundle::store::VerifiedBundle, Loaded), CliError> {
     let vb = open_bundle(&b.bundle, &b.trust, &b.store, quiet)?;
-    let l = load(&vb.root, b.threads, max_seqs)?;
+    let l = load(&vb.root, b.threads, max_seqs, crate::backend::BackendPref::Force(crate::backend::BackendKind::Cpu))?;
     Ok((vb, l))
 }
 

@@ -6,6 +6,7 @@ mod audit_cmd;
 mod bundle_cmds;
 mod common;
 mod control_cmd;
+mod doctor;
 mod lifecycle;
 mod serve;
 pub mod run;
@@ -25,7 +26,7 @@ pub use common::{CliError, TrustArgs};
 /// failure, 6 revoked key, 7 member integrity (digest, size, missing, extra), 8 expired,
 /// 9 rollback refused, 10 runtime too old, 11 recipe or import error, 12 engine error,
 /// 13 server error, 14 schema error, 15 bundle lifecycle (no such installed bundle, none active,
-/// nothing to roll back to).
+/// nothing to roll back to), 16 GPU kernels could not be built (NVRTC missing or failing).
 #[derive(Debug, Parser)]
 #[command(name = "applianced", version, about, long_about, propagate_version = true)]
 pub struct Cli {
@@ -60,6 +61,9 @@ pub enum Command {
     /// Verify and load a bundle, then serve the Anthropic Messages and OpenAI Chat Completions
     /// APIs on a Unix socket (see docs/server.md).
     Serve(serve::Args),
+    /// Report this machine's compute (CPU kernels, NVIDIA driver and devices, NVRTC, wgpu
+    /// adapter) and, given a bundle, which backend `--backend auto` would run it on and why.
+    Doctor(doctor::DoctorArgs),
     /// Audit-log tools: `audit verify FILE` checks the hash chain.
     Audit(audit_cmd::Args),
     /// Control (steering) vectors: train one from contrastive prompt pairs with a bundle's model,
@@ -101,6 +105,7 @@ pub fn main() -> i32 {
         Command::Inspect(a) => bundle_cmds::inspect(a),
         Command::Serve(a) => serve::exec(a),
         Command::Audit(a) => audit_cmd::exec(a),
+        Command::Doctor(a) => doctor::exec(a),
         Command::ControlVector(c) => control_cmd::exec(c),
         Command::Bundle(BundleCommand::Install(a)) => lifecycle::install(a),
         Command::Bundle(BundleCommand::Activate(a)) => lifecycle::activate(a),

@@ -8,6 +8,7 @@ use std::time::Instant;
 use clap::Args;
 
 use super::common::{open_bundle, CliError, StoreArgs, TrustArgs};
+use crate::backend::BackendPref;
 use crate::engine::{Engine, EngineOptions};
 use crate::model::{CHAT_TEMPLATE_PATH, TOKENIZER_PATH};
 use crate::sampling::{Sampler, SamplingParams};
@@ -55,6 +56,10 @@ pub struct RunArgs {
     /// Worker threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Compute backend: auto (CUDA, then wgpu, then CPU, by availability), cpu, cuda or wgpu.
+    /// `applianced doctor BUNDLE` shows what auto picks and why.
+    #[arg(long, value_name = "KIND", default_value = "auto", env = "APPLIANCED_BACKEND")]
+    pub backend: BackendPref,
     /// Constrain the answer to JSON valid under this JSON Schema (compiled to a token automaton;
     /// every step samples only tokens that keep the output a valid prefix). Replaces the preset's
     /// schema, if any.
@@ -76,8 +81,9 @@ pub struct Loaded {
     pub template: ChatTemplate,
 }
 
-pub fn load(root: &Path, threads: usize, max_seqs: usize) -> Result<Loaded, CliError> {
-    let engine = Engine::load(root, &EngineOptions { threads, max_seqs, max_context: 0 }).map_err(|e| CliError::Engine(e.to_string()))?;
+pub fn load(root: &Path, threads: usize, max_seqs: usize, backend: BackendPref) -> Result<Loaded, CliError> {
+    let (engine, _why) =
+        Engine::load_with(root, &EngineOptions { threads, max_seqs, max_context: 0 }, backend).map_err(|e| CliError::Engine(e.to_string()))?;
     let tokenizer = Tokenizer::load(&root.join(TOKENIZER_PATH)).map_err(|e| CliError::Engine(e.to_string()))?;
     let template = ChatTemplate::load(&root.join(CHAT_TEMPLATE_PATH)).map_err(|e| CliError::Engine(e.to_string()))?;
     Ok(Loaded { engine, tokenizer, template })
@@ -131,7 +137,7 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
         return Err(CliError::Usage("--max-tokens must be at least 1".into()));
     }
     let vb = open_bundle(&a.bundle, &a.trust, &a.store, false)?;
-    let mut l = load(&vb.root, a.threads, 1)?;
+    let mut l = load(&vb.root, a.threads, 1, a.backend)?;
     let policy = load_policy(&vb.root, &l.tokenizer)?;
     let preset = policy.preset(a.preset.as_deref()).map_err(|e| CliError::Usage(e.to_string()))?;
     let req = crate::policy::RequestParams {
@@ -270,6 +276,10 @@ pub struct BenchArgs {
     /// Worker threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Compute backend: auto (CUDA, then wgpu, then CPU, by availability), cpu, cuda or wgpu.
+    /// `applianced doctor BUNDLE` shows what auto picks and why.
+    #[arg(long, value_name = "KIND", default_value = "auto", env = "APPLIANCED_BACKEND")]
+    pub backend: BackendPref,
     /// Batch sizes for the batched-decode measurement (aggregate tok/s), comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
     pub batch: Vec<usize>,
@@ -302,7 +312,7 @@ pub fn bench(a: BenchArgs, process_start: Instant) -> Result<(), CliError> {
     }
     let vb = open_bundle(&a.bundle, &a.trust, &a.store, true)?;
     let max_batch = a.batch.iter().copied().max().unwrap_or(1).max(1);
-    let mut l = load(&vb.root, a.threads, max_batch)?;
+    let mut l = load(&vb.root, a.threads, max_batch, a.backend)?;
     // Ready = verified, mapped, and one token computed.
     let warm = l.engine.new_seq().map_err(|e| CliError::Engine(e.to_string()))?;
     l.engine.forward(&[(warm, &[1])]).map_err(|e| CliError::Engine(e.to_string()))?;

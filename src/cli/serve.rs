@@ -35,6 +35,10 @@ pub struct Args {
     /// Engine worker threads; 0 = all cores. Default: `threads` in the config.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Compute backend: auto (CUDA, then wgpu, then CPU, by availability), cpu, cuda or wgpu.
+    /// Default: `backend` in the config, else auto. `applianced doctor` shows what auto picks.
+    #[arg(long, value_name = "KIND")]
+    pub backend: Option<String>,
     /// Audit log path. Default: [audit] path in the config, else /var/log/applianced/audit.jsonl.
     #[arg(long, value_name = "FILE")]
     pub audit_log: Option<PathBuf>,
@@ -60,6 +64,12 @@ pub fn resolve(args: &Args) -> Result<(ServerConfig, Option<PathBuf>, TrustArgs,
     }
     if let Some(t) = args.threads {
         cfg.threads = t;
+    }
+    if let Some(b) = &args.backend {
+        cfg.backend = Some(b.clone());
+    }
+    if let Some(b) = &cfg.backend {
+        b.parse::<crate::backend::BackendPref>().map_err(CliError::Usage)?;
     }
     if let Some(a) = &args.audit_log {
         cfg.audit.path = a.clone();

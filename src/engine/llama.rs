@@ -181,6 +181,7 @@ impl<B: Backend> Llama<B> {
         }
         let mut hidden = Vec::with_capacity(self.c.n_layers);
         let mut logits = self.forward_micro(&[(seq, tokens)], Some(&mut hidden));
+        self.b.check()?;
         Ok((logits.pop().unwrap_or_default(), hidden))
     }
 
@@ -218,6 +219,7 @@ impl<B: Backend> Llama<B> {
             }
             let mb: Vec<(SeqId, &[u32])> = pieces.iter().map(|&(e, s, t)| (batch[e].0, &batch[e].1[s..t])).collect();
             let out = self.forward_micro(&mb, None);
+            self.b.check()?;
             for (&(e, _, end), l) in pieces.iter().zip(out) {
                 if end == batch[e].1.len() {
                     logits[e] = l;

@@ -180,7 +180,7 @@ impl Engine {
     /// Returns the engine and why that backend was chosen.
     pub fn load_with(root: &Path, opts: &EngineOptions, pref: crate::backend::BackendPref) -> Result<(Engine, String), EngineError> {
         let choice = crate::backend::select::choose(root, pref);
-        let kind = choice.kind.map_err(|e| EngineError::Backend(BackendError::Setup(e)))?;
+        let kind = choice.kind.map_err(EngineError::Unsupported)?;
         let engine = Engine::load_on(root, opts, kind)?;
         Ok((engine, choice.reason))
     }

@@ -35,6 +35,10 @@ pub struct ServerConfig {
     pub store: Option<PathBuf>,
     /// Engine worker threads; 0 = all cores (the `--threads` flag overrides it).
     pub threads: usize,
+    /// Compute backend: "auto" (CUDA, then wgpu, then CPU, by availability; the default), "cpu",
+    /// "cuda" or "wgpu" (the `--backend` flag overrides it). A forced backend that cannot run is
+    /// an error at start, never a silent fallback.
+    pub backend: Option<String>,
     pub socket: SocketConfig,
     pub access: AccessConfig,
     pub limits: LimitsConfig,

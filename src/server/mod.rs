@@ -337,10 +337,11 @@ fn spawn_generation(c: &Common, vb: &VerifiedBundle) -> Result<(Generation, toki
     let cfg = &c.cfg;
     let eopts = EngineOptions { threads: cfg.threads, max_seqs: cfg.limits.max_concurrent, max_context: cfg.limits.max_context };
     let root = vb.root.clone();
+    let backend: crate::backend::BackendPref = cfg.backend.as_deref().unwrap_or("auto").parse().map_err(ServerError::Load)?;
     let (sched, engine) = Scheduler::spawn(
         SchedulerOptions { max_seqs: cfg.limits.max_concurrent, queue_size: cfg.limits.queue_size, prefill_chunk: cfg.limits.prefill_chunk },
         c.metrics.clone(),
-        Box::new(move || Engine::load(&root, &eopts).map_err(|e| e.to_string())),
+        Box::new(move || Engine::load_with(&root, &eopts, backend).map(|(e, _why)| e).map_err(|e| e.to_string())),
         Box::new(move |r| {
             let _ = loaded_tx.send(r);
         }),

@@ -6,7 +6,7 @@
 //! against them.
 
 pub mod kernels;
-mod ops;
+pub(crate) mod ops;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;

@@ -4,6 +4,9 @@ use std::path::Path;
 
 use super::{AttnSeg, AttnShape, Backend, BackendError, RopeTable, WeightId, WeightInfo};
 
+/// The shaders (file name, source) shipped in bundles as `kernels/wgsl/NAME`.
+pub const SHADERS: &[(&str, &str)] = &[];
+
 pub struct WgpuBackend {
     never: std::convert::Infallible,
 }

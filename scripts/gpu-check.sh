@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh — the CUDA backend's evidence on a machine with an NVIDIA GPU, in one go
+# (a few minutes): build (or take a prebuilt binary), build the default bundle (or take one),
+# report what `doctor` finds, check CUDA-vs-CPU parity on the default model, and print the
+# benchmark figures (single-stream decode and prefill, batched decode up to 64 streams) for the
+# CUDA backend beside the CPU backend on the same machine.
+#
+# Usage: scripts/gpu-check.sh [--bin PATH] [--bundle X.zlb] [--trust KEY.pub] [--out DIR]
+#   --bin     a prebuilt applianced (default: cargo build --release, needs Rust)
+#   --bundle  a signed bundle with [kernels] cuda (default: build bundles/smollm2-135m.toml with
+#             the dev key; needs the model (scripts/fetch-model.sh) and NVRTC (setup-test-env.sh))
+#   --trust   the public key that signed it (default: signing/dev.pub)
+#   --out     where logs and JSON go (default: target/gpu-check)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN="" BUNDLE="" TRUST=signing/dev.pub OUT=target/gpu-check
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) BIN=$2; shift 2 ;;
+    --bundle) BUNDLE=$2; shift 2 ;;
+    --trust) TRUST=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT"
+export APPLIANCED_STORE="${APPLIANCED_STORE:-$OUT/store}"
+t0=$(date +%s)
+if [ -z "$BIN" ]; then
+  echo "== building (cargo build --release)"
+  cargo build --release --quiet
+  BIN=target/release/applianced
+fi
+if [ -z "$BUNDLE" ]; then
+  echo "== building the default bundle"
+  scripts/fetch-model.sh >/dev/null
+  [ -f "$OUT/dev.zlb" ] || "$BIN" build bundles/smollm2-135m.toml --key signing/dev.key --out "$OUT/dev.zlb"
+  BUNDLE=$OUT/dev.zlb
+fi
+echo "== machine"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
+echo "== doctor"
+"$BIN" doctor "$BUNDLE" --trust "$TRUST"
+echo "== parity: CUDA against the CPU backend (the reference), default model"
+"$BIN" doctor "$BUNDLE" --trust "$TRUST" --parity --backend cuda --tokens 32 | tee "$OUT/parity.txt"
+echo "== bench: cuda"
+"$BIN" bench "$BUNDLE" --trust "$TRUST" --backend cuda --prompt-tokens 512 --gen-tokens 256 --batch 1,16,64 --reps 3 > "$OUT/bench-cuda.json"
+cat "$OUT/bench-cuda.json"
+echo "== bench: cpu (same machine, for the ratio)"
+"$BIN" bench "$BUNDLE" --trust "$TRUST" --backend cpu --prompt-tokens 512 --gen-tokens 64 --batch 1,16 --reps 1 > "$OUT/bench-cpu.json"
+cat "$OUT/bench-cpu.json"
+echo "== done in $(( $(date +%s) - t0 )) s"
