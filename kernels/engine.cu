@@ -114,15 +114,34 @@ extern "C" __global__ void embed(const u8* __restrict__ table, int wtype, int co
 // Block: 4 warps, one output row per warp; grid (ceil(rows/4), ceil(n/tn)). The block first
 // quantizes its tn activation rows to Q8 blocks in shared memory (for the quantized types).
 // Dynamic shared memory: tn*cols int8 + tn*(cols/32)*2 floats.
-extern "C" __global__ void __launch_bounds__(128) matmul(const u8* __restrict__ W, int wtype, int rows, int cols,
-                                                          const float* __restrict__ x, int n, int tn,
-                                                          float* __restrict__ out) {
+// Up to three matrices of one type and width sharing the input (Q/K/V, gate/up) go in one launch:
+// grid.x covers rows0 + rows1 + rows2 and each warp picks its matrix.
+extern "C" __global__ void __launch_bounds__(128) matmul(const u8* __restrict__ W0, const u8* __restrict__ W1,
+                                                          const u8* __restrict__ W2, int rows0, int rows1, int rows2,
+                                                          int wtype, int cols, const float* __restrict__ x, int n,
+                                                          int tn, float* __restrict__ out0, float* __restrict__ out1,
+                                                          float* __restrict__ out2) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int t0 = blockIdx.y * tn;
     const int nt = min(tn, n - t0);
     const int nb = cols / QK;
-    const int r = blockIdx.x * 4 + warp;
+    int r = blockIdx.x * 4 + warp;
+    const u8* W = W0;
+    float* out = out0;
+    int rows = rows0;
+    if (r >= rows0) {
+        r -= rows0;
+        W = W1;
+        out = out1;
+        rows = rows1;
+        if (r >= rows1) {
+            r -= rows1;
+            W = W2;
+            out = out2;
+            rows = rows2;
+        }
+    }
     signed char* xq = (signed char*)smem;                      // (tn, cols)
     float* xd = (float*)(smem + ((tn * cols + 15) & ~15));       // (tn, nb)
     float* xs = xd + tn * nb;                                    // (tn, nb)
@@ -386,6 +405,94 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * WARP)
             }
 #pragma unroll
             for (int d = 0; d < DPL; d++) pp[2 + lane * DPL + d] = A[d];
+        }
+    }
+}
+
+// Exact attention (short contexts), two kernels mirroring the CPU backend step by step: scores
+// q16.k16 * scale for every visible position (attn_scores), then per (row, head) the softmax in
+// f32 with the probabilities rounded to f16 before weighting V (attn_softmax_pv), as llama.cpp's
+// f16 path and src/backend/cpu/ops.rs do. `scores` is (n_rows, n_heads, stride) f32.
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * WARP)
+    attn_scores(const float* __restrict__ q, const u16* __restrict__ kc, float* __restrict__ scores, int row0, int pos0,
+                int n_heads, int n_kv_heads, int stride, float scale) {
+    const int h = blockIdx.x, i = blockIdx.y;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int kv_dim = n_kv_heads * HEAD_DIM;
+    const int visible = pos0 + i + 1;
+    const float* qr = q + (size_t)(row0 + i) * n_heads * HEAD_DIM + h * HEAD_DIM;
+    float qv[DPL];
+#pragma unroll
+    for (int d = 0; d < DPL; d++) qv[d] = round_f16(qr[lane * DPL + d]);
+    float* sr = scores + ((size_t)i * n_heads + h) * stride;
+    const int per_block = ATT_WARPS * 8;
+    for (int p = blockIdx.z * per_block + warp; p < visible && p < (int)(blockIdx.z + 1) * per_block; p += ATT_WARPS) {
+        const u16* kr = kc + (size_t)p * kv_dim + kvh * HEAD_DIM + lane * DPL;
+        float s = 0.f;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) s += qv[d] * h2f(kr[d]);
+        s = warp_sum(s);
+        if (lane == 0) sr[p] = s * scale;
+    }
+}
+
+__device__ __forceinline__ float block_reduce(float v, bool is_max, float* sh) {
+    v = is_max ? warp_max(v) : warp_sum(v);
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float r = sh[0];
+    for (int w = 1; w < (int)(blockDim.x / WARP); w++) r = is_max ? fmaxf(r, sh[w]) : r + sh[w];
+    return r;
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * WARP)
+    attn_softmax_pv(float* __restrict__ scores, const u16* __restrict__ vc, float* __restrict__ out, int row0, int pos0,
+                    int n_heads, int n_kv_heads, int stride) {
+    __shared__ float sh[ATT_WARPS];
+    __shared__ float s_acc[ATT_WARPS][HEAD_DIM];
+    const int h = blockIdx.x, i = blockIdx.y;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int kv_dim = n_kv_heads * HEAD_DIM;
+    const int visible = pos0 + i + 1;
+    float* sr = scores + ((size_t)i * n_heads + h) * stride;
+    float m = -INFINITY;
+    for (int p = threadIdx.x; p < visible; p += blockDim.x) m = fmaxf(m, sr[p]);
+    m = block_reduce(m, true, sh);
+    float sum = 0.f;
+    for (int p = threadIdx.x; p < visible; p += blockDim.x) {
+        const float e = expf(sr[p] - m);
+        sr[p] = e;
+        sum += e;
+    }
+    sum = block_reduce(sum, false, sh);
+    const float inv = 1.f / sum;
+    __syncthreads();
+    for (int p = threadIdx.x; p < visible; p += blockDim.x) sr[p] = round_f16(sr[p] * inv);
+    __syncthreads();
+    float acc[DPL];
+#pragma unroll
+    for (int d = 0; d < DPL; d++) acc[d] = 0.f;
+    for (int p = warp; p < visible; p += ATT_WARPS) {
+        const float w = sr[p];
+        const u16* vr = vc + (size_t)p * kv_dim + kvh * HEAD_DIM + lane * DPL;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) acc[d] += w * h2f(vr[d]);
+    }
+#pragma unroll
+    for (int d = 0; d < DPL; d++) s_acc[warp][lane * DPL + d] = acc[d];
+    __syncthreads();
+    if (warp == 0) {
+        float* o = out + (size_t)(row0 + i) * n_heads * HEAD_DIM + h * HEAD_DIM;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) {
+            float a = 0.f;
+#pragma unroll
+            for (int w = 0; w < ATT_WARPS; w++) a += s_acc[w][lane * DPL + d];
+            o[lane * DPL + d] = a;
         }
     }
 }

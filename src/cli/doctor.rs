@@ -28,13 +28,26 @@ pub struct DoctorArgs {
     /// Tokens generated per prompt by `--parity`.
     #[arg(long, default_value_t = 32)]
     pub tokens: usize,
-    /// `--parity` fails when any logit differs from the CPU's by more than this.
-    #[arg(long, default_value_t = 0.5)]
-    pub logit_tolerance: f32,
+    /// `--parity` fails when KL(cpu || backend) of the next-token distribution exceeds this at
+    /// any step. The default is the bound the CPU backend meets against llama.cpp
+    /// (tests/engine_reference.rs): every matmul re-quantizes its input to 8 bits, so f32
+    /// summation-order noise is amplified (the CPU's own SIMD and scalar kernels differ by up to
+    /// 0.017); a real arithmetic error shows as KL >= 0.05 and confident top-1 flips.
+    #[arg(long, default_value_t = 0.02)]
+    pub max_kl: f64,
     #[command(flatten)]
     pub trust: TrustArgs,
     #[command(flatten)]
     pub store: StoreArgs,
+}
+
+impl DoctorArgs {
+    fn backend_name(&self) -> &'static str {
+        match self.backend {
+            BackendPref::Auto => "gpu",
+            BackendPref::Force(k) => k.name(),
+        }
+    }
 }
 
 pub fn exec(a: DoctorArgs) -> Result<(), CliError> {
@@ -165,6 +178,22 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
+/// KL(p || q) in nats of the softmax distributions of two logit vectors.
+fn kl(p: &[f32], q: &[f32]) -> f64 {
+    let lse = |l: &[f32]| {
+        let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        m + l.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln()
+    };
+    let (lp, lq) = (lse(p), lse(q));
+    p.iter().zip(q).map(|(&a, &b)| {
+        let la = a as f64 - lp;
+        la.exp() * (la - (b as f64 - lq))
+    }).sum()
+}
+
+/// A top-1 flip counts against the backend only where the CPU's margin exceeds this (logits).
+const CONFIDENT_MARGIN: f32 = 0.5;
+
 /// Top-1 index and its margin over the runner-up.
 fn top2(l: &[f32]) -> (usize, f32) {
     let (mut i1, mut v1, mut v2) = (0, f32::NEG_INFINITY, f32::NEG_INFINITY);
@@ -193,6 +222,7 @@ fn parity(root: &std::path::Path, a: &DoctorArgs) -> Result<(bool, Vec<String>, 
     let tpl = crate::tokenizer::template::ChatTemplate::load(&root.join(crate::model::CHAT_TEMPLATE_PATH)).map_err(|e| CliError::Engine(e.to_string()))?;
     let mut lines = vec![format!("parity: {} against {}", gpu.backend_description(), cpu.backend_description())];
     let (mut max_d, mut steps, mut agree, mut near_tie_flips, mut hard_flips) = (0f32, 0usize, 0usize, 0usize, 0usize);
+    let (mut kl_sum, mut kl_max) = (0f64, 0f64);
     let mut free_equal = 0usize;
     let started = std::time::Instant::now();
     let mut gpu_time = 0f64;
@@ -238,12 +268,15 @@ fn parity(root: &std::path::Path, a: &DoctorArgs) -> Result<(bool, Vec<String>, 
         for _ in 0..a.tokens {
             let d = max_abs_diff(&lc, &lg);
             max_d = max_d.max(d);
+            let k = kl(&lc, &lg);
+            kl_sum += k;
+            kl_max = kl_max.max(k);
             let (ic, margin) = top2(&lc);
             let (ig, _) = top2(&lg);
             steps += 1;
             if ic == ig {
                 agree += 1;
-            } else if margin <= 2.0 * d {
+            } else if margin <= CONFIDENT_MARGIN {
                 near_tie_flips += 1;
             } else {
                 hard_flips += 1;
@@ -281,34 +314,36 @@ fn parity(root: &std::path::Path, a: &DoctorArgs) -> Result<(bool, Vec<String>, 
         ));
     }
     // A batched step: four sequences in one forward against each alone on the CPU.
-    let mut batch_d = 0f32;
+    let mut batch_kl = 0f64;
     {
         let seqs: Vec<(u32, u32)> = (0..prompts_ids.len()).map(|_| Ok((cpu.new_seq()?, gpu.new_seq()?))).collect::<Result<_, crate::engine::EngineError>>().map_err(eng)?;
         let batch: Vec<(u32, &[u32])> = seqs.iter().zip(&prompts_ids).map(|((_, g), ids)| (*g, ids.as_slice())).collect();
         let outs = gpu.forward(&batch).map_err(eng)?;
         for (((c, _), ids), og) in seqs.iter().zip(&prompts_ids).zip(&outs) {
             let oc = cpu.forward(&[(*c, ids.as_slice())]).map_err(eng)?.pop().unwrap_or_default();
-            batch_d = batch_d.max(max_abs_diff(&oc, og));
+            batch_kl = batch_kl.max(kl(&oc, og));
         }
         for (c, g) in seqs {
             cpu.free_seq(c);
             gpu.free_seq(g);
         }
     }
-    let ok = hard_flips == 0 && max_d <= a.logit_tolerance && batch_d <= a.logit_tolerance;
+    let kl_mean = kl_sum / steps.max(1) as f64;
+    let ok = hard_flips == 0 && kl_max <= a.max_kl && batch_kl <= a.max_kl;
     lines.push(format!(
-        "  lockstep: {steps} steps, argmax agrees at {agree}, near-tie flips {near_tie_flips} (margin <= 2x the logit difference), other flips {hard_flips}"
+        "  lockstep: {steps} steps, top-1 agrees at {agree}; flips where the CPU's margin <= {CONFIDENT_MARGIN}: {near_tie_flips}, at confident steps: {hard_flips}"
     ));
     lines.push(format!(
-        "  max |logit difference| {max_d:.4} (tolerance {}); batched prefill of {} sequences: {batch_d:.4}; free-running greedy identical for {free_equal}/{} prompts",
-        a.logit_tolerance,
-        prompts_ids.len(),
+        "  KL(cpu||{}) mean {kl_mean:.5}, max {kl_max:.5} nats (bound {}); max |logit difference| {max_d:.3}; batched prefill of {} sequences: max KL {batch_kl:.5}",
+        a.backend_name(),
+        a.max_kl,
         prompts_ids.len()
     ));
+    lines.push(format!("  free-running greedy text identical to the CPU's for {free_equal}/{} prompts (a near-tie flip makes the texts part)", prompts_ids.len()));
     lines.push(format!("  {} ({:.1} s, GPU share {:.1} s)", if ok { "PASS" } else { "FAIL" }, started.elapsed().as_secs_f64(), gpu_time));
     let json = serde_json::json!({
         "backend": gpu.backend_description(), "steps": steps, "argmax_agree": agree, "near_tie_flips": near_tie_flips,
-        "hard_flips": hard_flips, "max_logit_diff": max_d, "batched_max_logit_diff": batch_d,
+        "hard_flips": hard_flips, "max_logit_diff": max_d, "kl_mean": kl_mean, "kl_max": kl_max, "batched_kl_max": batch_kl,
         "free_running_identical": free_equal, "prompts": prompts_ids.len(), "pass": ok,
     });
     Ok((ok, lines, json))

@@ -18,7 +18,7 @@ use std::cell::RefCell;
 use std::path::Path;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::{AttnSeg, AttnShape, Backend, BackendError, RopeTable, WeightId, WeightInfo, CUDA_DIR};
 use crate::model::{ModelConfig, TensorType, Weights, WEIGHTS_PATH};
@@ -136,6 +136,8 @@ struct Funcs {
     kv_write: CudaFunction,
     attention: CudaFunction,
     attn_combine: CudaFunction,
+    attn_scores: CudaFunction,
+    attn_softmax_pv: CudaFunction,
 }
 
 #[derive(Default)]
@@ -170,6 +172,11 @@ pub struct CudaBackend {
     scratch: RefCell<Scratch>,
     err: RefCell<Option<String>>,
 }
+
+/// Up to this many visible positions attention runs the two-kernel path that mirrors the CPU
+/// backend (probabilities rounded to f16 before weighting V); beyond it, flash-decoding with an
+/// online softmax in f32 (a rounding-level difference from the CPU, and no score buffer).
+const EXACT_ATTENTION_MAX: usize = 2048;
 
 fn cfg1(n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: ((n as u32).div_ceil(256).max(1), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
@@ -219,6 +226,8 @@ impl CudaBackend {
             kv_write: get("kv_write")?,
             attention: get("attention")?,
             attn_combine: get("attn_combine")?,
+            attn_scores: get("attn_scores")?,
+            attn_softmax_pv: get("attn_softmax_pv")?,
         };
         let host = Weights::open(&root.join(WEIGHTS_PATH))?;
         let sms = plan.device.multiprocessors.max(1) as usize;
@@ -332,27 +341,68 @@ impl CudaBackend {
         Ok(DevWeight { name: name.into(), info, ty, data })
     }
 
-    fn launch_matmul(&self, w: &DevWeight, x: &CudaSlice<f32>, n: usize, out: &mut CudaSlice<f32>) {
-        if self.failed() || n == 0 {
+    #[allow(clippy::too_many_arguments)]
+    fn attention_exact(&self, l: &KvLayer, q: &CudaSlice<f32>, s: &AttnSeg<'_, CudaKv>, shape: AttnShape, scale: f32, out: &mut CudaSlice<f32>) {
+        let visible = s.pos0 + s.n_rows;
+        let stride = visible.next_multiple_of(32);
+        let need = s.n_rows * shape.n_heads * stride;
+        let mut scratch = self.scratch.borrow_mut();
+        if scratch.part.as_ref().is_none_or(|p| p.len() < need) {
+            scratch.part = self.record(self.stream.alloc_zeros::<f32>(need.next_power_of_two()), "attention scratch");
+        }
+        let Some(part) = scratch.part.as_mut() else { return };
+        let (r0, p0, nh, nkv, st) = (s.row0 as i32, s.pos0 as i32, shape.n_heads as i32, shape.n_kv_heads as i32, stride as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (shape.n_heads as u32, s.n_rows as u32, visible.div_ceil(32) as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.f.attn_scores);
+        b.arg(q).arg(&l.k).arg(&mut *part).arg(&r0).arg(&p0).arg(&nh).arg(&nkv).arg(&st).arg(&scale);
+        // SAFETY: matches `attn_scores`; `part` holds (n_rows, n_heads, stride) floats.
+        let r = unsafe { b.launch(cfg) };
+        if self.record(r, "attn_scores").is_none() {
             return;
         }
-        let (rows, cols) = (w.info.rows, w.info.cols);
+        let cfg = LaunchConfig { grid_dim: (shape.n_heads as u32, s.n_rows as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&self.f.attn_softmax_pv);
+        b.arg(&mut *part).arg(&l.v).arg(&mut *out).arg(&r0).arg(&p0).arg(&nh).arg(&nkv).arg(&st);
+        // SAFETY: matches `attn_softmax_pv`.
+        let r = unsafe { b.launch(cfg) };
+        self.record(r, "attn_softmax_pv");
+    }
+
+    /// One launch for up to three matrices of one type and width that share the input `x`.
+    fn launch_matmul(&self, ws: &[&DevWeight], x: &CudaSlice<f32>, n: usize, outs: &mut [&mut CudaSlice<f32>]) {
+        if self.failed() || n == 0 || ws.is_empty() {
+            return;
+        }
+        let w0 = ws[0];
+        let cols = w0.info.cols;
         // Activation rows per block: all of them up to MAX_TN, fewer when their int8 copies would
         // not fit in 40 KiB of shared memory.
-        let quantized = w.ty != DevType::F16;
+        let quantized = w0.ty != DevType::F16;
         let per_row = cols + (cols / 32) * 8;
         let tn = if quantized { (40 * 1024 / per_row).clamp(1, compile::MAX_TN) } else { compile::MAX_TN }.min(n);
         let smem = if quantized { ((tn * cols + 15) & !15) + tn * (cols / 32) * 8 } else { 0 };
+        let rows: Vec<i32> = (0..3).map(|i| ws.get(i).map_or(0, |w| w.info.rows as i32)).collect();
+        let total: usize = rows.iter().map(|&r| r as usize).sum();
         let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(4) as u32, n.div_ceil(tn) as u32, 1),
+            grid_dim: (total.div_ceil(4) as u32, n.div_ceil(tn) as u32, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let (wt, r, c, n_, tn_) = (w.ty as i32, rows as i32, cols as i32, n as i32, tn as i32);
+        let (wt, c, n_, tn_) = (w0.ty as i32, cols as i32, n as i32, tn as i32);
+        let w = |i: usize| &ws[i.min(ws.len() - 1)].data;
+        // Raw device pointers (event tracking is off, so the guards are no-ops); unused output
+        // slots repeat the first pointer, and no warp writes them (their row count is 0).
+        let ptrs: Vec<u64> = outs.iter_mut().map(|o| o.device_ptr_mut(&self.stream).0).collect();
+        let p = |i: usize| &ptrs[i.min(ptrs.len() - 1)];
         let mut b = self.stream.launch_builder(&self.f.matmul);
-        b.arg(&w.data).arg(&wt).arg(&r).arg(&c).arg(x).arg(&n_).arg(&tn_).arg(out);
+        b.arg(w(0)).arg(w(1)).arg(w(2)).arg(&rows[0]).arg(&rows[1]).arg(&rows[2]).arg(&wt).arg(&c).arg(x).arg(&n_).arg(&tn_);
+        b.arg(p(0)).arg(p(1)).arg(p(2));
         // SAFETY: argument list matches `matmul` in kernels/engine.cu; buffers hold (n, cols) and
-        // (n, rows) f32 (the engine sizes them), the weight its rows × row bytes.
+        // (n, rows_i) f32 (the engine sizes them), each weight its rows × row bytes.
         let res = unsafe { b.launch(cfg) };
         self.record(res, "matmul");
     }
@@ -427,8 +477,22 @@ impl Backend for CudaBackend {
     }
 
     fn matmul(&self, x: &CudaSlice<f32>, n: usize, outs: &mut [(WeightId, &mut CudaSlice<f32>)]) {
-        for (w, out) in outs.iter_mut() {
-            self.launch_matmul(&self.registered[w.0 as usize], x, n, out);
+        // Group consecutive matrices of one type and width (Q/K/V, gate/up) into launches of up to 3.
+        let mut i = 0;
+        while i < outs.len() {
+            let first = &self.registered[outs[i].0 .0 as usize];
+            let mut j = i + 1;
+            while j < outs.len() && j - i < 3 {
+                let w = &self.registered[outs[j].0 .0 as usize];
+                if w.ty != first.ty || w.info.cols != first.info.cols {
+                    break;
+                }
+                j += 1;
+            }
+            let ws: Vec<&DevWeight> = outs[i..j].iter().map(|(w, _)| &self.registered[w.0 as usize]).collect();
+            let mut os: Vec<&mut CudaSlice<f32>> = outs[i..j].iter_mut().map(|(_, o)| &mut **o).collect();
+            self.launch_matmul(&ws, x, n, &mut os);
+            i = j;
         }
     }
 
@@ -590,6 +654,10 @@ impl Backend for CudaBackend {
                 return;
             };
             let visible = s.pos0 + s.n_rows;
+            if visible <= EXACT_ATTENTION_MAX {
+                self.attention_exact(l, q, s, shape, scale, out);
+                continue;
+            }
             // Flash-decoding split over the positions: enough blocks to fill the device twice,
             // at least 32 positions per split.
             let blocks = shape.n_heads * s.n_rows;
