@@ -42,7 +42,9 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 echo "== doctor"
 "$BIN" doctor "$BUNDLE" --trust "$TRUST"
 echo "== parity: CUDA against the CPU backend (the reference), default model"
-"$BIN" doctor "$BUNDLE" --trust "$TRUST" --parity --backend cuda --tokens 32 | tee "$OUT/parity.txt"
+parity=0
+"$BIN" doctor "$BUNDLE" --trust "$TRUST" --parity --backend cuda --tokens 32 > "$OUT/parity.txt" 2>&1 || parity=$?
+cat "$OUT/parity.txt"
 echo "== bench: cuda"
 "$BIN" bench "$BUNDLE" --trust "$TRUST" --backend cuda --prompt-tokens 512 --gen-tokens 256 --batch 1,16,64 --reps 3 > "$OUT/bench-cuda.json"
 cat "$OUT/bench-cuda.json"
@@ -50,3 +52,5 @@ echo "== bench: cpu (same machine, for the ratio)"
 "$BIN" bench "$BUNDLE" --trust "$TRUST" --backend cpu --prompt-tokens 512 --gen-tokens 64 --batch 1,16 --reps 1 > "$OUT/bench-cpu.json"
 cat "$OUT/bench-cpu.json"
 echo "== done in $(( $(date +%s) - t0 )) s"
+if [ "$parity" != 0 ]; then echo "gpu-check: PARITY FAILED (exit $parity)"; exit "$parity"; fi
+echo "gpu-check: parity passed"
