@@ -8,12 +8,12 @@
 // Other weight types are dequantized to f32 on upload and use `matmul_f32` against f32 activations.
 //
 // Matmul layout: a workgroup of 64 threads = 4 weight rows × 16 lanes; the lanes of a row split its
-// blocks (columns for f32), each lane keeps TN accumulators (one per activation row of the tile
-// `wid.z`), then the 16 lanes are summed in workgroup memory.
+// blocks (columns for f32), each lane keeps a vec4 of accumulators (the 4 activation rows of the tile
+// `wid.z`; a separate single-row variant `matmul1_*` serves decoding), then the 16 lanes are summed in workgroup memory.
 
 override WG: u32 = 64u; // quantize_q8 workgroup size
 
-const TN: u32 = 8u;    // activation rows per workgroup (grid z)
+const TN: u32 = 4u;    // activation rows per workgroup (grid z), one vec4 of accumulators
 const LANES: u32 = 16u;
 const RPW: u32 = 4u;   // weight rows per workgroup: RPW * LANES = 64 threads
 
@@ -81,7 +81,7 @@ struct MParams {
 @group(0) @binding(9) var<storage, read> fw: array<f32>;   // f32 weights (chunk)
 @group(0) @binding(10) var<storage, read> fx: array<f32>;  // f32 activations
 
-var<workgroup> red: array<f32, 512>; // 64 threads × TN
+var<workgroup> red: array<vec4<f32>, 64>;
 
 // Σ over one weight word (bytes k..k+3 of a Q4 block: low nibbles = elements k.., high = k+16..)
 // against the activation words holding those elements.
@@ -99,53 +99,65 @@ fn byte_dot(w: u32, x: u32) -> i32 {
     return i8_at(w, 0u) * i8_at(x, 0u) + i8_at(w, 1u) * i8_at(x, 1u) + i8_at(w, 2u) * i8_at(x, 2u) + i8_at(w, 3u) * i8_at(x, 3u);
 }
 
-// Sum the LANES partial sums of each row; lane 0 writes the outputs. Called in uniform control flow.
-fn reduce_store(acc: array<f32, TN>, lid: u32, r: u32, t0: u32, nt: u32) {
+// Sum the LANES partial sums of each row (4 activation rows in a vec4); lane 0 writes the outputs.
+// Called in uniform control flow.
+fn reduce_store(acc: vec4<f32>, lid: u32, r: u32, t0: u32, nt: u32) {
     let lane = lid % LANES;
-    for (var t = 0u; t < TN; t++) {
-        red[lid * TN + t] = acc[t];
-    }
+    red[lid] = acc;
     workgroupBarrier();
     for (var s = LANES / 2u; s > 0u; s = s >> 1u) {
         if (lane < s) {
-            for (var t = 0u; t < TN; t++) {
-                red[lid * TN + t] += red[(lid + s) * TN + t];
-            }
+            red[lid] += red[lid + s];
         }
         workgroupBarrier();
     }
     if (lane == 0u && r < mp.rows) {
-        for (var t = 0u; t < nt; t++) {
-            mout[(t0 + t) * mp.out_stride + mp.row0 + r] = red[lid * TN + t];
+        let v = red[lid];
+        let o = t0 * mp.out_stride + mp.row0 + r;
+        mout[o] = v.x;
+        if (nt > 1u) {
+            mout[o + mp.out_stride] = v.y;
+        }
+        if (nt > 2u) {
+            mout[o + 2u * mp.out_stride] = v.z;
+        }
+        if (nt > 3u) {
+            mout[o + 3u * mp.out_stride] = v.w;
         }
     }
 }
 
+// Activation block `b` of row t0 + t, the row clamped to the last one (its result is discarded).
+fn xblock(t0: u32, t: u32, b: u32) -> u32 {
+    return min(t0 + t, mp.n - 1u) * mp.nb + b;
+}
+
+fn q4_sum(w: vec4<u32>, xb: u32, off: i32) -> i32 {
+    let xw = xb * 8u;
+    return nib_dot(w.x, mq[xw], mq[xw + 4u], off) + nib_dot(w.y, mq[xw + 1u], mq[xw + 5u], off)
+        + nib_dot(w.z, mq[xw + 2u], mq[xw + 6u], off) + nib_dot(w.w, mq[xw + 3u], mq[xw + 7u], off);
+}
+
+fn q4_term(dm: vec2<f32>, w: vec4<u32>, xb: u32, off: i32, has_min: bool) -> f32 {
+    var v = dm.x * mds[xb * 2u] * f32(q4_sum(w, xb, off));
+    if (has_min) {
+        v = v + dm.y * mds[xb * 2u + 1u];
+    }
+    return v;
+}
+
 fn q4_rows(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, off: i32, has_min: bool) {
     let r = wg_linear(wid, nwg) * RPW + lid / LANES;
-    let lane = lid % LANES;
     let t0 = wid.z * TN;
     let nt = min(TN, mp.n - t0);
-    var acc: array<f32, TN>;
+    var acc = vec4<f32>(0.0);
     if (r < mp.rows) {
-        for (var b = lane; b < mp.nb; b += LANES) {
+        for (var b = lid % LANES; b < mp.nb; b += LANES) {
             let wb = (r * mp.nb + b) * 5u;
             let dm = unpack2x16float(mw[wb]);
-            let w0 = mw[wb + 1u];
-            let w1 = mw[wb + 2u];
-            let w2 = mw[wb + 3u];
-            let w3 = mw[wb + 4u];
-            for (var t = 0u; t < nt; t++) {
-                let xb = (t0 + t) * mp.nb + b;
-                let xw = xb * 8u;
-                let sumi = nib_dot(w0, mq[xw], mq[xw + 4u], off) + nib_dot(w1, mq[xw + 1u], mq[xw + 5u], off)
-                    + nib_dot(w2, mq[xw + 2u], mq[xw + 6u], off) + nib_dot(w3, mq[xw + 3u], mq[xw + 7u], off);
-                var v = dm.x * mds[xb * 2u] * f32(sumi);
-                if (has_min) {
-                    v = v + dm.y * mds[xb * 2u + 1u];
-                }
-                acc[t] += v;
-            }
+            let w = vec4<u32>(mw[wb + 1u], mw[wb + 2u], mw[wb + 3u], mw[wb + 4u]);
+            acc += vec4<f32>(q4_term(dm, w, xblock(t0, 0u, b), off, has_min), q4_term(dm, w, xblock(t0, 1u, b), off, has_min),
+                             q4_term(dm, w, xblock(t0, 2u, b), off, has_min), q4_term(dm, w, xblock(t0, 3u, b), off, has_min));
         }
     }
     reduce_store(acc, lid, r, t0, nt);
@@ -169,6 +181,14 @@ fn matmul_q4_1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     q4_rows(wid, nwg, lid, 0i, true);
 }
 
+fn q8_term(d: f32, wb: u32, xb: u32) -> f32 {
+    let xw = xb * 8u;
+    let sumi = byte_dot(mw[wb + 1u], mq[xw]) + byte_dot(mw[wb + 2u], mq[xw + 1u]) + byte_dot(mw[wb + 3u], mq[xw + 2u])
+        + byte_dot(mw[wb + 4u], mq[xw + 3u]) + byte_dot(mw[wb + 5u], mq[xw + 4u]) + byte_dot(mw[wb + 6u], mq[xw + 5u])
+        + byte_dot(mw[wb + 7u], mq[xw + 6u]) + byte_dot(mw[wb + 8u], mq[xw + 7u]);
+    return d * mds[xb * 2u] * f32(sumi);
+}
+
 @compute @workgroup_size(64)
 fn matmul_q8_0(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
@@ -176,27 +196,15 @@ fn matmul_q8_0(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         return;
     }
     let r = wg_linear(wid, nwg) * RPW + lid / LANES;
-    let lane = lid % LANES;
     let t0 = wid.z * TN;
     let nt = min(TN, mp.n - t0);
-    var acc: array<f32, TN>;
+    var acc = vec4<f32>(0.0);
     if (r < mp.rows) {
-        for (var b = lane; b < mp.nb; b += LANES) {
+        for (var b = lid % LANES; b < mp.nb; b += LANES) {
             let wb = (r * mp.nb + b) * 9u;
             let d = unpack2x16float(mw[wb]).x;
-            var w: array<u32, 8>;
-            for (var k = 0u; k < 8u; k++) {
-                w[k] = mw[wb + 1u + k];
-            }
-            for (var t = 0u; t < nt; t++) {
-                let xb = (t0 + t) * mp.nb + b;
-                let xw = xb * 8u;
-                var sumi = 0i;
-                for (var k = 0u; k < 8u; k++) {
-                    sumi += byte_dot(w[k], mq[xw + k]);
-                }
-                acc[t] += d * mds[xb * 2u] * f32(sumi);
-            }
+            acc += vec4<f32>(q8_term(d, wb, xblock(t0, 0u, b)), q8_term(d, wb, xblock(t0, 1u, b)),
+                             q8_term(d, wb, xblock(t0, 2u, b)), q8_term(d, wb, xblock(t0, 3u, b)));
         }
     }
     reduce_store(acc, lid, r, t0, nt);
@@ -210,18 +218,112 @@ fn matmul_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         return;
     }
     let r = wg_linear(wid, nwg) * RPW + lid / LANES;
-    let lane = lid % LANES;
     let t0 = wid.z * TN;
     let nt = min(TN, mp.n - t0);
     let cols = mp.nb;
-    var acc: array<f32, TN>;
+    let last = mp.n - 1u;
+    var acc = vec4<f32>(0.0);
     if (r < mp.rows) {
-        for (var c = lane; c < cols; c += LANES) {
+        for (var c = lid % LANES; c < cols; c += LANES) {
             let wv = fw[r * cols + c];
-            for (var t = 0u; t < nt; t++) {
-                acc[t] += wv * fx[(t0 + t) * cols + c];
-            }
+            acc += wv * vec4<f32>(fx[min(t0, last) * cols + c], fx[min(t0 + 1u, last) * cols + c],
+                                  fx[min(t0 + 2u, last) * cols + c], fx[min(t0 + 3u, last) * cols + c]);
         }
     }
     reduce_store(acc, lid, r, t0, nt);
+}
+
+// ---- single activation row (decode): scalar accumulators, no per-token loops ----------------------
+
+var<workgroup> red1: array<f32, 64>;
+
+fn reduce_store1(acc: f32, lid: u32, r: u32) {
+    let lane = lid % LANES;
+    red1[lid] = acc;
+    workgroupBarrier();
+    for (var s = LANES / 2u; s > 0u; s = s >> 1u) {
+        if (lane < s) {
+            red1[lid] += red1[lid + s];
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u && r < mp.rows) {
+        mout[mp.row0 + r] = red1[lid];
+    }
+}
+
+fn q4_row1(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, off: i32, has_min: bool) {
+    let r = wg_linear(wid, nwg) * RPW + lid / LANES;
+    var acc = 0.0;
+    if (r < mp.rows) {
+        for (var b = lid % LANES; b < mp.nb; b += LANES) {
+            let wb = (r * mp.nb + b) * 5u;
+            let dm = unpack2x16float(mw[wb]);
+            let xw = b * 8u;
+            let sumi = nib_dot(mw[wb + 1u], mq[xw], mq[xw + 4u], off) + nib_dot(mw[wb + 2u], mq[xw + 1u], mq[xw + 5u], off)
+                + nib_dot(mw[wb + 3u], mq[xw + 2u], mq[xw + 6u], off) + nib_dot(mw[wb + 4u], mq[xw + 3u], mq[xw + 7u], off);
+            var v = dm.x * mds[b * 2u] * f32(sumi);
+            if (has_min) {
+                v = v + dm.y * mds[b * 2u + 1u];
+            }
+            acc += v;
+        }
+    }
+    reduce_store1(acc, lid, r);
+}
+
+@compute @workgroup_size(64)
+fn matmul1_q4_0(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    if (wg_linear(wid, nwg) >= mp.n_wg) {
+        return;
+    }
+    q4_row1(wid, nwg, lid, 8i, false);
+}
+
+@compute @workgroup_size(64)
+fn matmul1_q4_1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    if (wg_linear(wid, nwg) >= mp.n_wg) {
+        return;
+    }
+    q4_row1(wid, nwg, lid, 0i, true);
+}
+
+@compute @workgroup_size(64)
+fn matmul1_q8_0(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    if (wg_linear(wid, nwg) >= mp.n_wg) {
+        return;
+    }
+    let r = wg_linear(wid, nwg) * RPW + lid / LANES;
+    var acc = 0.0;
+    if (r < mp.rows) {
+        for (var b = lid % LANES; b < mp.nb; b += LANES) {
+            let wb = (r * mp.nb + b) * 9u;
+            let xw = b * 8u;
+            let sumi = byte_dot(mw[wb + 1u], mq[xw]) + byte_dot(mw[wb + 2u], mq[xw + 1u]) + byte_dot(mw[wb + 3u], mq[xw + 2u])
+                + byte_dot(mw[wb + 4u], mq[xw + 3u]) + byte_dot(mw[wb + 5u], mq[xw + 4u]) + byte_dot(mw[wb + 6u], mq[xw + 5u])
+                + byte_dot(mw[wb + 7u], mq[xw + 6u]) + byte_dot(mw[wb + 8u], mq[xw + 7u]);
+            acc += unpack2x16float(mw[wb]).x * mds[b * 2u] * f32(sumi);
+        }
+    }
+    reduce_store1(acc, lid, r);
+}
+
+@compute @workgroup_size(64)
+fn matmul1_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    if (wg_linear(wid, nwg) >= mp.n_wg) {
+        return;
+    }
+    let r = wg_linear(wid, nwg) * RPW + lid / LANES;
+    let cols = mp.nb;
+    var acc = 0.0;
+    if (r < mp.rows) {
+        for (var c = lid % LANES; c < cols; c += LANES) {
+            acc += fw[r * cols + c] * fx[c];
+        }
+    }
+    reduce_store1(acc, lid, r);
 }

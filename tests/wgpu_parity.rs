@@ -444,3 +444,44 @@ fn cpu_noise_baseline() {
         println!("prompt {i}: max |Δlogit| {d:.4} same tokens {}", ct == gt);
     }
 }
+
+/// Per-op timings on the real model's weights (decode shapes). Run with `--ignored`.
+#[test]
+#[ignore]
+fn bench_ops() {
+    let bundle = PathBuf::from(std::env::var_os("APPLIANCED_TEST_BUNDLE_ROOT").expect("bundle"));
+    let mut b = WgpuBackend::open(&bundle.join("model/weights.safetensors"), &shader_dir()).expect("wgpu");
+    let emb = b.weight("token_embd.weight").expect("w");
+    let gate = b.weight("blk.0.ffn_gate.weight").expect("w");
+    let down = b.weight("blk.0.ffn_down.weight").expect("w");
+    let norm = b.weight("blk.0.attn_norm.weight").expect("w");
+    let reps = 20;
+    let time = |name: &str, b: &WgpuBackend, f: &mut dyn FnMut(&WgpuBackend), probe: &<WgpuBackend as Backend>::Buf| {
+        f(b);
+        b.read(probe, 1);
+        let t = Instant::now();
+        for _ in 0..reps {
+            f(b);
+        }
+        b.read(probe, 1);
+        println!("{name:<30} {:.3} ms", t.elapsed().as_secs_f64() * 1e3 / reps as f64);
+    };
+    let probe = b.alloc(1);
+    let x = b.alloc(576 * 8);
+    let h = b.alloc(1536 * 8);
+    let mut o = b.alloc(49152 * 8);
+    let mut o2 = b.alloc(1536 * 8);
+    let mut o3 = b.alloc(576 * 8);
+    time("add 576", &b, &mut |b| { let y = &x; b.add(&mut o3, y, 576) }, &probe);
+    time("rms_norm 576", &b, &mut |b| b.rms_norm(&x, 1, norm, 1e-5, &mut o3), &probe);
+    time("matmul out 49152x576 q8_0", &b, &mut |b| b.matmul(&x, 1, &mut [(emb, &mut o)]), &probe);
+    time("matmul gate 1536x576 q4_1", &b, &mut |b| b.matmul(&x, 1, &mut [(gate, &mut o2)]), &probe);
+    time("matmul down 576x1536 q4_1", &b, &mut |b| b.matmul(&h, 1, &mut [(down, &mut o3)]), &probe);
+    time("matmul gate n=8", &b, &mut |b| b.matmul(&x, 8, &mut [(gate, &mut o2)]), &probe);
+    let mut kv = b.kv_new(1, 3, 64);
+    let k = b.alloc(192 * 64);
+    b.kv_write(&mut kv, 0, &k, &k, 0, 64, 0);
+    let q = b.alloc(576);
+    let mut att = b.alloc(576);
+    time("attention 64 keys", &b, &mut |b| b.attention(0, &q, &[AttnSeg { kv: &kv, row0: 0, n_rows: 1, pos0: 63 }], AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 }, &mut att), &probe);
+}

@@ -356,12 +356,12 @@ impl Backend for WgpuBackend {
         let mut pi = 1;
         for (w, out) in outs.iter_mut() {
             let r = self.reg(*w);
-            let entry = format!("matmul_{}", r.stored.suffix());
+            let entry = format!("{}_{}", if n == 1 { "matmul1" } else { "matmul" }, r.stored.suffix());
             for c in &r.chunks {
                 let p: &Slice = &up[pi];
                 pi += 1;
                 let (gx, gy) = grid(c.rows.div_ceil(4) as u32);
-                let gz = n.div_ceil(8) as u32;
+                let gz = n.div_ceil(4) as u32; // TN = 4 activation rows per workgroup
                 let mut binds = vec![(4, Res::Range(p)), (8, Res::Whole(&out.buf))];
                 match (&q8q, &q8ds, r.stored) {
                     (_, _, Stored::F32) => {
