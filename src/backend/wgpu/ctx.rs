@@ -148,7 +148,7 @@ impl Ctx {
 
     /// Largest storage binding in bytes (also bounded by the largest buffer).
     pub fn max_binding(&self) -> u64 {
-        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size)
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
     }
 
     /// A zeroed device buffer of `bytes` (at least 16) usable as storage and copy source/target.
@@ -164,7 +164,7 @@ impl Ctx {
     /// A device buffer holding `data` (weights).
     pub fn buffer_init(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
         let mut padded;
-        let contents = if data.len() % 4 != 0 || data.len() < 16 {
+        let contents = if !data.len().is_multiple_of(4) || data.len() < 16 {
             padded = data.to_vec();
             padded.resize(data.len().max(16).next_multiple_of(4), 0);
             &padded[..]

@@ -58,7 +58,7 @@ pub fn probe() -> Result<AdapterReport, String> {
         backend: format!("{:?}", info.backend),
         device_type: format!("{:?}", info.device_type),
         driver,
-        max_storage_binding: (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size),
+        max_storage_binding: limits.max_storage_buffer_binding_size.min(limits.max_buffer_size),
         is_software: is_software(&info),
     })
 }
@@ -119,7 +119,7 @@ struct Registered {
 fn repack(ty: TensorType, data: &[u8], cols: usize) -> Vec<u8> {
     let stored = Stored::of(ty);
     let rb = ty.row_bytes(cols).unwrap_or(0);
-    let rows = if rb == 0 { 0 } else { data.len() / rb };
+    let rows = data.len().checked_div(rb).unwrap_or(0);
     let mut out = Vec::with_capacity(rows * stored.row_bytes(cols));
     match stored {
         Stored::Q4_1 => out.extend_from_slice(data), // 20-byte blocks: already word-aligned
@@ -485,7 +485,7 @@ impl Backend for WgpuBackend {
     }
 
     fn kv_new(&self, n_layers: usize, n_kv_heads: usize, head_dim: usize) -> WgpuKv {
-        assert!(head_dim <= 256 && head_dim % 2 == 0, "the wgpu backend supports even head_dim up to 256, not {head_dim}");
+        assert!(head_dim <= 256 && head_dim.is_multiple_of(2), "the wgpu backend supports even head_dim up to 256, not {head_dim}");
         WgpuKv { kv_dim: n_kv_heads * head_dim, layers: (0..n_layers).map(|_| None).collect() }
     }
 
