@@ -9,6 +9,9 @@ PROMPT="${1:-What is the capital of France?}"
 GGUF=$(scripts/fetch-model.sh)
 echo "== model: $GGUF" >&2
 cargo build --release --quiet
+# NVRTC (from PyPI, no GPU needed) compiles the bundle's CUDA kernels at build time; the same
+# script sets up the test venv.
+scripts/setup-test-env.sh
 BIN=target/release/applianced
 OUT=target/demo
 mkdir -p "$OUT"
@@ -17,6 +20,8 @@ if [ ! -f signing/dev.key ]; then
 fi
 echo "== build" >&2
 "$BIN" build bundles/smollm2-135m.toml --key signing/dev.key --out "$OUT/smollm2-135m.zlb"
+echo "== doctor: what this machine has, and which backend the bundle runs on" >&2
+"$BIN" doctor "$OUT/smollm2-135m.zlb" --trust signing/dev.pub --store "$OUT/store" >&2
 echo "== verify" >&2
 "$BIN" verify "$OUT/smollm2-135m.zlb" --trust signing/dev.pub
 echo "== run: $PROMPT" >&2

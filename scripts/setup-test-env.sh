@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Create .venv with the official Python SDKs the server tests call the API with (anthropic,
-# openai, httpx) and the reference JSON Schema validator (jsonschema) the generation test uses. Idempotent: an existing venv that already imports them is kept.
+# openai, httpx), the reference JSON Schema validator (jsonschema) the generation test uses, and
+# NVIDIA's NVRTC and ptxas wheels (nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12, pinned to CUDA
+# 12.2, the oldest CUDA of the targets: JetPack 6) with which `applianced build` compiles the CUDA
+# kernels to PTX and the tests assemble it; no GPU and no CUDA toolkit needed. Also installs
+# Mesa's software Vulkan driver (lavapipe) for the wgpu backend's tests. Idempotent: an existing
+# venv that already has everything is kept.
 # Usage: scripts/setup-test-env.sh   (then APPLIANCED_TEST_PYTHON=.venv/bin/python)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +17,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   command -v curl >/dev/null || need+=(curl)
   command -v promtool >/dev/null || need+=(prometheus)
   command -v systemd-analyze >/dev/null || need+=(systemd)
+  ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
   if [ ${#need[@]} -gt 0 ]; then
     echo "setup-test-env: installing ${need[*]}" >&2
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}") >&2 \
@@ -20,7 +26,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 fi
 VENV=.venv
 PY="$VENV/bin/python"
-if [ -x "$PY" ] && "$PY" -c 'import anthropic, openai, httpx, jsonschema' 2>/dev/null; then
+NVRTC_PIN='nvidia-cuda-nvrtc-cu12==12.2.140'
+NVCC_PIN='nvidia-cuda-nvcc-cu12==12.2.140'
+have_nvidia() { compgen -G "$VENV/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" >/dev/null \
+  && compgen -G "$VENV/lib/python3*/site-packages/nvidia/cuda_nvcc/bin/ptxas" >/dev/null; }
+if [ -x "$PY" ] && "$PY" -c 'import anthropic, openai, httpx, jsonschema' 2>/dev/null && have_nvidia; then
   exit 0
 fi
 PYTHON="${PYTHON:-python3}"
@@ -29,5 +39,5 @@ if ! command -v "$PYTHON" >/dev/null; then
   exit 0
 fi
 [ -x "$PY" ] || "$PYTHON" -m venv "$VENV"
-"$PY" -m pip install --quiet --disable-pip-version-check 'anthropic>=0.40' 'openai>=1.50' 'httpx>=0.27' 'jsonschema[format-nongpl]>=4.23'
+"$PY" -m pip install --quiet --disable-pip-version-check 'anthropic>=0.40' 'openai>=1.50' 'httpx>=0.27' 'jsonschema[format-nongpl]>=4.23' "$NVRTC_PIN" "$NVCC_PIN"
 "$PY" -c 'import importlib.metadata, anthropic, openai, httpx, jsonschema; print("setup-test-env: anthropic", anthropic.__version__, "openai", openai.__version__, "httpx", httpx.__version__, "jsonschema", importlib.metadata.version("jsonschema"))' >&2

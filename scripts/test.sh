@@ -20,6 +20,10 @@ ENTRY=$(target/release/applianced bundle install "$T/default.zlb" --trust "$T/k.
 export APPLIANCED_TEST_TOKENIZER_JSON="$ENTRY/tokenizer/tokenizer.json"
 # The same installed (verified, unpacked) bundle for the schema generation test.
 export APPLIANCED_TEST_BUNDLE_ROOT="$ENTRY"
+# GPU backends without a GPU: the CUDA kernels must compile with NVRTC and assemble with ptxas for
+# every target (tests/cuda_kernels.rs), and the wgpu backend must match the CPU on lavapipe
+# (tests/wgpu_parity.rs); here "skipped" is a failure.
+export APPLIANCED_REQUIRE_NVRTC=1 APPLIANCED_REQUIRE_WGPU=1
 cargo test --release --all-targets -- --test-threads 2
 # Packaging (issue 9): static musl build, aarch64 test subset under qemu, the .deb installed and
 # checked in a clean Debian 12 chroot. Installs its own tools; needs root (as CI runs).

@@ -48,6 +48,10 @@ pub struct BuildArgs {
     /// Use this model source instead of the recipe's `model.source`.
     #[arg(long, value_name = "PATH")]
     pub model: Option<PathBuf>,
+    /// Leave out the recipe's [kernels] (CUDA PTX, WGSL shaders): the bundle then runs on the
+    /// CPU backend only. For builds of applianced without GPU support (the static musl build).
+    #[arg(long)]
+    pub no_kernels: bool,
     /// No progress output.
     #[arg(long, short)]
     pub quiet: bool,
@@ -56,7 +60,10 @@ pub struct BuildArgs {
 pub fn build(a: BuildArgs) -> Result<(), CliError> {
     let keys = a.keys.iter().map(|k| SecretKey::read(k)).collect::<Result<Vec<_>, _>>()?;
     let now = VerifyOptions::new(&Default::default()).now;
-    let r = Recipe::load(&a.recipe)?.resolve(&a.recipe, a.model.as_deref(), now)?;
+    let mut r = Recipe::load(&a.recipe)?.resolve(&a.recipe, a.model.as_deref(), now)?;
+    if a.no_kernels && r.recipe.kernels.take().is_some() && !a.quiet {
+        eprintln!("note: --no-kernels: the recipe's [kernels] are left out; this bundle runs on the CPU backend only");
+    }
     if r.created_from_clock && !a.quiet {
         eprintln!("note: recipe has no bundle.created and SOURCE_DATE_EPOCH is unset; using the clock (not reproducible)");
     }
