@@ -319,9 +319,14 @@ extern "C" __global__ void gather_rows(const float* __restrict__ x, const u32* _
     for (int j = threadIdx.x; j < cols; j += blockDim.x) dst[j] = src[j];
 }
 
-// Write rows row0..row0+n of k and v (·, kv_dim) as f16 at positions pos0.. of one layer's cache.
-extern "C" __global__ void kv_write(u16* __restrict__ kc, u16* __restrict__ vc, const float* __restrict__ k,
-                                    const float* __restrict__ v, int row0, int n, int pos0, int kv_dim) {
+// Several sequences' kv_write in one launch: desc[5*j..] = (k cache, v cache, row0, n, pos0) of
+// write j; grid (ceil(max_n*kv_dim/256), writes).
+extern "C" __global__ void kv_write_batch(const unsigned long long* __restrict__ desc, const float* __restrict__ k,
+                                          const float* __restrict__ v, int kv_dim) {
+    const unsigned long long* d = desc + 5 * blockIdx.y;
+    u16* kc = (u16*)d[0];
+    u16* vc = (u16*)d[1];
+    const int row0 = (int)d[2], n = (int)d[3], pos0 = (int)d[4];
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * kv_dim) return;
     const int t = i / kv_dim, j = i % kv_dim;
@@ -412,16 +417,21 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * WARP)
 // Exact attention (short contexts), two kernels mirroring the CPU backend step by step: scores
 // q16.k16 * scale for every visible position (attn_scores), then per (row, head) the softmax in
 // f32 with the probabilities rounded to f16 before weighting V (attn_softmax_pv), as llama.cpp's
-// f16 path and src/backend/cpu/ops.rs do. `scores` is (n_rows, n_heads, stride) f32.
+// f16 path and src/backend/cpu/ops.rs do. Every query row of every sequence of the batch in one
+// launch each (per-row descriptors). `scores` is (rows, n_heads, stride) f32.
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * WARP)
-    attn_scores(const float* __restrict__ q, const u16* __restrict__ kc, float* __restrict__ scores, int row0, int pos0,
+    attn_scores(const float* __restrict__ q, const unsigned long long* __restrict__ desc, float* __restrict__ scores,
                 int n_heads, int n_kv_heads, int stride, float scale) {
+    // desc[4*i..] = (k cache, v cache, query row, position) of query row i of the batch.
     const int h = blockIdx.x, i = blockIdx.y;
+    const unsigned long long* dr = desc + 4 * i;
+    const u16* kc = (const u16*)dr[0];
+    const int row = (int)dr[2], visible = (int)dr[3] + 1;
+    if ((int)blockIdx.z * ATT_WARPS * 8 >= visible) return;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int kvh = h / (n_heads / n_kv_heads);
     const int kv_dim = n_kv_heads * HEAD_DIM;
-    const int visible = pos0 + i + 1;
-    const float* qr = q + (size_t)(row0 + i) * n_heads * HEAD_DIM + h * HEAD_DIM;
+    const float* qr = q + (size_t)row * n_heads * HEAD_DIM + h * HEAD_DIM;
     float qv[DPL];
 #pragma unroll
     for (int d = 0; d < DPL; d++) qv[d] = round_f16(qr[lane * DPL + d]);
@@ -449,15 +459,17 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float* sh) {
 }
 
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * WARP)
-    attn_softmax_pv(float* __restrict__ scores, const u16* __restrict__ vc, float* __restrict__ out, int row0, int pos0,
+    attn_softmax_pv(float* __restrict__ scores, const unsigned long long* __restrict__ desc, float* __restrict__ out,
                     int n_heads, int n_kv_heads, int stride) {
     __shared__ float sh[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][HEAD_DIM];
     const int h = blockIdx.x, i = blockIdx.y;
+    const unsigned long long* dr = desc + 4 * i;
+    const u16* vc = (const u16*)dr[1];
+    const int row = (int)dr[2], visible = (int)dr[3] + 1;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int kvh = h / (n_heads / n_kv_heads);
     const int kv_dim = n_kv_heads * HEAD_DIM;
-    const int visible = pos0 + i + 1;
     float* sr = scores + ((size_t)i * n_heads + h) * stride;
     float m = -INFINITY;
     for (int p = threadIdx.x; p < visible; p += blockDim.x) m = fmaxf(m, sr[p]);
@@ -486,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * WARP)
     for (int d = 0; d < DPL; d++) s_acc[warp][lane * DPL + d] = acc[d];
     __syncthreads();
     if (warp == 0) {
-        float* o = out + (size_t)(row0 + i) * n_heads * HEAD_DIM + h * HEAD_DIM;
+        float* o = out + (size_t)row * n_heads * HEAD_DIM + h * HEAD_DIM;
 #pragma unroll
         for (int d = 0; d < DPL; d++) {
             float a = 0.f;

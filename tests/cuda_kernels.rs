@@ -37,7 +37,7 @@ fn ptxas() -> Option<PathBuf> {
 }
 
 const KERNELS: &[&str] = &[
-    "embed", "matmul", "rms_norm", "add_bias", "add", "add_rows", "silu_mul", "rope", "gather_rows", "kv_write", "attention",
+    "embed", "matmul", "rms_norm", "add_bias", "add", "add_rows", "silu_mul", "rope", "gather_rows", "kv_write_batch", "attention",
     "attn_combine", "attn_scores", "attn_softmax_pv", "logits_mask", "argmax",
 ];
 

@@ -29,10 +29,11 @@ pub struct DoctorArgs {
     #[arg(long, default_value_t = 32)]
     pub tokens: usize,
     /// `--parity` fails when KL(cpu || backend) of the next-token distribution exceeds this at
-    /// any step. The default is the bound the CPU backend meets against llama.cpp
-    /// (tests/engine_reference.rs): every matmul re-quantizes its input to 8 bits, so f32
-    /// summation-order noise is amplified (the CPU's own SIMD and scalar kernels differ by up to
-    /// 0.017); a real arithmetic error shows as KL >= 0.05 and confident top-1 flips.
+    /// any step (mean over steps: 0.4 of it), or twice the CPU's own noise floor measured on the
+    /// same prompts (its scalar kernels against its SIMD kernels), whichever is larger. The
+    /// default is the bound the CPU backend meets against llama.cpp (tests/engine_reference.rs):
+    /// every matmul re-quantizes its input to 8 bits, so f32 summation-order noise is amplified;
+    /// a real arithmetic error shows as KL >= 0.05 at many steps and confident top-1 flips.
     #[arg(long, default_value_t = 0.02)]
     pub max_kl: f64,
     #[command(flatten)]
@@ -218,11 +219,19 @@ fn parity(root: &std::path::Path, a: &DoctorArgs) -> Result<(bool, Vec<String>, 
         return Err(CliError::Usage(format!("--parity needs a GPU backend to compare with the CPU, and {} was chosen ({why})", gpu.backend_description())));
     }
     let mut cpu = Engine::load(root, &opts).map_err(eng)?;
+    // The CPU's own noise floor on these prompts: its plain reference kernels (same integer
+    // arithmetic, another f32 summation order) against its SIMD kernels.
+    std::env::set_var("APPLIANCED_CPU_KERNELS", "scalar");
+    let scalar = Engine::load(root, &opts);
+    std::env::remove_var("APPLIANCED_CPU_KERNELS");
+    let mut scalar = scalar.map_err(eng)?;
+    let same_kernels = scalar.backend_description() == cpu.backend_description();
     let tok = crate::tokenizer::Tokenizer::load(&root.join(crate::model::TOKENIZER_PATH)).map_err(|e| CliError::Engine(e.to_string()))?;
     let tpl = crate::tokenizer::template::ChatTemplate::load(&root.join(crate::model::CHAT_TEMPLATE_PATH)).map_err(|e| CliError::Engine(e.to_string()))?;
     let mut lines = vec![format!("parity: {} against {}", gpu.backend_description(), cpu.backend_description())];
     let (mut max_d, mut steps, mut agree, mut near_tie_flips, mut hard_flips) = (0f32, 0usize, 0usize, 0usize, 0usize);
     let (mut kl_sum, mut kl_max) = (0f64, 0f64);
+    let (mut noise_sum, mut noise_max) = (0f64, 0f64);
     let mut free_equal = 0usize;
     let started = std::time::Instant::now();
     let mut gpu_time = 0f64;
@@ -259,8 +268,9 @@ fn parity(root: &std::path::Path, a: &DoctorArgs) -> Result<(bool, Vec<String>, 
     }
     for (pi, ids) in prompts_ids.iter().enumerate() {
         // Lockstep: both fed the CPU's greedy token; compare logits at every step.
-        let (sc, sg) = (cpu.new_seq().map_err(eng)?, gpu.new_seq().map_err(eng)?);
+        let (sc, sg, ss) = (cpu.new_seq().map_err(eng)?, gpu.new_seq().map_err(eng)?, scalar.new_seq().map_err(eng)?);
         let mut lc = cpu.prefill(sc, ids, 512).map_err(eng)?;
+        let mut ls = scalar.prefill(ss, ids, 512).map_err(eng)?;
         let t = std::time::Instant::now();
         let mut lg = gpu.prefill(sg, ids, 512).map_err(eng)?;
         gpu_time += t.elapsed().as_secs_f64();
@@ -271,6 +281,9 @@ fn parity(root: &std::path::Path, a: &DoctorArgs) -> Result<(bool, Vec<String>, 
             let k = kl(&lc, &lg);
             kl_sum += k;
             kl_max = kl_max.max(k);
+            let k = kl(&lc, &ls);
+            noise_sum += k;
+            noise_max = noise_max.max(k);
             let (ic, margin) = top2(&lc);
             let (ig, _) = top2(&lg);
             steps += 1;
@@ -283,12 +296,14 @@ fn parity(root: &std::path::Path, a: &DoctorArgs) -> Result<(bool, Vec<String>, 
             }
             cpu_tokens.push(ic as u32);
             lc = cpu.forward(&[(sc, &[ic as u32])]).map_err(eng)?.pop().unwrap_or_default();
+            ls = scalar.forward(&[(ss, &[ic as u32])]).map_err(eng)?.pop().unwrap_or_default();
             let t = std::time::Instant::now();
             lg = gpu.forward(&[(sg, &[ic as u32])]).map_err(eng)?.pop().unwrap_or_default();
             gpu_time += t.elapsed().as_secs_f64();
         }
         cpu.free_seq(sc);
         gpu.free_seq(sg);
+        scalar.free_seq(ss);
         // Free-running greedy on the GPU alone: the same text as the CPU's?
         let sg = gpu.new_seq().map_err(eng)?;
         let mut l = gpu.prefill(sg, ids, 512).map_err(eng)?;
@@ -329,21 +344,30 @@ fn parity(root: &std::path::Path, a: &DoctorArgs) -> Result<(bool, Vec<String>, 
         }
     }
     let kl_mean = kl_sum / steps.max(1) as f64;
-    let ok = hard_flips == 0 && kl_max <= a.max_kl && batch_kl <= a.max_kl;
+    let noise_mean = noise_sum / steps.max(1) as f64;
+    // The backend may differ from the CPU's SIMD kernels as much as the CPU's own two kernel sets
+    // differ from each other (twice, for headroom), and always by the fixed bounds.
+    let bound_max = a.max_kl.max(2.0 * noise_max);
+    let bound_mean = (a.max_kl * 0.4).max(2.0 * noise_mean);
+    let ok = hard_flips == 0 && kl_max <= bound_max && kl_mean <= bound_mean && batch_kl <= bound_max;
     lines.push(format!(
         "  lockstep: {steps} steps, top-1 agrees at {agree}; flips where the CPU's margin <= {CONFIDENT_MARGIN}: {near_tie_flips}, at confident steps: {hard_flips}"
     ));
     lines.push(format!(
-        "  KL(cpu||{}) mean {kl_mean:.5}, max {kl_max:.5} nats (bound {}); max |logit difference| {max_d:.3}; batched prefill of {} sequences: max KL {batch_kl:.5}",
+        "  KL(cpu||{}) mean {kl_mean:.5}, max {kl_max:.5} nats (bounds {bound_mean:.4} / {bound_max:.4}); max |logit difference| {max_d:.3}; batched prefill of {} sequences: max KL {batch_kl:.5}",
         a.backend_name(),
-        a.max_kl,
         prompts_ids.len()
+    ));
+    lines.push(format!(
+        "  the CPU's own noise (scalar against SIMD kernels{}): KL mean {noise_mean:.5}, max {noise_max:.5}",
+        if same_kernels { "; this CPU has no SIMD kernels, so 0" } else { "" }
     ));
     lines.push(format!("  free-running greedy text identical to the CPU's for {free_equal}/{} prompts (a near-tie flip makes the texts part)", prompts_ids.len()));
     lines.push(format!("  {} ({:.1} s, GPU share {:.1} s)", if ok { "PASS" } else { "FAIL" }, started.elapsed().as_secs_f64(), gpu_time));
     let json = serde_json::json!({
         "backend": gpu.backend_description(), "steps": steps, "argmax_agree": agree, "near_tie_flips": near_tie_flips,
         "hard_flips": hard_flips, "max_logit_diff": max_d, "kl_mean": kl_mean, "kl_max": kl_max, "batched_kl_max": batch_kl,
+        "cpu_noise_kl_mean": noise_mean, "cpu_noise_kl_max": noise_max, "bound_kl_mean": bound_mean, "bound_kl_max": bound_max,
         "free_running_identical": free_equal, "prompts": prompts_ids.len(), "pass": ok,
     });
     Ok((ok, lines, json))

@@ -18,7 +18,7 @@ use std::cell::RefCell;
 use std::path::Path;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::{AttnSeg, AttnShape, Backend, BackendError, RopeTable, WeightId, WeightInfo, CUDA_DIR};
 use crate::model::{ModelConfig, TensorType, Weights, WEIGHTS_PATH};
@@ -133,15 +133,27 @@ struct Funcs {
     silu_mul: CudaFunction,
     rope: CudaFunction,
     gather_rows: CudaFunction,
-    kv_write: CudaFunction,
     attention: CudaFunction,
     attn_combine: CudaFunction,
     attn_scores: CudaFunction,
     attn_softmax_pv: CudaFunction,
+    kv_write_batch: CudaFunction,
+}
+
+/// A `kv_write` not yet launched: the engine writes every sequence's rows of a layer, one call
+/// each, before that layer's attention; they go to the device as one launch (at the next
+/// attention, matmul or read, whichever comes first).
+struct PendingKv {
+    k_src: u64,
+    v_src: u64,
+    kv_dim: usize,
+    /// (k cache, v cache, row0, n, pos0)
+    desc: [u64; 5],
 }
 
 #[derive(Default)]
 struct Scratch {
+    u64s: Option<CudaSlice<u64>>,
     u32s: Option<CudaSlice<u32>>,
     f32s: Option<CudaSlice<f32>>,
     part: Option<CudaSlice<f32>>,
@@ -170,6 +182,7 @@ pub struct CudaBackend {
     /// Multiprocessors, to size attention splits.
     sms: usize,
     scratch: RefCell<Scratch>,
+    pending_kv: RefCell<Vec<PendingKv>>,
     err: RefCell<Option<String>>,
 }
 
@@ -223,11 +236,11 @@ impl CudaBackend {
             silu_mul: get("silu_mul")?,
             rope: get("rope")?,
             gather_rows: get("gather_rows")?,
-            kv_write: get("kv_write")?,
             attention: get("attention")?,
             attn_combine: get("attn_combine")?,
             attn_scores: get("attn_scores")?,
             attn_softmax_pv: get("attn_softmax_pv")?,
+            kv_write_batch: get("kv_write_batch")?,
         };
         let host = Weights::open(&root.join(WEIGHTS_PATH))?;
         let sms = plan.device.multiprocessors.max(1) as usize;
@@ -241,6 +254,7 @@ impl CudaBackend {
             head_dim: cfg.head_dim,
             sms,
             scratch: RefCell::new(Scratch::default()),
+            pending_kv: RefCell::new(Vec::new()),
             err: RefCell::new(None),
         })
     }
@@ -288,6 +302,49 @@ impl CudaBackend {
         let r = self.stream.memcpy_htod(data, &mut buf.slice_mut(0..data.len()));
         if self.record(r, "upload").is_some() {
             f(buf);
+        }
+    }
+
+    fn with_u64s(&self, data: &[u64], f: impl FnOnce(&CudaSlice<u64>)) {
+        let mut s = self.scratch.borrow_mut();
+        if s.u64s.as_ref().is_none_or(|b| b.len() < data.len()) {
+            let r = self.stream.alloc_zeros::<u64>(data.len().next_power_of_two().max(64));
+            s.u64s = self.record(r, "alloc");
+        }
+        let Some(buf) = s.u64s.as_mut() else { return };
+        let r = self.stream.memcpy_htod(data, &mut buf.slice_mut(0..data.len()));
+        if self.record(r, "upload").is_some() {
+            f(buf);
+        }
+    }
+
+    /// Launch the queued `kv_write`s: one launch per run of writes from the same source rows.
+    fn flush_kv(&self) {
+        let pending = std::mem::take(&mut *self.pending_kv.borrow_mut());
+        if pending.is_empty() || self.failed() {
+            return;
+        }
+        let mut i = 0;
+        while i < pending.len() {
+            let p0 = &pending[i];
+            let j = i + pending[i..].iter().take_while(|p| p.k_src == p0.k_src && p.v_src == p0.v_src && p.kv_dim == p0.kv_dim).count();
+            let descs: Vec<u64> = pending[i..j].iter().flat_map(|p| p.desc).collect();
+            let max_n = pending[i..j].iter().map(|p| p.desc[3] as usize).max().unwrap_or(0);
+            let cfg = LaunchConfig {
+                grid_dim: ((max_n * p0.kv_dim).div_ceil(256).max(1) as u32, (j - i) as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (ks, vs, kd) = (p0.k_src, p0.v_src, p0.kv_dim as i32);
+            self.with_u64s(&descs, |d| {
+                let mut b = self.stream.launch_builder(&self.f.kv_write_batch);
+                b.arg(d).arg(&ks).arg(&vs).arg(&kd);
+                // SAFETY: matches `kv_write_batch`; every cache holds pos0+n positions (grown
+                // in kv_write), the sources are the live k/v activation buffers.
+                let r = unsafe { b.launch(cfg) };
+                self.record(r, "kv_write");
+            });
+            i = j;
         }
     }
 
@@ -341,39 +398,82 @@ impl CudaBackend {
         Ok(DevWeight { name: name.into(), info, ty, data })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn attention_exact(&self, l: &KvLayer, q: &CudaSlice<f32>, s: &AttnSeg<'_, CudaKv>, shape: AttnShape, scale: f32, out: &mut CudaSlice<f32>) {
-        let visible = s.pos0 + s.n_rows;
-        let stride = visible.next_multiple_of(32);
-        let need = s.n_rows * shape.n_heads * stride;
+    /// `rows`: 4 values per query row (k cache, v cache, row, position).
+    fn attention_exact(&self, rows: &[u64], max_visible: usize, q: &CudaSlice<f32>, shape: AttnShape, scale: f32, out: &mut CudaSlice<f32>) {
+        let n_rows = rows.len() / 4;
+        let stride = max_visible.next_multiple_of(32);
+        let need = n_rows * shape.n_heads * stride;
+        let (nh, nkv, st) = (shape.n_heads as i32, shape.n_kv_heads as i32, stride as i32);
         let mut scratch = self.scratch.borrow_mut();
-        if scratch.part.as_ref().is_none_or(|p| p.len() < need) {
-            scratch.part = self.record(self.stream.alloc_zeros::<f32>(need.next_power_of_two()), "attention scratch");
+        let Scratch { part, u64s, .. } = &mut *scratch;
+        if part.as_ref().is_none_or(|p| p.len() < need) {
+            *part = self.record(self.stream.alloc_zeros::<f32>(need.next_power_of_two()), "attention scratch");
         }
-        let Some(part) = scratch.part.as_mut() else { return };
-        let (r0, p0, nh, nkv, st) = (s.row0 as i32, s.pos0 as i32, shape.n_heads as i32, shape.n_kv_heads as i32, stride as i32);
+        let (Some(part), desc_len) = (part.as_mut(), rows.len()) else { return };
+        if u64s.as_ref().is_none_or(|b| b.len() < desc_len) {
+            *u64s = self.record(self.stream.alloc_zeros::<u64>(desc_len.next_power_of_two().max(64)), "alloc");
+        }
+        let Some(desc) = u64s.as_mut() else { return };
+        let r = self.stream.memcpy_htod(rows, &mut desc.slice_mut(0..desc_len));
+        if self.record(r, "upload").is_none() {
+            return;
+        }
         let cfg = LaunchConfig {
-            grid_dim: (shape.n_heads as u32, s.n_rows as u32, visible.div_ceil(32) as u32),
+            grid_dim: (shape.n_heads as u32, n_rows as u32, max_visible.div_ceil(32) as u32),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = self.stream.launch_builder(&self.f.attn_scores);
-        b.arg(q).arg(&l.k).arg(&mut *part).arg(&r0).arg(&p0).arg(&nh).arg(&nkv).arg(&st).arg(&scale);
-        // SAFETY: matches `attn_scores`; `part` holds (n_rows, n_heads, stride) floats.
+        b.arg(q).arg(&*desc).arg(&mut *part).arg(&nh).arg(&nkv).arg(&st).arg(&scale);
+        // SAFETY: matches `attn_scores`; `part` holds (rows, n_heads, stride) floats and every
+        // descriptor names a cache holding its row's visible positions.
         let r = unsafe { b.launch(cfg) };
         if self.record(r, "attn_scores").is_none() {
             return;
         }
-        let cfg = LaunchConfig { grid_dim: (shape.n_heads as u32, s.n_rows as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: (shape.n_heads as u32, n_rows as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(&self.f.attn_softmax_pv);
-        b.arg(&mut *part).arg(&l.v).arg(&mut *out).arg(&r0).arg(&p0).arg(&nh).arg(&nkv).arg(&st);
+        b.arg(&mut *part).arg(&*desc).arg(&mut *out).arg(&nh).arg(&nkv).arg(&st);
         // SAFETY: matches `attn_softmax_pv`.
         let r = unsafe { b.launch(cfg) };
         self.record(r, "attn_softmax_pv");
     }
 
+    /// Flash-decoding over one long sequence (online softmax in f32, split over positions).
+    fn attention_flash(&self, l: &KvLayer, q: &CudaSlice<f32>, s: &AttnSeg<'_, CudaKv>, shape: AttnShape, scale: f32, out: &mut CudaSlice<f32>) {
+        let visible = s.pos0 + s.n_rows;
+        // Enough blocks to fill the device twice, at least 32 positions per split.
+        let blocks = shape.n_heads * s.n_rows;
+        let splits = (2 * self.sms).div_ceil(blocks).clamp(1, visible.div_ceil(32)).min(64);
+        let split_len = visible.div_ceil(splits);
+        let splits = visible.div_ceil(split_len);
+        let mut scratch = self.scratch.borrow_mut();
+        let need = (s.n_rows * shape.n_heads * splits * (shape.head_dim + 2)).max(1024);
+        if scratch.part.as_ref().is_none_or(|p| p.len() < need) {
+            scratch.part = self.record(self.stream.alloc_zeros::<f32>(need.next_power_of_two()), "attention scratch");
+        }
+        let Some(part) = scratch.part.as_mut() else { return };
+        let (r0, p0, nh, nkv, sl) = (s.row0 as i32, s.pos0 as i32, shape.n_heads as i32, shape.n_kv_heads as i32, split_len as i32);
+        let cfg = LaunchConfig { grid_dim: (shape.n_heads as u32, s.n_rows as u32, splits as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&self.f.attention);
+        b.arg(q).arg(&l.k).arg(&l.v).arg(&mut *out).arg(&mut *part).arg(&r0).arg(&p0).arg(&nh).arg(&nkv).arg(&sl).arg(&scale);
+        // SAFETY: matches `attention`; the cache holds `visible` positions of this layer.
+        let r = unsafe { b.launch(cfg) };
+        if self.record(r, "attention").is_none() || splits == 1 {
+            return;
+        }
+        let sp = splits as i32;
+        let cfg = LaunchConfig { grid_dim: (shape.n_heads as u32, s.n_rows as u32, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&self.f.attn_combine);
+        b.arg(&*part).arg(&mut *out).arg(&r0).arg(&nh).arg(&sp);
+        // SAFETY: matches `attn_combine`.
+        let r = unsafe { b.launch(cfg) };
+        self.record(r, "attn_combine");
+    }
+
     /// One launch for up to three matrices of one type and width that share the input `x`.
     fn launch_matmul(&self, ws: &[&DevWeight], x: &CudaSlice<f32>, n: usize, outs: &mut [&mut CudaSlice<f32>]) {
+        self.flush_kv();
         if self.failed() || n == 0 || ws.is_empty() {
             return;
         }
@@ -438,6 +538,7 @@ impl Backend for CudaBackend {
     }
 
     fn read(&self, buf: &CudaSlice<f32>, len: usize) -> Vec<f32> {
+        self.flush_kv();
         if self.failed() {
             return vec![f32::NAN; len];
         }
@@ -626,12 +727,9 @@ impl Backend for CudaBackend {
             *slot = Some(KvLayer { k: nk, v: nv, cap });
         }
         let Some(l) = slot.as_mut() else { return };
-        let (r0, n_, p0, kd) = (row0 as i32, n as i32, pos0 as i32, kv_dim as i32);
-        let mut b = self.stream.launch_builder(&self.f.kv_write);
-        b.arg(&mut l.k).arg(&mut l.v).arg(k).arg(v).arg(&r0).arg(&n_).arg(&p0).arg(&kd);
-        // SAFETY: matches `kv_write`; capacity covers pos0+n positions.
-        let r = unsafe { b.launch(cfg1(n * kv_dim)) };
-        self.record(r, "kv_write");
+        let desc = [l.k.device_ptr_mut(&self.stream).0, l.v.device_ptr_mut(&self.stream).0, row0 as u64, n as u64, pos0 as u64];
+        let (k_src, v_src) = (k.device_ptr(&self.stream).0, v.device_ptr(&self.stream).0);
+        self.pending_kv.borrow_mut().push(PendingKv { k_src, v_src, kv_dim, desc });
     }
 
     fn kv_truncate(&self, _kv: &mut CudaKv, _len: usize) {
@@ -640,62 +738,35 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, layer: usize, q: &CudaSlice<f32>, segs: &[AttnSeg<'_, CudaKv>], shape: AttnShape, out: &mut CudaSlice<f32>) {
+        self.flush_kv();
         if self.failed() {
             return;
         }
         debug_assert_eq!(shape.head_dim, self.head_dim);
         let scale = 1.0 / (shape.head_dim as f32).sqrt();
-        for s in segs {
-            if s.n_rows == 0 {
-                continue;
-            }
+        // Short sequences: every query row of all of them in one exact (CPU-mirroring) pass.
+        let mut rows: Vec<u64> = Vec::new();
+        let mut max_visible = 0;
+        for s in segs.iter().filter(|s| s.n_rows > 0 && s.pos0 + s.n_rows <= EXACT_ATTENTION_MAX) {
             let Some(l) = s.kv.layers[layer].as_ref() else {
                 self.fail(format!("attention: layer {layer} of a sequence has no cached positions"));
                 return;
             };
-            let visible = s.pos0 + s.n_rows;
-            if visible <= EXACT_ATTENTION_MAX {
-                self.attention_exact(l, q, s, shape, scale, out);
-                continue;
+            let (kp, vp) = (l.k.device_ptr(&self.stream).0, l.v.device_ptr(&self.stream).0);
+            for i in 0..s.n_rows {
+                rows.extend([kp, vp, (s.row0 + i) as u64, (s.pos0 + i) as u64]);
             }
-            // Flash-decoding split over the positions: enough blocks to fill the device twice,
-            // at least 32 positions per split.
-            let blocks = shape.n_heads * s.n_rows;
-            let splits = (2 * self.sms).div_ceil(blocks).clamp(1, visible.div_ceil(32)).min(64);
-            let split_len = visible.div_ceil(splits);
-            let splits = visible.div_ceil(split_len);
-            let mut scratch = self.scratch.borrow_mut();
-            if splits > 1 {
-                let need = s.n_rows * shape.n_heads * splits * (shape.head_dim + 2);
-                if scratch.part.as_ref().is_none_or(|p| p.len() < need) {
-                    scratch.part = self.record(self.stream.alloc_zeros::<f32>(need.next_power_of_two()), "attention scratch");
-                }
-            } else if scratch.part.is_none() {
-                scratch.part = self.record(self.stream.alloc_zeros::<f32>(1024), "attention scratch");
-            }
-            let Some(part) = scratch.part.as_mut() else { return };
-            let (r0, p0, nh, nkv, sl) = (s.row0 as i32, s.pos0 as i32, shape.n_heads as i32, shape.n_kv_heads as i32, split_len as i32);
-            let cfg = LaunchConfig {
-                grid_dim: (shape.n_heads as u32, s.n_rows as u32, splits as u32),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = self.stream.launch_builder(&self.f.attention);
-            b.arg(q).arg(&l.k).arg(&l.v).arg(&mut *out).arg(&mut *part).arg(&r0).arg(&p0).arg(&nh).arg(&nkv).arg(&sl).arg(&scale);
-            // SAFETY: matches `attention`; the cache holds `visible` positions of this layer.
-            let r = unsafe { b.launch(cfg) };
-            if self.record(r, "attention").is_none() {
+            max_visible = max_visible.max(s.pos0 + s.n_rows);
+        }
+        if !rows.is_empty() {
+            self.attention_exact(&rows, max_visible, q, shape, scale, out);
+        }
+        for s in segs.iter().filter(|s| s.n_rows > 0 && s.pos0 + s.n_rows > EXACT_ATTENTION_MAX) {
+            let Some(l) = s.kv.layers[layer].as_ref() else {
+                self.fail(format!("attention: layer {layer} of a sequence has no cached positions"));
                 return;
-            }
-            if splits > 1 {
-                let sp = splits as i32;
-                let cfg = LaunchConfig { grid_dim: (shape.n_heads as u32, s.n_rows as u32, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
-                let mut b = self.stream.launch_builder(&self.f.attn_combine);
-                b.arg(&*part).arg(&mut *out).arg(&r0).arg(&nh).arg(&sp);
-                // SAFETY: matches `attn_combine`.
-                let r = unsafe { b.launch(cfg) };
-                self.record(r, "attn_combine");
-            }
+            };
+            self.attention_flash(l, q, s, shape, scale, out);
         }
     }
 }
