@@ -28,9 +28,10 @@ pub struct DoctorArgs {
     /// Tokens generated per prompt by `--parity`.
     #[arg(long, default_value_t = 32)]
     pub tokens: usize,
-    /// `--parity` fails when KL(cpu || backend) of the next-token distribution exceeds this at
-    /// any step (mean over steps: 0.4 of it), or twice the CPU's own noise floor measured on the
-    /// same prompts (its scalar kernels against its SIMD kernels), whichever is larger. The
+    /// `--parity` fails on a top-1 flip where the CPU's margin exceeds 0.5, or when the 90th
+    /// percentile of KL(cpu || backend) over the steps exceeds this (the mean: 0.4 of it), or
+    /// twice the CPU's own noise floor measured on the same prompts (its scalar kernels against
+    /// its SIMD kernels), whichever is larger. The
     /// default is the bound the CPU backend meets against llama.cpp (tests/engine_reference.rs):
     /// every matmul re-quantizes its input to 8 bits, so f32 summation-order noise is amplified;
     /// a real arithmetic error shows as KL >= 0.05 at many steps and confident top-1 flips.
@@ -232,6 +233,7 @@ fn parity(root: &std::path::Path, a: &DoctorArgs) -> Result<(bool, Vec<String>, 
     let (mut max_d, mut steps, mut agree, mut near_tie_flips, mut hard_flips) = (0f32, 0usize, 0usize, 0usize, 0usize);
     let (mut kl_sum, mut kl_max) = (0f64, 0f64);
     let (mut noise_sum, mut noise_max) = (0f64, 0f64);
+    let (mut kls, mut noises) = (Vec::new(), Vec::new());
     let mut free_equal = 0usize;
     let started = std::time::Instant::now();
     let mut gpu_time = 0f64;
@@ -281,9 +283,11 @@ fn parity(root: &std::path::Path, a: &DoctorArgs) -> Result<(bool, Vec<String>, 
             let k = kl(&lc, &lg);
             kl_sum += k;
             kl_max = kl_max.max(k);
+            kls.push(k);
             let k = kl(&lc, &ls);
             noise_sum += k;
             noise_max = noise_max.max(k);
+            noises.push(k);
             let (ic, margin) = top2(&lc);
             let (ig, _) = top2(&lg);
             steps += 1;
@@ -346,20 +350,27 @@ fn parity(root: &std::path::Path, a: &DoctorArgs) -> Result<(bool, Vec<String>, 
     let kl_mean = kl_sum / steps.max(1) as f64;
     let noise_mean = noise_sum / steps.max(1) as f64;
     // The backend may differ from the CPU's SIMD kernels as much as the CPU's own two kernel sets
-    // differ from each other (twice, for headroom), and always by the fixed bounds.
-    let bound_max = a.max_kl.max(2.0 * noise_max);
+    // differ from each other (twice, for headroom), and always by the fixed bounds. The noise is
+    // heavy-tailed (one flipped int8 rounding early in the stack moves a whole step), so the
+    // bounds apply to the mean and the 90th percentile; the maximum is reported.
+    let p90 = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v.get((v.len() * 9 / 10).min(v.len().saturating_sub(1))).copied().unwrap_or(0.0)
+    };
+    let (kl_p90, noise_p90) = (p90(&mut kls), p90(&mut noises));
+    let bound_p90 = a.max_kl.max(2.0 * noise_p90);
     let bound_mean = (a.max_kl * 0.4).max(2.0 * noise_mean);
-    let ok = hard_flips == 0 && kl_max <= bound_max && kl_mean <= bound_mean && batch_kl <= bound_max;
+    let ok = hard_flips == 0 && kl_p90 <= bound_p90 && kl_mean <= bound_mean && batch_kl <= bound_p90;
     lines.push(format!(
         "  lockstep: {steps} steps, top-1 agrees at {agree}; flips where the CPU's margin <= {CONFIDENT_MARGIN}: {near_tie_flips}, at confident steps: {hard_flips}"
     ));
     lines.push(format!(
-        "  KL(cpu||{}) mean {kl_mean:.5}, max {kl_max:.5} nats (bounds {bound_mean:.4} / {bound_max:.4}); max |logit difference| {max_d:.3}; batched prefill of {} sequences: max KL {batch_kl:.5}",
+        "  KL(cpu||{}) mean {kl_mean:.5}, p90 {kl_p90:.5}, max {kl_max:.5} nats (bounds: mean {bound_mean:.4}, p90 {bound_p90:.4}); max |logit difference| {max_d:.3}; batched prefill of {} sequences: max KL {batch_kl:.5}",
         a.backend_name(),
         prompts_ids.len()
     ));
     lines.push(format!(
-        "  the CPU's own noise (scalar against SIMD kernels{}): KL mean {noise_mean:.5}, max {noise_max:.5}",
+        "  the CPU's own noise (scalar against SIMD kernels{}): KL mean {noise_mean:.5}, p90 {noise_p90:.5}, max {noise_max:.5}",
         if same_kernels { "; this CPU has no SIMD kernels, so 0" } else { "" }
     ));
     lines.push(format!("  free-running greedy text identical to the CPU's for {free_equal}/{} prompts (a near-tie flip makes the texts part)", prompts_ids.len()));
@@ -367,7 +378,8 @@ fn parity(root: &std::path::Path, a: &DoctorArgs) -> Result<(bool, Vec<String>, 
     let json = serde_json::json!({
         "backend": gpu.backend_description(), "steps": steps, "argmax_agree": agree, "near_tie_flips": near_tie_flips,
         "hard_flips": hard_flips, "max_logit_diff": max_d, "kl_mean": kl_mean, "kl_max": kl_max, "batched_kl_max": batch_kl,
-        "cpu_noise_kl_mean": noise_mean, "cpu_noise_kl_max": noise_max, "bound_kl_mean": bound_mean, "bound_kl_max": bound_max,
+        "kl_p90": kl_p90, "cpu_noise_kl_mean": noise_mean, "cpu_noise_kl_p90": noise_p90, "cpu_noise_kl_max": noise_max,
+        "bound_kl_mean": bound_mean, "bound_kl_p90": bound_p90,
         "free_running_identical": free_equal, "prompts": prompts_ids.len(), "pass": ok,
     });
     Ok((ok, lines, json))
