@@ -36,6 +36,7 @@ fn meta(name: &str, version: u64) -> BundleMeta {
         expires: "2099-01-01T00:00:00Z".into(),
         min_runtime: "0.1.0".into(),
         model: json!({"architecture": "test"}),
+        kernels: None,
     }
 }
 

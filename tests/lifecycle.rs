@@ -491,6 +491,7 @@ fn real_bundles(dir: &Path, n: u64) -> Option<(Vec<PathBuf>, PathBuf)> {
             expires: "2099-01-01T00:00:00Z".into(),
             min_runtime: "0.1.0".into(),
             model: serde_json::to_value(&summary).unwrap(),
+            kernels: None,
         };
         let p = dir.join(format!("model-{v}.zlb"));
         applianced::bundle::build::pack_dir(&src, &meta, std::slice::from_ref(&key), &p, &mut |_| {}).expect("pack");

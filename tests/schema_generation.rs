@@ -61,7 +61,7 @@ fn every_compiled_reference_schema_generates_valid_json() {
     let has_validator = Command::new(&py).args(["-c", "import jsonschema"]).status().is_ok_and(|s| s.success());
     assert!(has_validator, "{} lacks the jsonschema package (scripts/setup-test-env.sh installs it)", Path::new(&py).display());
     let root = PathBuf::from(root);
-    let mut l = load(&root, 0, 1).expect("load the default bundle");
+    let mut l = load(&root, 0, 1, applianced::backend::BackendPref::Force(applianced::backend::BackendKind::Cpu)).expect("load the default bundle");
     let policy = load_policy(&root, &l.tokenizer).expect("policy");
     let cfg = l.engine.config().clone();
     let eog = cfg.eog_token_ids.clone();

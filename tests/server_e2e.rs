@@ -38,6 +38,7 @@ fn bundle() -> Option<&'static (PathBuf, PathBuf)> {
             expires: "2099-01-01T00:00:00Z".into(),
             min_runtime: "0.1.0".into(),
             model: serde_json::to_value(&summary).unwrap(),
+            kernels: None,
         };
         let out = root.join("model.zlb");
         pack_dir(&src, &meta, std::slice::from_ref(&key), &out, &mut |_| {}).expect("pack");
