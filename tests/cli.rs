@@ -160,7 +160,7 @@ fn build_errors_are_clear() {
     std::fs::write(e.p("bad.toml"), "[bundle]\nname = \"x\"\nversion = 1\nexpires_days = 1\n[model]\nsource = \"tiny.gguf\"\n[kernels]\nsm = [80]\n").unwrap();
     let o = run(&["build", &e.p("bad.toml"), "--key", &e.p("keys/dev.key"), "--out", &e.p("x.zlb")]);
     assert_eq!(o.status.code(), Some(11));
-    assert!(stderr(&o).contains("unknown field `kernels`"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("unknown field `sm`, expected `cuda` or `wgsl`"), "{}", stderr(&o));
     std::fs::write(e.p("pin.toml"), "[bundle]\nname = \"x\"\nversion = 1\nexpires_days = 1\n[model]\nsource = \"tiny.gguf\"\nsha256 = \"00\"\n").unwrap();
     let o = run(&["build", &e.p("pin.toml"), "--key", &e.p("keys/dev.key"), "--out", &e.p("x.zlb")]);
     assert_eq!(o.status.code(), Some(11));
