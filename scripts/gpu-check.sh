@@ -45,6 +45,24 @@ echo "== parity: CUDA against the CPU backend (the reference), default model"
 parity=0
 "$BIN" doctor "$BUNDLE" --trust "$TRUST" --parity --backend cuda --tokens 32 > "$OUT/parity.txt" 2>&1 || parity=$?
 cat "$OUT/parity.txt"
+echo "== serve on the CUDA backend: 8 concurrent chat requests over the Unix socket"
+SOCK="$OUT/gpu-check.sock"; rm -f "$SOCK"
+"$BIN" serve --bundle "$BUNDLE" --trust "$TRUST" --socket "$SOCK" --audit-log "$OUT/audit.jsonl" --backend cuda 2>"$OUT/serve.log" &
+SPID=$!
+for _ in $(seq 200); do curl -sf --unix-socket "$SOCK" http://localhost/readyz >/dev/null 2>&1 && break; sleep 0.1; done
+serve_ok=1
+for i in $(seq 8); do
+  curl -sS --unix-socket "$SOCK" http://localhost/v1/chat/completions -H 'content-type: application/json' \
+    -d "{\"model\":\"smollm2-135m-instruct\",\"max_tokens\":48,\"temperature\":0,\"messages\":[{\"role\":\"user\",\"content\":\"Give me fact number $i about rivers.\"}]}" \
+    >"$OUT/answer-$i.json" &
+done
+wait $(jobs -p | grep -v "^$SPID$") 2>/dev/null || true
+for i in $(seq 8); do grep -q '"content"' "$OUT/answer-$i.json" || serve_ok=0; done
+curl -sf --unix-socket "$SOCK" http://localhost/metrics | grep -E "^applianced_(requests_total|generated_tokens_total)" | head -4 || true
+kill -TERM $SPID; wait $SPID || true
+grep "model loaded" "$OUT/serve.log" | head -3 || true
+echo "first answer: $(head -c 300 "$OUT/answer-1.json")"
+[ "$serve_ok" = 1 ] && echo "serve: 8/8 answered on cuda" || echo "serve: FAILED (see $OUT/answer-*.json, $OUT/serve.log)"
 echo "== bench: cuda"
 "$BIN" bench "$BUNDLE" --trust "$TRUST" --backend cuda --prompt-tokens 512 --gen-tokens 256 --batch 1,16,64 --reps 3 > "$OUT/bench-cuda.json"
 cat "$OUT/bench-cuda.json"
@@ -53,4 +71,5 @@ echo "== bench: cpu (same machine, for the ratio)"
 cat "$OUT/bench-cpu.json"
 echo "== done in $(( $(date +%s) - t0 )) s"
 if [ "$parity" != 0 ]; then echo "gpu-check: PARITY FAILED (exit $parity)"; exit "$parity"; fi
+if [ "$serve_ok" != 1 ]; then echo "gpu-check: SERVE FAILED"; exit 13; fi
 echo "gpu-check: parity passed"
