@@ -120,7 +120,8 @@ extern "C" __global__ void __launch_bounds__(128) matmul(const u8* __restrict__ 
                                                           const u8* __restrict__ W2, int rows0, int rows1, int rows2,
                                                           int wtype, int cols, const float* __restrict__ x, int n,
                                                           int tn, float* __restrict__ out0, float* __restrict__ out1,
-                                                          float* __restrict__ out2) {
+                                                          float* __restrict__ out2, int in_mode,
+                                                          const float* __restrict__ aux, float eps, int accumulate) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int t0 = blockIdx.y * tn;
@@ -148,6 +149,21 @@ extern "C" __global__ void __launch_bounds__(128) matmul(const u8* __restrict__ 
     float acc[MAX_TN];
 #pragma unroll
     for (int t = 0; t < MAX_TN; t++) acc[t] = 0.f;
+    // Fused input transform (quantized types only; the host runs the separate ops for F16):
+    // in_mode 1 = RMSNorm with weight `aux` (as the rms_norm kernel: squares summed in f64, the
+    // scale applied before the weight). `accumulate`: out += v (a residual add).
+    __shared__ float s_scale[MAX_TN];
+    if (in_mode == 1) {
+        for (int t = warp; t < nt; t += 4) {
+            const float* xr = x + (size_t)(t0 + t) * cols;
+            double ss = 0.0;
+            for (int j = lane; j < cols; j += WARP) ss += (double)(xr[j] * xr[j]);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (lane == 0) s_scale[t] = 1.f / sqrtf((float)(ss / (double)cols) + eps);
+        }
+        __syncthreads();
+    }
 
     if (wtype == WT_F16) {
         if (r < rows) {
@@ -167,7 +183,9 @@ extern "C" __global__ void __launch_bounds__(128) matmul(const u8* __restrict__ 
         // Quantize the tile's activation rows: one warp per 32-value block.
         for (int q = warp; q < nt * nb; q += 4) {
             const int t = q / nb, b = q % nb;
-            const float v = x[(size_t)(t0 + t) * cols + b * QK + lane];
+            const size_t xi_ = (size_t)(t0 + t) * cols + b * QK + lane;
+            float v = x[xi_];
+            if (in_mode == 1) v = v * s_scale[t] * aux[b * QK + lane];
             const float amax = warp_max(fabsf(v));
             const float d = amax / 127.f;
             const float id = amax != 0.f ? 127.f / amax : 0.f;
@@ -239,7 +257,10 @@ extern "C" __global__ void __launch_bounds__(128) matmul(const u8* __restrict__ 
         for (int t = 0; t < MAX_TN; t++)
             if (t < nt) {
                 const float v = warp_sum(acc[t]);
-                if (lane == 0) out[(size_t)(t0 + t) * rows + r] = v;
+                if (lane == 0) {
+                    float* o = out + (size_t)(t0 + t) * rows + r;
+                    *o = accumulate ? *o + v : v;
+                }
             }
     }
 }
@@ -458,11 +479,14 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float* sh) {
     return r;
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_WARPS * WARP)
+// 16 warps walk the positions (4 at a time each, loads in flight together): with few (row, head)
+// blocks, as in single-stream decoding, this kernel is latency-bound on the V reads.
+#define PV_WARPS 16
+extern "C" __global__ void __launch_bounds__(PV_WARPS * WARP)
     attn_softmax_pv(float* __restrict__ scores, const unsigned long long* __restrict__ desc, float* __restrict__ out,
                     int n_heads, int n_kv_heads, int stride) {
-    __shared__ float sh[ATT_WARPS];
-    __shared__ float s_acc[ATT_WARPS][HEAD_DIM];
+    __shared__ float sh[32];
+    __shared__ float s_acc[PV_WARPS][HEAD_DIM];
     const int h = blockIdx.x, i = blockIdx.y;
     const unsigned long long* dr = desc + 4 * i;
     const u16* vc = (const u16*)dr[1];
@@ -488,11 +512,25 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * WARP)
     float acc[DPL];
 #pragma unroll
     for (int d = 0; d < DPL; d++) acc[d] = 0.f;
-    for (int p = warp; p < visible; p += ATT_WARPS) {
-        const float w = sr[p];
-        const u16* vr = vc + (size_t)p * kv_dim + kvh * HEAD_DIM + lane * DPL;
+    const u16* vbase = vc + kvh * HEAD_DIM + lane * DPL;
+    int p = warp;
+    for (; p + 3 * PV_WARPS < visible; p += 4 * PV_WARPS) {
+        float w[4], v[4][DPL];
 #pragma unroll
-        for (int d = 0; d < DPL; d++) acc[d] += w * h2f(vr[d]);
+        for (int u = 0; u < 4; u++) {
+            w[u] = sr[p + u * PV_WARPS];
+#pragma unroll
+            for (int d = 0; d < DPL; d++) v[u][d] = h2f(vbase[(size_t)(p + u * PV_WARPS) * kv_dim + d]);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int d = 0; d < DPL; d++) acc[d] += w[u] * v[u][d];
+    }
+    for (; p < visible; p += PV_WARPS) {
+        const float w = sr[p];
+#pragma unroll
+        for (int d = 0; d < DPL; d++) acc[d] += w * h2f(vbase[(size_t)p * kv_dim + d]);
     }
 #pragma unroll
     for (int d = 0; d < DPL; d++) s_acc[warp][lane * DPL + d] = acc[d];
@@ -503,7 +541,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * WARP)
         for (int d = 0; d < DPL; d++) {
             float a = 0.f;
 #pragma unroll
-            for (int w = 0; w < ATT_WARPS; w++) a += s_acc[w][lane * DPL + d];
+            for (int w = 0; w < PV_WARPS; w++) a += s_acc[w][lane * DPL + d];
             o[lane * DPL + d] = a;
         }
     }

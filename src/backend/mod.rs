@@ -248,6 +248,25 @@ pub trait Backend: Send {
     /// For each `(w, out)`: `out (n, w.rows) = x (n, w.cols) · wᵀ`. Several matrices sharing one input
     /// (Q/K/V, gate/up) go in one call so the input is prepared (quantized) once.
     fn matmul(&self, x: &Self::Buf, n: usize, outs: &mut [(WeightId, &mut Self::Buf)]);
+    /// Fused: RMSNorm of `x (n, norm.cols)` with `norm`, then [`Backend::matmul`] of the normed rows
+    /// into `outs`. `scratch` (n, cols) may hold the normed rows; its content afterwards is
+    /// unspecified. The default runs the two ops; a GPU backend does it in one launch.
+    fn norm_matmul(&self, x: &Self::Buf, n: usize, norm: WeightId, eps: f32, scratch: &mut Self::Buf, outs: &mut [(WeightId, &mut Self::Buf)]) {
+        self.rms_norm(x, n, norm, eps, scratch);
+        self.matmul(scratch, n, outs);
+    }
+    /// Fused: `x (n, w.rows) += input (n, w.cols) · wᵀ` (an output projection added to the
+    /// residual stream). `scratch` (n, w.rows) may be used; its content afterwards is unspecified.
+    fn matmul_add(&self, input: &Self::Buf, n: usize, w: WeightId, scratch: &mut Self::Buf, x: &mut Self::Buf) {
+        self.matmul(input, n, &mut [(w, &mut *scratch)]);
+        self.add(x, scratch, n * self.weight_info(w).rows);
+    }
+    /// Fused: `x += (silu(gate) * up) · wᵀ` for `gate`, `up` (n, w.cols). `gate` and `scratch` may
+    /// be overwritten.
+    fn silu_matmul_add(&self, gate: &mut Self::Buf, up: &Self::Buf, n: usize, w: WeightId, scratch: &mut Self::Buf, x: &mut Self::Buf) {
+        self.silu_mul(gate, up, n * self.weight_info(w).cols);
+        self.matmul_add(gate, n, w, scratch, x);
+    }
     /// `x (n, b.cols) += b` broadcast over rows.
     fn add_bias(&self, x: &mut Self::Buf, n: usize, b: WeightId);
     /// `out (n, w.cols) = x / rms(x) * w` per row.

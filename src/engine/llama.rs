@@ -285,7 +285,7 @@ impl<B: Backend> Llama<B> {
         self.ensure_state(t_rows, batch.len());
         let Some(st) = self.st.as_mut() else { unreachable!("ensure_state just set it") };
         let (b, c) = (&self.b, &self.c);
-        let (dim, hd, hidden) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (dim, hd) = (c.hidden_size, c.head_dim);
         let (q_dim, kv_dim) = (c.n_heads * hd, c.n_kv_heads * hd);
         let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd };
 
@@ -306,8 +306,8 @@ impl<B: Backend> Llama<B> {
         b.rope_cache(&positions, &self.rope, &mut st.rope); // rope (T, head_dim)
         for (l, w) in self.layers.iter().enumerate() {
             // attention block
-            b.rms_norm(&st.x, t_rows, w.attn_norm, c.rms_norm_eps, &mut st.xb); // xb (T, dim)
-            b.matmul(&st.xb, t_rows, &mut [(w.wq, &mut st.q), (w.wk, &mut st.k), (w.wv, &mut st.v)]); // q (T, q_dim), k/v (T, kv_dim)
+            // xb = norm(x); q (T, q_dim), k/v (T, kv_dim) = xb · W
+            b.norm_matmul(&st.x, t_rows, w.attn_norm, c.rms_norm_eps, &mut st.xb, &mut [(w.wq, &mut st.q), (w.wk, &mut st.k), (w.wv, &mut st.v)]);
             if let (Some(bq), Some(bk), Some(bv)) = (w.bq, w.bk, w.bv) {
                 b.add_bias(&mut st.q, t_rows, bq);
                 b.add_bias(&mut st.k, t_rows, bk);
@@ -324,15 +324,11 @@ impl<B: Backend> Llama<B> {
                 .map(|(cache, &(row0, n_rows, pos0))| AttnSeg { kv: &cache.kv, row0, n_rows, pos0 })
                 .collect();
             b.attention(l, &st.q, &segs, shape, &mut st.att); // att (T, q_dim)
-            b.matmul(&st.att, t_rows, &mut [(w.wo, &mut st.xb2)]); // xb2 (T, dim)
-            b.add(&mut st.x, &st.xb2, t_rows * dim); // x += attn
+            b.matmul_add(&st.att, t_rows, w.wo, &mut st.xb2, &mut st.x); // x += att · Wo
 
-            // feed-forward block
-            b.rms_norm(&st.x, t_rows, w.ffn_norm, c.rms_norm_eps, &mut st.xb); // xb (T, dim)
-            b.matmul(&st.xb, t_rows, &mut [(w.w_gate, &mut st.hb), (w.w_up, &mut st.hb2)]); // hb, hb2 (T, hidden)
-            b.silu_mul(&mut st.hb, &st.hb2, t_rows * hidden); // hb = silu(gate) * up
-            b.matmul(&st.hb, t_rows, &mut [(w.w_down, &mut st.xb2)]); // xb2 (T, dim)
-            b.add(&mut st.x, &st.xb2, t_rows * dim); // x += ffn
+            // feed-forward block: hb, hb2 (T, hidden) = norm(x) · W_gate, W_up; x += (silu(hb) * hb2) · W_down
+            b.norm_matmul(&st.x, t_rows, w.ffn_norm, c.rms_norm_eps, &mut st.xb, &mut [(w.w_gate, &mut st.hb), (w.w_up, &mut st.hb2)]);
+            b.silu_matmul_add(&mut st.hb, &st.hb2, t_rows, w.w_down, &mut st.xb2, &mut st.x);
 
             // control vectors: x[rows of a steered sequence] += v_l
             for (cache, &(row0, n, _)) in caches.iter().zip(&seg_rows) {
