@@ -167,3 +167,18 @@ fn build_errors_are_clear() {
     assert!(stderr(&o).contains("does not match the recipe's pin"), "{}", stderr(&o));
     assert!(!Path::new(&e.p("x.zlb")).exists(), "no partial output");
 }
+
+#[test]
+fn bench_synthetic_reports_the_roofline_fraction() {
+    // Random weights of a named shape, generated in a temporary directory (no bundle needed).
+    let o = run(&["bench", "--synthetic", "smollm2-135m", "--backend", "cpu", "--threads", "1", "--prompt-tokens", "4", "--gen-tokens", "2", "--peak-gbs", "50"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["shape"], "smollm2-135m");
+    assert!(j["decode_tok_s"].as_f64().unwrap() > 0.0 && j["streamed_bytes_per_token"].as_u64().unwrap() > 50_000_000, "{j}");
+    let f = j["roofline_fraction"].as_f64().unwrap();
+    assert!(f > 0.0 && f < 1.0, "{j}");
+    let o = run(&["bench", "--synthetic", "no-such-shape"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("unknown --synthetic shape"), "{}", stderr(&o));
+}

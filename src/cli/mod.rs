@@ -11,6 +11,7 @@ mod lifecycle;
 mod serve;
 pub mod run;
 mod schema_cmd;
+mod synthetic;
 
 use clap::{Parser, Subcommand};
 

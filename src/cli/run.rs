@@ -266,7 +266,16 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// The bundle to benchmark.
-    pub bundle: PathBuf,
+    #[arg(required_unless_present = "synthetic")]
+    pub bundle: Option<PathBuf>,
+    /// Instead of a bundle, random Q4_0 weights of a named model shape (qwen2-7b, llama-7b,
+    /// smollm2-135m), generated into a temporary directory: decode speed and the fraction of
+    /// the memory-bandwidth roofline (weight bytes per token / time per token vs --peak-gbs).
+    #[arg(long, value_name = "SHAPE", conflicts_with = "bundle")]
+    pub synthetic: Option<String>,
+    /// Device memory bandwidth for the roofline figure of --synthetic, GB/s (H200: 4800).
+    #[arg(long, default_value_t = 4800.0)]
+    pub peak_gbs: f64,
     /// Prompt length for the prefill measurement.
     #[arg(long, default_value_t = 512)]
     pub prompt_tokens: usize,
@@ -310,7 +319,11 @@ pub fn bench(a: BenchArgs, process_start: Instant) -> Result<(), CliError> {
     if a.prompt_tokens == 0 || a.gen_tokens == 0 || a.reps == 0 {
         return Err(CliError::Usage("--prompt-tokens, --gen-tokens and --reps must be at least 1".into()));
     }
-    let vb = open_bundle(&a.bundle, &a.trust, &a.store, true)?;
+    if let Some(shape) = &a.synthetic {
+        return super::synthetic::bench(shape, a.backend, a.threads, a.prompt_tokens, a.gen_tokens, a.peak_gbs);
+    }
+    let Some(bundle) = &a.bundle else { return Err(CliError::Usage("give a bundle or --synthetic SHAPE".into())) };
+    let vb = open_bundle(bundle, &a.trust, &a.store, true)?;
     let max_batch = a.batch.iter().copied().max().unwrap_or(1).max(1);
     let mut l = load(&vb.root, a.threads, max_batch, a.backend)?;
     // Ready = verified, mapped, and one token computed.

@@ -6,7 +6,9 @@
 //! `nvidia-cuda-nvrtc-cu12` is enough (scripts/setup-test-env.sh installs it into `.venv`). It is
 //! found through `APPLIANCED_NVRTC` (the library file or its directory), a `.venv` wheel beside the
 //! working directory or the executable, the usual CUDA install paths, or the loader's own search
-//! path; we load it ourselves first (so a missing library is an error, not a panic inside cudarc).
+//! path by its versioned soname; we open that one file and call it directly (never cudarc's
+//! loader, which takes the first `libnvrtc.so` on the path: on a box with a newer CUDA toolkit
+//! that would silently raise the PTX ISA and the oldest driver the bundle runs on).
 //!
 //! The PTX ISA version NVRTC writes is recorded with the minimum CUDA driver that can JIT it; the
 //! runtime checks both before loading (a driver refuses PTX newer than itself). Pin the NVRTC that
@@ -129,39 +131,95 @@ fn candidates() -> Vec<PathBuf> {
     out
 }
 
-fn dlopen_global(path: &str) -> bool {
-    let Ok(c) = std::ffi::CString::new(path) else { return false };
-    // SAFETY: dlopen with a valid C string; the handle is kept for the life of the process so the
-    // library stays loaded for cudarc, which then finds it by soname.
-    !unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }.is_null()
+type NvrtcProgram = *mut std::ffi::c_void;
+type CreateProgram = unsafe extern "C" fn(
+    *mut NvrtcProgram,
+    *const std::ffi::c_char,
+    *const std::ffi::c_char,
+    std::ffi::c_int,
+    *const *const std::ffi::c_char,
+    *const *const std::ffi::c_char,
+) -> std::ffi::c_int;
+type CompileProgram = unsafe extern "C" fn(NvrtcProgram, std::ffi::c_int, *const *const std::ffi::c_char) -> std::ffi::c_int;
+type GetSize = unsafe extern "C" fn(NvrtcProgram, *mut usize) -> std::ffi::c_int;
+type GetBuf = unsafe extern "C" fn(NvrtcProgram, *mut std::ffi::c_char) -> std::ffi::c_int;
+type Destroy = unsafe extern "C" fn(*mut NvrtcProgram) -> std::ffi::c_int;
+type Version = unsafe extern "C" fn(*mut std::ffi::c_int, *mut std::ffi::c_int) -> std::ffi::c_int;
+
+/// The NVRTC entry points, resolved from the one library file we chose (never an unversioned
+/// `libnvrtc.so` that happens to be on the loader path: the PTX ISA, and so the oldest driver
+/// that runs the bundle, depends on which NVRTC compiled it).
+struct Nvrtc {
+    version: (i32, i32),
+    create: CreateProgram,
+    compile: CompileProgram,
+    ptx_size: GetSize,
+    ptx: GetBuf,
+    log_size: GetSize,
+    log: GetBuf,
+    destroy: Destroy,
+}
+
+fn open_nvrtc(path: &str) -> Result<Nvrtc, String> {
+    let c = std::ffi::CString::new(path).map_err(|e| e.to_string())?;
+    // SAFETY: dlopen with a valid C string; the handle is kept for the life of the process.
+    let lib = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if lib.is_null() {
+        return Err(format!("{path} could not be loaded"));
+    }
+    fn sym<T: Copy>(lib: *mut std::ffi::c_void, name: &str) -> Result<T, String> {
+        let c = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
+        // SAFETY: dlsym on a live handle.
+        let p = unsafe { libc::dlsym(lib, c.as_ptr()) };
+        if p.is_null() {
+            return Err(format!("the NVRTC library lacks {name}"));
+        }
+        // SAFETY: T is the matching function-pointer type (pointer-sized).
+        Ok(unsafe { std::mem::transmute_copy::<*mut std::ffi::c_void, T>(&p) })
+    }
+    let version: Version = sym(lib, "nvrtcVersion")?;
+    let (mut a, mut b) = (0, 0);
+    // SAFETY: out-parameters.
+    if unsafe { version(&mut a, &mut b) } != 0 {
+        return Err(format!("{path}: nvrtcVersion failed"));
+    }
+    Ok(Nvrtc {
+        version: (a, b),
+        create: sym(lib, "nvrtcCreateProgram")?,
+        compile: sym(lib, "nvrtcCompileProgram")?,
+        ptx_size: sym(lib, "nvrtcGetPTXSize")?,
+        ptx: sym(lib, "nvrtcGetPTX")?,
+        log_size: sym(lib, "nvrtcGetProgramLogSize")?,
+        log: sym(lib, "nvrtcGetProgramLog")?,
+        destroy: sym(lib, "nvrtcDestroyProgram")?,
+    })
+}
+
+fn nvrtc() -> Result<&'static Nvrtc, CompileError> {
+    static LOADED: std::sync::OnceLock<Result<Nvrtc, String>> = std::sync::OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            if let Ok(p) = std::env::var("APPLIANCED_NVRTC") {
+                let p = PathBuf::from(p);
+                let p = if p.is_dir() { p.join("libnvrtc.so.12") } else { p };
+                return open_nvrtc(&p.to_string_lossy()).map_err(|e| format!("APPLIANCED_NVRTC: {e}"));
+            }
+            let tried = candidates();
+            for p in tried.iter().filter(|p| p.is_file()) {
+                if let Ok(n) = open_nvrtc(&p.to_string_lossy()) {
+                    return Ok(n);
+                }
+            }
+            // The loader's own search path, by the versioned soname only.
+            open_nvrtc("libnvrtc.so.12").map_err(|_| format!("looked in {} places and the loader path for libnvrtc.so.12", tried.len()))
+        })
+        .as_ref()
+        .map_err(|e| CompileError::NoNvrtc(e.clone()))
 }
 
 /// Load NVRTC (once) and return its version.
 pub fn load_nvrtc() -> Result<(i32, i32), CompileError> {
-    static LOADED: std::sync::OnceLock<Result<(i32, i32), String>> = std::sync::OnceLock::new();
-    LOADED
-        .get_or_init(|| {
-            let tried = candidates();
-            let found = tried.iter().find(|p| p.is_file() && dlopen_global(&p.to_string_lossy())).cloned();
-            if found.is_none() && std::env::var("APPLIANCED_NVRTC").is_err() && !dlopen_global("libnvrtc.so.12") {
-                return Err(format!("looked in {} places and the loader path", tried.len()));
-            }
-            if found.is_none() && std::env::var("APPLIANCED_NVRTC").is_ok() {
-                return Err(format!("APPLIANCED_NVRTC={} could not be loaded", std::env::var("APPLIANCED_NVRTC").unwrap_or_default()));
-            }
-            // cudarc finds the already-loaded library by its soname; guard against a panic anyway.
-            std::panic::catch_unwind(|| {
-                let (mut a, mut b) = (0, 0);
-                // SAFETY: plain out-parameters.
-                let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut a, &mut b) };
-                (r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((a, b))
-            })
-            .ok()
-            .flatten()
-            .ok_or_else(|| "the library loaded but nvrtcVersion failed".to_string())
-        })
-        .clone()
-        .map_err(CompileError::NoNvrtc)
+    nvrtc().map(|n| n.version)
 }
 
 /// Compile the kernels for `cfg` and each of `targets` into `out_dir` (`sm_XX.ptx` + `kernels.json`).
@@ -211,21 +269,46 @@ pub fn compile(cfg: &ModelConfig, targets: &[String], out_dir: &Path, progress: 
 
 /// NVRTC one target: PTX text.
 pub fn compile_one(target: &str, defines: &BTreeMap<String, i64>) -> Result<String, CompileError> {
-    load_nvrtc()?;
+    use std::ffi::{c_char, CString};
+    let n = nvrtc()?;
+    let err = |log: String| CompileError::Nvrtc { arch: target.into(), log };
     let arch = target.replace("sm_", "compute_");
     let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++14".to_string()];
     options.extend(defines.iter().map(|(k, v)| format!("-D{k}={v}")));
-    let opts = cudarc::nvrtc::CompileOptions { options, name: Some(SOURCE_NAME.into()), ..Default::default() };
-    let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts))
-        .map_err(|_| CompileError::Nvrtc { arch: target.into(), log: "NVRTC panicked".into() })?
-        .map_err(|e| CompileError::Nvrtc { arch: target.into(), log: compile_log(&e) })?;
-    Ok(ptx.to_src())
-}
-
-fn compile_log(e: &cudarc::nvrtc::CompileError) -> String {
-    match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().trim().replace('\n', " | "),
-        other => format!("{other:?}"),
+    let opts: Vec<CString> = options.into_iter().map(|o| CString::new(o).map_err(|e| err(e.to_string()))).collect::<Result<_, _>>()?;
+    let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    let src = CString::new(SOURCE).map_err(|e| err(e.to_string()))?;
+    let name = CString::new(SOURCE_NAME).map_err(|e| err(e.to_string()))?;
+    let mut prog: NvrtcProgram = std::ptr::null_mut();
+    // SAFETY: NVRTC's C API with valid NUL-terminated strings that outlive the calls; the program
+    // is destroyed on every path below.
+    unsafe {
+        if (n.create)(&mut prog, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null()) != 0 {
+            return Err(err("nvrtcCreateProgram failed".into()));
+        }
+        let rc = (n.compile)(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr());
+        let result = if rc != 0 {
+            let mut len = 0usize;
+            (n.log_size)(prog, &mut len);
+            let mut buf = vec![0u8; len.max(1)];
+            (n.log)(prog, buf.as_mut_ptr().cast());
+            let log = String::from_utf8_lossy(&buf).trim_end_matches('\0').trim().replace('\n', " | ");
+            Err(err(log))
+        } else {
+            let mut len = 0usize;
+            (n.ptx_size)(prog, &mut len);
+            let mut buf = vec![0u8; len.max(1)];
+            if (n.ptx)(prog, buf.as_mut_ptr().cast()) != 0 {
+                Err(err("nvrtcGetPTX failed".into()))
+            } else {
+                while buf.last() == Some(&0) {
+                    buf.pop();
+                }
+                String::from_utf8(buf).map_err(|e| err(e.to_string()))
+            }
+        };
+        (n.destroy)(&mut prog);
+        result
     }
 }
 
