@@ -331,6 +331,8 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// A bundle-like dir: `model/` from the bundle, `kernels/wgsl` from the source tree.
 fn wgpu_root(bundle: &Path) -> tempfile::TempDir {
+    // Absolute: the symlinks below live in another directory (scripts/test.sh passes a relative path).
+    let bundle = bundle.canonicalize().expect("bundle root");
     let dir = tempfile::tempdir().expect("tempdir");
     std::os::unix::fs::symlink(bundle.join("model"), dir.path().join("model")).expect("link model");
     std::fs::create_dir(dir.path().join("kernels")).expect("mkdir");
