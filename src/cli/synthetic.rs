@@ -10,6 +10,7 @@ use std::time::Instant;
 use super::common::CliError;
 use crate::backend::BackendPref;
 use crate::engine::{Engine, EngineOptions};
+use crate::import::testutil::Rng;
 use crate::model::{ModelConfig, RopeScaling, TensorMeta, TensorType};
 
 /// Named shapes: (name, hidden, intermediate, layers, heads, kv heads, head dim, vocab, bias, tied).
@@ -51,16 +52,6 @@ fn config(shape: &str) -> Result<ModelConfig, CliError> {
     })
 }
 
-/// xorshift64*: fast deterministic bytes.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
 
 /// Random Q4_0 rows with small f16 scales (so activations stay finite through the layers).
 fn q4_0(rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {

@@ -157,7 +157,7 @@ impl Engine {
             }
             #[cfg(feature = "cuda")]
             BackendKind::Cuda => {
-                let backend = crate::backend::cuda::open(root, &cfg)?;
+                let backend = crate::backend::cuda::CudaBackend::open(root, &cfg)?;
                 let model = llama::Llama::new(backend, cfg.clone(), opts)?;
                 Ok(Engine { cfg, loaded: Loaded::Cuda(Box::new(model)), pool: small_pool()? })
             }

@@ -39,11 +39,11 @@ pub const TINY_MERGES: &[(&str, &str)] = &[
     ("Ġ", "w"),
 ];
 
-/// xorshift64*: a tiny deterministic generator.
-struct Rng(u64);
+/// xorshift64*: a tiny deterministic generator (also the synthetic-weights bench's).
+pub struct Rng(pub u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;

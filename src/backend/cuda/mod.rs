@@ -118,10 +118,6 @@ pub fn availability(root: &Path) -> Result<String, String> {
     plan(root).map(|p| p.describe())
 }
 
-/// Open the CUDA backend for the bundle unpacked at `root`.
-pub fn open(root: &Path, cfg: &ModelConfig) -> Result<CudaBackend, BackendError> {
-    CudaBackend::open(root, cfg)
-}
 
 struct Funcs {
     embed: CudaFunction,
@@ -374,13 +370,7 @@ impl CudaBackend {
         }
     }
 
-    fn with_u32s(&self, data: &[u32], f: impl FnOnce(&u64)) {
-        self.staged(data, f)
-    }
 
-    fn with_u64s(&self, data: &[u64], f: impl FnOnce(&u64)) {
-        self.staged(data, f)
-    }
 
     /// Launch the queued `kv_write`s: one launch per run of writes from the same source rows.
     fn flush_kv(&self) {
@@ -400,7 +390,7 @@ impl CudaBackend {
                 shared_mem_bytes: 0,
             };
             let (ks, vs, kd) = (p0.k_src, p0.v_src, p0.kv_dim as i32);
-            self.with_u64s(&descs, |d| {
+            self.staged(&descs, |d| {
                 let mut b = self.stream.launch_builder(&self.f.kv_write_batch);
                 b.arg(d).arg(&ks).arg(&vs).arg(&kd);
                 // SAFETY: matches `kv_write_batch`; every cache holds pos0+n positions (grown
@@ -412,9 +402,6 @@ impl CudaBackend {
         }
     }
 
-    fn with_f32s(&self, data: &[f32], f: impl FnOnce(&u64)) {
-        self.staged(data, f)
-    }
 
     fn upload(&self, name: &str) -> Result<DevWeight, BackendError> {
         let v = self.host.require(name)?;
@@ -635,7 +622,7 @@ impl Backend for CudaBackend {
         let w = &self.registered[table.0 as usize];
         let (wt, cols) = (w.ty as i32, w.info.cols as i32);
         let cfg = LaunchConfig { grid_dim: (tokens.len() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        self.with_u32s(tokens, |toks| {
+        self.staged(tokens, |toks| {
             let mut b = self.stream.launch_builder(&self.f.embed);
             b.arg(&w.data).arg(&wt).arg(&cols).arg(toks).arg(&mut *out);
             // SAFETY: matches `embed`; token ids were range-checked by the engine.
@@ -766,7 +753,7 @@ impl Backend for CudaBackend {
             return;
         }
         let (r0, n_, cols) = (row0 as i32, n as i32, v.len() as i32);
-        self.with_f32s(v, |dv| {
+        self.staged(v, |dv| {
             let mut b = self.stream.launch_builder(&self.f.add_rows);
             b.arg(&mut *x).arg(dv).arg(&r0).arg(&n_).arg(&cols);
             // SAFETY: matches `add_rows`.
@@ -794,7 +781,7 @@ impl Backend for CudaBackend {
         let idx32: Vec<u32> = idx.iter().map(|&i| i as u32).collect();
         let c = cols as i32;
         let cfg = LaunchConfig { grid_dim: (idx.len() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        self.with_u32s(&idx32, |di| {
+        self.staged(&idx32, |di| {
             let mut b = self.stream.launch_builder(&self.f.gather_rows);
             b.arg(x).arg(di).arg(&c).arg(&mut *out);
             // SAFETY: matches `gather_rows`.
