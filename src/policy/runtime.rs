@@ -288,8 +288,7 @@ impl Constraints {
 /// largest distance to acceptance, every token fits.
 fn budget_filter(m: &Matcher<Arc<CompiledSchema>>, left: usize, mask: &mut [u64], vocab: usize) {
     let c = m.schema();
-    let s = m.state();
-    let Some(need) = c.tokens_to_finish(s) else { return };
+    let Some(need) = m.tokens_to_finish() else { return };
     if need as usize > left || left > c.max_tokens_to_finish() as usize {
         return;
     }
@@ -301,9 +300,10 @@ fn budget_filter(m: &Matcher<Arc<CompiledSchema>>, left: usize, mask: &mut [u64]
             if id as usize >= vocab {
                 continue;
             }
-            let fits = match c.advance(s, id) {
-                Some(next) => c.tokens_to_finish(next).is_some_and(|n| (n as usize) < left),
-                None => true, // EOS (allowed only where the document is complete)
+            let fits = if c.vocabulary().token_bytes(id).is_empty() {
+                true // EOS (allowed only where the document is complete)
+            } else {
+                m.tokens_to_finish_after(id).is_some_and(|n| (n as usize) < left)
             };
             if !fits {
                 *word &= !(1u64 << (id % 64));

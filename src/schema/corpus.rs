@@ -160,11 +160,10 @@ fn walk(c: &CompiledSchema, ids: &[u32], eos: u32, lookups: &mut Vec<f64>, disag
 
 /// Where a rejected text leaves the automaton, marked with `⟦HERE⟧` (120 bytes of context).
 fn mark_exit(c: &CompiledSchema, inst: &str) -> String {
-    let mut st = Some(c.start());
+    let mut m = Matcher::new(c);
     let mut at = inst.len();
     for (i, b) in inst.bytes().enumerate() {
-        st = st.and_then(|s| c.advance_bytes(s, &[b]));
-        if st.is_none() {
+        if !m.advance_bytes(&[b]) {
             at = i;
             break;
         }

@@ -15,7 +15,9 @@ use std::time::Instant;
 
 use serde_json::{Map, Value};
 
-use super::automata::{Dfa, Nfa, Overflow};
+use std::hash::{Hash, Hasher};
+
+use super::automata::{self, Dfa, Nfa, Overflow, DEAD};
 use super::numbers::{self, Bound, Dec};
 use super::strings;
 use super::{CompileOptions, SchemaError, Whitespace};
@@ -56,7 +58,7 @@ pub(crate) struct Sub<'a> {
 }
 
 /// A step of a JSON path pattern (for run-time `uniqueItems`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum PStep {
     /// An object member with this key (canonical JSON text, quotes included).
     Key(Vec<u8>),
@@ -164,7 +166,16 @@ pub(crate) struct Lowerer<'a> {
     pub unique: Vec<Vec<PStep>>,
     refs_under: HashMap<Rc<str>, Rc<Vec<Rc<str>>>>,
     pattern_cache: HashMap<String, Rc<Dfa>>,
+    /// Sub-automata reached by call markers (see [`CALL`]): container values large enough to be
+    /// kept once and called, instead of copied into every place they appear. A sub-automaton may
+    /// call only earlier ones, so the calls form a DAG.
+    pub subs: Vec<Dfa>,
+    sub_ids: HashMap<u64, Vec<u32>>,
 }
+
+/// The call marker: `CALL hi lo` in a lowered automaton stands for one value of sub-automaton
+/// `hi * 256 + lo`. 0xFF never occurs in UTF-8 JSON text.
+pub(crate) const CALL: u8 = 0xFF;
 
 static FALSE: Value = Value::Bool(false);
 
@@ -320,6 +331,8 @@ impl<'a> Lowerer<'a> {
             unique: Vec::new(),
             refs_under: HashMap::default(),
             pattern_cache: HashMap::default(),
+            subs: Vec::new(),
+            sub_ids: HashMap::default(),
         };
         l.index(root, "".into());
         l
@@ -630,7 +643,7 @@ impl<'a> Lowerer<'a> {
                 dfas.push(dfa);
             }
         }
-        self.union(&dfas, &d.ptr)
+        self.union_calls(&dfas, &d.ptr)
     }
 
     /// Applies one conjunct of an alternative to `n` (sub-schemas go to the queue `q`).
@@ -992,6 +1005,104 @@ impl<'a> Lowerer<'a> {
         self.union(&parts, &d.ptr)
     }
 
+    /// The sub-automaton id of `d` if it is worth calling: a container-valued language (objects,
+    /// arrays or calls of them) of at least `call_min_states` states. Equal automata share an id.
+    fn call_id(&mut self, d: &Dfa) -> Option<u32> {
+        let min = self.opts.call_min_states;
+        if min == 0 || d.n_states() < min || d.is_empty() || self.subs.len() >= 1 << 16 {
+            return None;
+        }
+        let row = d.row(d.start);
+        if (0..256).any(|b| row[d.classes[b] as usize] != DEAD && !matches!(b as u8, b'{' | b'[' | CALL)) {
+            return None;
+        }
+        let mut h = automata::FxHasher::default();
+        d.hash(&mut h);
+        let key = h.finish();
+        if let Some(ids) = self.sub_ids.get(&key) {
+            if let Some(&id) = ids.iter().find(|&&id| self.subs[id as usize] == *d) {
+                return Some(id);
+            }
+        }
+        let id = self.subs.len() as u32;
+        self.subs.push(d.clone());
+        self.sub_ids.entry(key).or_default().push(id);
+        Some(id)
+    }
+
+    /// Puts one value of `d` between `from` and `to`: a call marker for large containers, else a
+    /// copy of the automaton.
+    fn place(&mut self, nfa: &mut Nfa, from: u32, d: &Dfa, to: u32) {
+        match self.call_id(d) {
+            Some(id) => nfa.lit_to(from, &[CALL, (id >> 8) as u8, id as u8], to),
+            None => nfa.embed_to(from, d, to),
+        }
+    }
+
+    /// `d` with every call marker replaced by a copy of its sub-automaton (for the operations
+    /// that need the plain language: intersections with literal values, membership tests).
+    fn inline(&self, d: &Dfa, ptr: &str) -> Result<Dfa, SchemaError> {
+        if d.is_empty() || !(0..d.n_states() as u32).any(|q| q != DEAD && d.next(q, CALL) != DEAD) {
+            return Ok(d.clone());
+        }
+        let mut nfa = Nfa::new();
+        let n = d.n_states();
+        let base = nfa.len() as u32;
+        for _ in 0..n {
+            nfa.state();
+        }
+        let fin = nfa.state();
+        let mut inlined: HashMap<u32, Dfa> = HashMap::default();
+        for q in 1..n as u32 {
+            if d.accept[q as usize] {
+                nfa.eps(base + q, fin);
+            }
+            for b in 0..=255u8 {
+                let t = d.next(q, b);
+                if t == DEAD {
+                    continue;
+                }
+                if b != CALL {
+                    nfa.byte(base + q, b, base + t);
+                    continue;
+                }
+                for hi in 0..=255u8 {
+                    let t2 = d.next(t, hi);
+                    if t2 == DEAD {
+                        continue;
+                    }
+                    for lo in 0..=255u8 {
+                        let r = d.next(t2, lo);
+                        let id = (hi as u32) << 8 | lo as u32;
+                        if r == DEAD || id as usize >= self.subs.len() {
+                            continue;
+                        }
+                        if !inlined.contains_key(&id) {
+                            let sub = self.subs[id as usize].clone();
+                            inlined.insert(id, self.inline(&sub, ptr)?);
+                        }
+                        nfa.embed_to(base + q, &inlined[&id], base + r);
+                    }
+                }
+            }
+        }
+        nfa.determinize(base + d.start, fin, self.cap).map_err(self.overflow(ptr))
+    }
+
+    /// Like [`Lowerer::union`], with large container branches called.
+    fn union_calls(&mut self, dfas: &[Dfa], ptr: &str) -> Result<Dfa, SchemaError> {
+        if dfas.len() < 2 {
+            return self.union(dfas, ptr);
+        }
+        let mut nfa = Nfa::new();
+        let s = nfa.state();
+        let e = nfa.state();
+        for d in dfas {
+            self.place(&mut nfa, s, d, e);
+        }
+        nfa.determinize(s, e, self.cap).map_err(self.overflow(ptr))
+    }
+
     fn union(&self, dfas: &[Dfa], ptr: &str) -> Result<Dfa, SchemaError> {
         match dfas.len() {
             0 => return Ok(Dfa::empty()),
@@ -1320,6 +1431,7 @@ impl<'a> Lowerer<'a> {
         for (en, other) in [(&a.enums, b), (&b.enums, a)] {
             if let Some(e) = en {
                 let other_dfa = self.lower_node(other.clone(), "!", 1)?;
+                let other_dfa = self.inline(&other_dfa, "!")?;
                 if e.iter().all(|v| !value_texts(v, self.opts).iter().any(|t| other_dfa.matches(t))) {
                     return Ok(true);
                 }
@@ -1642,6 +1754,7 @@ impl<'a> Lowerer<'a> {
             let mut out = Vec::new();
             if !texts.is_empty() {
                 let all = self.union(&non_num, ptr)?;
+                let all = self.inline(&all, ptr)?;
                 let ed = Dfa::literals(texts.iter().map(|t| t.as_slice()), cap).map_err(self.overflow(ptr))?;
                 out.push(Dfa::intersect(&ed, &all, cap).map_err(self.overflow(ptr))?);
             }
@@ -1841,11 +1954,11 @@ impl<'a> Lowerer<'a> {
                         x
                     };
                     if !item.is_empty() {
-                        nfa.embed_to(from, &item, next[f]);
+                        self.place(&mut nfa, from, &item, next[f]);
                     }
                     if let Some(c) = &citem {
                         if !c.is_empty() && need_c > 0 {
-                            nfa.embed_to(from, c, next[(f + 1).min(need_c)]);
+                            self.place(&mut nfa, from, c, next[(f + 1).min(need_c)]);
                         }
                     }
                 }
@@ -1859,10 +1972,10 @@ impl<'a> Lowerer<'a> {
             for f in 0..width {
                 let x = nfa.state();
                 self.sep(&mut nfa, st[last][f], b",", x);
-                nfa.embed_to(x, &items, st[last][f]);
+                self.place(&mut nfa, x, &items, st[last][f]);
                 if let Some((ci, _)) = &contains {
                     if need_c > 0 && !ci.is_empty() {
-                        nfa.embed_to(x, ci, st[last][(f + 1).min(need_c)]);
+                        self.place(&mut nfa, x, ci, st[last][(f + 1).min(need_c)]);
                     }
                 }
             }
@@ -1872,7 +1985,7 @@ impl<'a> Lowerer<'a> {
                     let x = nfa.state();
                     self.sep(&mut nfa, st[last][f], b",", x);
                     if need_c > 0 && !ci.is_empty() {
-                        nfa.embed_to(x, ci, st[last][(f + 1).min(need_c)]);
+                        self.place(&mut nfa, x, ci, st[last][(f + 1).min(need_c)]);
                     }
                 }
             }
@@ -2037,11 +2150,15 @@ impl<'a> Lowerer<'a> {
                     continue;
                 }
                 let tgt = bump(c);
-                let e = *entry.entry(tgt).or_insert_with(|| {
-                    let e = nfa.state();
-                    nfa.embed_to(e, v, st[i + 1][tgt]);
-                    e
-                });
+                let e = match entry.get(&tgt) {
+                    Some(&e) => e,
+                    None => {
+                        let e = nfa.state();
+                        self.place(&mut nfa, e, v, st[i + 1][tgt]);
+                        entry.insert(tgt, e);
+                        e
+                    }
+                };
                 let k = if c == 0 {
                     nfa.lit(st[i][c], text)
                 } else {
@@ -2059,11 +2176,15 @@ impl<'a> Lowerer<'a> {
                     continue;
                 }
                 let tgt = bump(c);
-                let e = *entry.entry(tgt).or_insert_with(|| {
-                    let e = nfa.state();
-                    nfa.embed_to(e, v, st[n][tgt]);
-                    e
-                });
+                let e = match entry.get(&tgt) {
+                    Some(&e) => e,
+                    None => {
+                        let e = nfa.state();
+                        self.place(&mut nfa, e, v, st[n][tgt]);
+                        entry.insert(tgt, e);
+                        e
+                    }
+                };
                 let kstart = if c == 0 {
                     st[n][c]
                 } else {

@@ -12,6 +12,7 @@ use std::collections::HashSet;
 use std::sync::Arc as Rc;
 
 use super::lower::PStep;
+use super::calls::Config;
 use super::{CompiledSchema, StateId};
 
 #[derive(Clone, Debug)]
@@ -235,15 +236,17 @@ impl Tracker {
 #[derive(Clone, Debug)]
 pub struct Matcher<S: std::ops::Deref<Target = CompiledSchema>> {
     schema: S,
-    state: StateId,
+    /// The run: configurations (state, return stack). One configuration with an empty stack for
+    /// a schema without calls.
+    cfgs: Vec<Config>,
     tracker: Tracker,
     track: bool,
 }
 
 impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
     pub fn new(schema: S) -> Matcher<S> {
-        let (state, track) = (schema.start(), !schema.unique.is_empty());
-        Matcher { schema, state, tracker: Tracker::default(), track }
+        let (cfgs, track) = (schema.start_cfgs(), !schema.unique.is_empty());
+        Matcher { schema, cfgs, tracker: Tracker::default(), track }
     }
 
     /// The compiled schema.
@@ -251,21 +254,62 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         &self.schema
     }
 
-    /// The automaton state.
+    /// The automaton state (of the first configuration, for a schema with calls: see
+    /// [`CompiledSchema::has_calls`]).
     pub fn state(&self) -> StateId {
-        self.state
+        StateId(self.cfgs.first().map_or(super::DEAD, |c| c.q))
     }
 
     /// Whether the text so far is a complete valid document (EOS allowed).
     pub fn is_accepting(&self) -> bool {
-        self.schema.is_accepting(self.state)
+        self.schema.cfgs_accepting(&self.cfgs)
+    }
+
+    /// The fewest tokens that finish the document from here, end-of-sequence included (one
+    /// token per byte of the shortest completion: an upper bound). `None` when dead.
+    pub fn tokens_to_finish(&self) -> Option<u32> {
+        self.schema.cfgs_need(&self.cfgs).map(|n| n + 1)
+    }
+
+    /// [`Matcher::tokens_to_finish`] after `token`; `None` if the token is refused.
+    pub fn tokens_to_finish_after(&self, token: u32) -> Option<u32> {
+        let bytes = self.schema.vocabulary().token_bytes(token);
+        if bytes.is_empty() {
+            return None;
+        }
+        let next = self.schema.cfgs_advance(&self.cfgs, bytes);
+        self.schema.cfgs_need(&next).map(|n| n + 1)
+    }
+
+    /// The shortest text that completes the document from here (run-time checks not
+    /// considered). `None` when dead.
+    pub fn shortest_completion(&self) -> Option<Vec<u8>> {
+        self.schema.cfgs_completion(&self.cfgs)
+    }
+
+    /// Advances by raw bytes (forced text); `false` (and no change) if refused.
+    pub fn advance_bytes(&mut self, bytes: &[u8]) -> bool {
+        let next = self.schema.cfgs_advance(&self.cfgs, bytes);
+        if next.is_empty() {
+            return false;
+        }
+        if self.track {
+            let mut t = self.tracker.clone();
+            for &b in bytes {
+                if t.step(b, &self.schema.unique).is_err() {
+                    return false;
+                }
+            }
+            self.tracker = t;
+        }
+        self.cfgs = next;
+        true
     }
 
     /// Writes the allowed-token bitset into `out` (at least `schema.mask_words()` words).
     pub fn allowed(&mut self, out: &mut [u64]) {
-        let m = self.schema.allowed(self.state);
-        let n = m.len().min(out.len());
-        out[..n].copy_from_slice(&m[..n]);
+        self.schema.cfgs_allowed(&self.cfgs, out);
+        let n = self.schema.mask_words().min(out.len());
         if !self.track {
             return;
         }
@@ -302,19 +346,22 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
                 if bytes.is_empty() || (self.tracker.in_str && !bytes.contains(&b'"')) {
                     continue; // EOS, or the string goes on: nothing completes
                 }
-                let Some(mut q) = self.schema.advance(self.state, id) else { continue };
+                let mut q = self.schema.cfgs_advance(&self.cfgs, bytes);
+                if q.is_empty() {
+                    continue;
+                }
                 // An item completes only at a quote, a bracket or a comma (in the token or in a
                 // forced continuation); other tokens leave the next choice free.
-                if !bytes.iter().any(|b| matches!(b, b'"' | b'}' | b']' | b',')) && self.schema.forced_byte(q).is_none() {
+                if !bytes.iter().any(|b| matches!(b, b'"' | b'}' | b']' | b',')) && self.schema.cfgs_forced(&q).is_none() {
                     continue;
                 }
                 let mut t = self.tracker.clone();
                 let mut dup = bytes.iter().any(|&b| t.step(b, pats).is_err());
                 for _ in 0..64 {
-                    if dup || self.schema.is_accepting(q) {
+                    if dup || self.schema.cfgs_accepting(&q) {
                         break;
                     }
-                    let Some((b, next)) = self.schema.forced_byte(q) else { break };
+                    let Some((b, next)) = self.schema.cfgs_forced(&q) else { break };
                     dup = t.step(b, pats).is_err();
                     q = next;
                 }
@@ -331,17 +378,11 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         if self.schema.vocabulary().eos.contains(&token) {
             return self.is_accepting();
         }
-        let Some(next) = self.schema.advance(self.state, token) else { return false };
-        if self.track {
-            let mut t = self.tracker.clone();
-            for &b in self.schema.vocabulary().token_bytes(token) {
-                if t.step(b, &self.schema.unique).is_err() {
-                    return false;
-                }
-            }
-            self.tracker = t;
+        let bytes = self.schema.vocabulary().token_bytes(token);
+        if bytes.is_empty() {
+            return false;
         }
-        self.state = next;
-        true
+        let bytes = bytes.to_vec();
+        self.advance_bytes(&bytes)
     }
 }

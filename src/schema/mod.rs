@@ -14,6 +14,7 @@
 //! values) is expanded to a bounded depth (a finite automaton, no stack).
 
 mod automata;
+mod calls;
 pub mod corpus;
 mod lower;
 mod matcher;
@@ -32,6 +33,7 @@ pub use matcher::Matcher;
 pub use tokens::Vocabulary;
 
 use automata::{Dfa, DEAD};
+use calls::{Calls, Config};
 
 /// Everything that can go wrong compiling or loading a schema. Every schema-related variant names
 /// the JSON pointer (into the schema) where it arose.
@@ -119,6 +121,10 @@ pub struct CompileOptions {
     pub max_items_generated: u64,
     /// Cap on the states of any intermediate or final automaton.
     pub max_states: usize,
+    /// Container values (objects, arrays) whose automaton has at least this many states are kept
+    /// once as a sub-automaton and called where they appear (a pushdown automaton, see
+    /// `docs/schemas.md`); 0 copies every value in place (one finite automaton).
+    pub call_min_states: usize,
     /// Wall-clock cap on the schema lowering.
     pub max_compile_time: Duration,
     /// When the schema is too large at `max_recursion` / `max_any_depth`, retry with both one
@@ -143,6 +149,7 @@ impl Default for CompileOptions {
             max_length_generated: 256,
             max_items_generated: 64,
             max_states: 200_000,
+            call_min_states: 256,
             max_compile_time: Duration::from_secs(10),
             adaptive_nesting: true,
             enforce_formats: true,
@@ -177,6 +184,8 @@ pub struct SchemaStats {
     /// [`CompileOptions::adaptive_nesting`] had to lower them; 0 when loaded from bytes).
     pub max_recursion: u32,
     pub max_any_depth: u32,
+    /// Sub-automata reached by calls (0: one finite automaton).
+    pub sub_automata: usize,
 }
 
 /// A schema compiled against one vocabulary.
@@ -221,9 +230,17 @@ pub struct CompiledSchema {
     dist: std::sync::OnceLock<(Vec<u32>, u32)>,
     /// Per state: 1 + the only byte it allows, or 0 (for the `uniqueItems` check).
     forced: std::sync::OnceLock<Vec<u16>>,
+    /// Calls between sub-automata (`None`: a plain DFA).
+    calls: Option<Calls>,
+    /// Per state: index into `unc` of the tokens its mask leaves to the run (they go on past a
+    /// return; empty without calls).
+    state_unc: Vec<u32>,
+    unc: Vec<Vec<u32>>,
 }
 
 const MAGIC: &[u8; 8] = b"ZLSCHM\0\x01";
+/// Version 2: the same, plus the call table (written only when the schema has calls).
+const MAGIC_CALLS: &[u8; 8] = b"ZLSCHM\0\x02";
 
 impl CompiledSchema {
     /// Compiles `schema` against the vocabulary `vocab` (raw bytes per token id).
@@ -244,13 +261,22 @@ impl CompiledSchema {
         // A schema too large at the requested nesting bounds is retried with both bounds one
         // lower (down to 1), each attempt getting half the time left (the last one all of it).
         let mut o = opts.clone();
-        let (dfa, mut unique) = loop {
+        let (dfa, unique, subs) = loop {
             let last = !opts.adaptive_nesting || (o.max_recursion <= 1 && o.max_any_depth <= 1);
             let left = opts.max_compile_time.saturating_sub(t0.elapsed());
             o.max_compile_time = if last { left } else { left / 2 };
             let mut lw = lower::Lowerer::new(schema, &o);
-            match lw.lower_root() {
-                Ok(dfa) => break (dfa, std::mem::take(&mut lw.unique)),
+            let res = lw.lower_root().and_then(|dfa| {
+                let mut unique = std::mem::take(&mut lw.unique);
+                unique.sort_unstable();
+                unique.dedup();
+                if unique.len() > 4096 {
+                    return Err(SchemaError::TooLarge { pointer: String::new(), what: format!("{} uniqueItems locations", unique.len()), limit: 4096 });
+                }
+                Ok((dfa, unique))
+            });
+            match res {
+                Ok((dfa, unique)) => break (dfa, unique, std::mem::take(&mut lw.subs)),
                 Err(SchemaError::TooLarge { .. }) if !last => {
                     o.max_recursion = o.max_recursion.saturating_sub(1).max(1);
                     o.max_any_depth = o.max_any_depth.saturating_sub(1).max(1);
@@ -258,14 +284,16 @@ impl CompiledSchema {
                 Err(e) => return Err(e),
             }
         };
-        unique.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
-        unique.dedup();
-        if unique.len() > 4096 {
-            return Err(SchemaError::TooLarge { pointer: String::new(), what: format!("{} uniqueItems locations", unique.len()), limit: 4096 });
-        }
         if dfa.is_empty() {
             return Err(SchemaError::Unsatisfiable { pointer: String::new() });
         }
+        let (dfa, calls) = calls::assemble(&dfa, &subs);
+        let sub_automata = calls.as_ref().map_or(0, |c| {
+            let mut s: Vec<u32> = c.to.iter().map(|x| x.0).collect();
+            s.sort_unstable();
+            s.dedup();
+            s.len()
+        });
         let lower_time = t0.elapsed();
         let t1 = Instant::now();
         let words = vocab.words();
@@ -274,21 +302,44 @@ impl CompiledSchema {
         let mut state_mask = vec![0u32; n];
         let mut seen: automata::HashMap<Vec<u64>, u32> = automata::HashMap::default();
         seen.insert(vec![0; words], 0);
+        let mut state_unc = vec![0u32; if calls.is_some() { n } else { 0 }];
+        let mut unc: Vec<Vec<u32>> = Vec::new();
+        let mut unc_seen: automata::HashMap<Vec<u32>, u32> = automata::HashMap::default();
+        if calls.is_some() {
+            unc.push(Vec::new());
+            unc_seen.insert(Vec::new(), 0);
+        }
         // Masks in parallel chunks (bounded memory), deduplicated in state order.
         use rayon::prelude::*;
         const CHUNK: usize = 256;
         let states: Vec<u32> = (1..n as u32).collect();
         let loops = vocab.loop_tables_for(&dfa);
         for chunk in states.chunks(CHUNK) {
-            let computed: Vec<Vec<u64>> = chunk
+            let computed: Vec<(Vec<u64>, Vec<u32>)> = chunk
                 .par_iter()
                 .map_init(Vec::new, |stack, &s| {
                     let mut buf = vec![0u64; words];
-                    vocab.mask(&dfa, s, &loops, &mut buf, stack);
-                    buf
+                    let mut u = Vec::new();
+                    match &calls {
+                        Some(c) => vocab.mask_calls(&dfa, c, s, &loops, &mut buf, &mut u),
+                        None => vocab.mask(&dfa, s, &loops, &mut buf, stack),
+                    }
+                    (buf, u)
                 })
                 .collect();
-            for (&s, buf) in chunk.iter().zip(computed) {
+            for (&s, (buf, u)) in chunk.iter().zip(computed) {
+                if calls.is_some() {
+                    let id = match unc_seen.get(&u) {
+                        Some(&id) => id,
+                        None => {
+                            let id = unc.len() as u32;
+                            unc.push(u.clone());
+                            unc_seen.insert(u, id);
+                            id
+                        }
+                    };
+                    state_unc[s as usize] = id;
+                }
                 let id = match seen.get(&buf) {
                     Some(&id) => id,
                     None => {
@@ -304,7 +355,8 @@ impl CompiledSchema {
         let mask_time = t1.elapsed();
         let distinct = masks.len() / words.max(1);
         let mask_bytes = masks.len() * 8;
-        let bytes = mask_bytes + state_mask.len() * 4 + dfa.trans.len() * 4 + dfa.accept.len() + 256;
+        let unc_bytes = state_unc.len() * 4 + unc.iter().map(|u| u.len() * 4 + 4).sum::<usize>() + calls.as_ref().map_or(0, |c| c.to.len() * 8 + c.off.len() * 4 + c.ret.len() * 2);
+        let bytes = mask_bytes + state_mask.len() * 4 + dfa.trans.len() * 4 + dfa.accept.len() + 256 + unc_bytes;
         let stats = SchemaStats {
             states: n - 1,
             distinct_masks: distinct,
@@ -315,8 +367,9 @@ impl CompiledSchema {
             compile_time: t0.elapsed(),
             max_recursion: o.max_recursion,
             max_any_depth: o.max_any_depth,
+            sub_automata,
         };
-        Ok(CompiledSchema { vocab: vocab.clone(), dfa, words, masks, state_mask, unique, stats, dist: Default::default(), forced: Default::default() })
+        Ok(CompiledSchema { vocab: vocab.clone(), dfa, words, masks, state_mask, unique, stats, dist: Default::default(), forced: Default::default(), calls, state_unc, unc })
     }
 
     /// The start state.
@@ -443,6 +496,9 @@ impl CompiledSchema {
 
     fn distances(&self) -> &(Vec<u32>, u32) {
         self.dist.get_or_init(|| {
+            if let Some(c) = &self.calls {
+                return c.distances(&self.dfa);
+            }
             let (n, k) = (self.dfa.n_states(), self.dfa.ncls);
             // Reverse edges (CSR), then a breadth-first search from the accepting states.
             let mut deg = vec![0u32; n + 1];
@@ -505,6 +561,143 @@ impl CompiledSchema {
         self.stats
     }
 
+    /// Whether the automaton calls sub-automata (a pushdown automaton). The state-level methods
+    /// (`allowed`, `advance`, `is_accepting`, `shortest_completion`, `tokens_to_finish` on a
+    /// [`StateId`]) describe a run with an empty stack only; generate through a [`Matcher`],
+    /// which is exact either way.
+    pub fn has_calls(&self) -> bool {
+        self.calls.is_some()
+    }
+
+    pub(crate) fn start_cfgs(&self) -> Vec<Config> {
+        vec![Config { q: self.dfa.start, stack: Vec::new() }]
+    }
+
+    /// The configurations after `bytes` (empty: refused).
+    pub(crate) fn cfgs_advance(&self, cfgs: &[Config], bytes: &[u8]) -> Vec<Config> {
+        match &self.calls {
+            Some(c) => c.advance(&self.dfa, cfgs, bytes),
+            None => cfgs
+                .iter()
+                .filter_map(|c| self.advance_bytes(StateId(c.q), bytes).map(|s| Config { q: s.0, stack: Vec::new() }))
+                .collect(),
+        }
+    }
+
+    pub(crate) fn cfgs_accepting(&self, cfgs: &[Config]) -> bool {
+        match &self.calls {
+            Some(c) => c.accepting(&self.dfa, cfgs),
+            None => cfgs.iter().any(|c| self.is_accepting(StateId(c.q))),
+        }
+    }
+
+    /// The allowed-token bitset of a run (EOS bits included where the document may end).
+    pub(crate) fn cfgs_allowed(&self, cfgs: &[Config], out: &mut [u64]) {
+        let n = self.words.min(out.len());
+        let Some(calls) = &self.calls else {
+            match cfgs {
+                [c] => out[..n].copy_from_slice(&self.allowed(StateId(c.q))[..n]),
+                _ => {
+                    out.iter_mut().for_each(|w| *w = 0);
+                    for c in cfgs {
+                        for (o, m) in out.iter_mut().zip(self.allowed(StateId(c.q))) {
+                            *o |= m;
+                        }
+                    }
+                }
+            }
+            return;
+        };
+        out.iter_mut().for_each(|w| *w = 0);
+        for c in cfgs {
+            for (o, m) in out.iter_mut().zip(self.allowed(StateId(c.q))) {
+                *o |= m;
+            }
+        }
+        for c in cfgs {
+            let list = self.state_unc.get(c.q as usize).map_or(&[][..], |&u| &self.unc[u as usize][..]);
+            for &id in list {
+                let (w, bit) = (id as usize / 64, 1u64 << (id % 64));
+                if w < n && out[w] & bit == 0 && !calls.advance(&self.dfa, std::slice::from_ref(c), self.vocab.token_bytes(id)).is_empty() {
+                    out[w] |= bit;
+                }
+            }
+        }
+        let eos = calls.accepting(&self.dfa, cfgs);
+        for &e in &self.vocab.eos {
+            if let Some(w) = out.get_mut(e as usize / 64) {
+                if eos {
+                    *w |= 1u64 << (e % 64);
+                } else {
+                    *w &= !(1u64 << (e % 64));
+                }
+            }
+        }
+    }
+
+    /// Bytes on the shortest way to the document's end from a run (`None`: dead).
+    pub(crate) fn cfgs_need(&self, cfgs: &[Config]) -> Option<u32> {
+        let dist = &self.distances().0;
+        cfgs.iter()
+            .filter_map(|c| {
+                let mut total = *dist.get(c.q as usize)? as u64;
+                for &r in &c.stack {
+                    total += *dist.get(r as usize)? as u64;
+                }
+                (total < u32::MAX as u64).then_some(total as u32)
+            })
+            .min()
+    }
+
+    /// The only byte a run allows and the run after it; `None` when there are several (or none).
+    pub(crate) fn cfgs_forced(&self, cfgs: &[Config]) -> Option<(u8, Vec<Config>)> {
+        let Some(calls) = &self.calls else {
+            let [c] = cfgs else { return None };
+            let (b, s) = self.forced_byte(StateId(c.q))?;
+            return Some((b, vec![Config { q: s.0, stack: Vec::new() }]));
+        };
+        let mut found: Option<u8> = None;
+        for c in calls.closure(cfgs) {
+            for b in 0..=255u8 {
+                if self.dfa.next(c.q, b) != DEAD {
+                    match found {
+                        None => found = Some(b),
+                        Some(x) if x == b => {}
+                        Some(_) => return None,
+                    }
+                }
+            }
+        }
+        let b = found?;
+        Some((b, calls.advance(&self.dfa, cfgs, &[b])))
+    }
+
+    /// The shortest text that completes the document from a run.
+    pub(crate) fn cfgs_completion(&self, cfgs: &[Config]) -> Option<Vec<u8>> {
+        let Some(calls) = &self.calls else {
+            return cfgs.iter().filter_map(|c| self.shortest_completion(StateId(c.q))).min_by_key(|v| v.len());
+        };
+        let mut cur = cfgs.to_vec();
+        let mut out = Vec::new();
+        let mut need = self.cfgs_need(&cur)?;
+        while !calls.accepting(&self.dfa, &cur) {
+            let mut best: Option<(u32, u8, Vec<Config>)> = None;
+            for b in 0..=255u8 {
+                let next = calls.advance(&self.dfa, &cur, &[b]);
+                if let Some(nd) = self.cfgs_need(&next) {
+                    if nd < need && best.as_ref().is_none_or(|x| nd < x.0) {
+                        best = Some((nd, b, next));
+                    }
+                }
+            }
+            let (nd, b, next) = best?;
+            out.push(b);
+            need = nd;
+            cur = next;
+        }
+        Some(out)
+    }
+
     /// The vocabulary this schema was compiled against.
     pub fn vocabulary(&self) -> &Arc<Vocabulary> {
         &self.vocab
@@ -528,7 +721,7 @@ impl CompiledSchema {
 
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.stats.bytes + 64);
-        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(if self.calls.is_some() { MAGIC_CALLS } else { MAGIC });
         let v = &self.vocab;
         out.extend_from_slice(&(v.tokens.len() as u32).to_le_bytes());
         out.extend_from_slice(&(v.eos.len() as u32).to_le_bytes());
@@ -579,6 +772,33 @@ impl CompiledSchema {
                 }
             }
         }
+        if let Some(c) = &self.calls {
+            let mut bits = vec![0u8; n.div_ceil(8)];
+            for (i, &r) in c.ret.iter().enumerate() {
+                if r {
+                    bits[i / 8] |= 1 << (i % 8);
+                }
+            }
+            out.extend_from_slice(&bits);
+            out.extend_from_slice(&(c.to.len() as u32).to_le_bytes());
+            for q in 0..n as u32 {
+                for &(callee, ret) in c.calls(q) {
+                    for x in [q, callee, ret] {
+                        out.extend_from_slice(&x.to_le_bytes());
+                    }
+                }
+            }
+            out.extend_from_slice(&(self.unc.len() as u32).to_le_bytes());
+            for u in &self.unc {
+                out.extend_from_slice(&(u.len() as u32).to_le_bytes());
+                for id in u {
+                    out.extend_from_slice(&id.to_le_bytes());
+                }
+            }
+            for u in &self.state_unc {
+                out.extend_from_slice(&u.to_le_bytes());
+            }
+        }
         let s = &self.stats;
         for x in [s.states as u64, s.distinct_masks as u64, s.max_recursion as u64, s.max_any_depth as u64, 0] {
             out.extend_from_slice(&x.to_le_bytes());
@@ -589,7 +809,9 @@ impl CompiledSchema {
     /// Decodes [`CompiledSchema::to_bytes`] output; bounded and panic-free on any input.
     pub fn from_bytes(b: &[u8]) -> Result<CompiledSchema, SchemaError> {
         let mut r = Reader { b, pos: 0 };
-        if r.take(8)? != MAGIC {
+        let magic = r.take(8)?;
+        let with_calls = magic == MAGIC_CALLS;
+        if magic != MAGIC && !with_calls {
             return Err(dec_err("bad magic or version"));
         }
         let n_tokens = r.u32()? as usize;
@@ -697,12 +919,73 @@ impl CompiledSchema {
             }
             unique.push(p);
         }
+        let (mut calls_parts, mut state_unc, mut unc) = (None, Vec::new(), Vec::new());
+        if with_calls {
+            let rb = r.take(n.div_ceil(8))?;
+            let ret: Vec<bool> = (0..n).map(|i| rb[i / 8] & (1 << (i % 8)) != 0).collect();
+            if ret[0] {
+                return Err(dec_err("dead state returns"));
+            }
+            let n_calls = r.u32()? as usize;
+            if n_calls.checked_mul(12).is_none_or(|x| x > r.remaining()) {
+                return Err(dec_err("truncated call table"));
+            }
+            let mut off = vec![0u32; n + 1];
+            let mut to = Vec::with_capacity(n_calls);
+            let mut last = 0u32;
+            for _ in 0..n_calls {
+                let (q, callee, ret_s) = (r.u32()?, r.u32()?, r.u32()?);
+                if q < last || q == DEAD || q as usize >= n || callee == DEAD || callee as usize >= n || ret_s == DEAD || ret_s as usize >= n {
+                    return Err(dec_err("call out of range or out of order"));
+                }
+                last = q;
+                off[q as usize + 1] += 1;
+                to.push((callee, ret_s));
+            }
+            for i in 0..n {
+                off[i + 1] += off[i];
+            }
+            let n_unc = r.u32()? as usize;
+            if n_unc == 0 || n_unc > n {
+                return Err(dec_err("bad uncertain-token table"));
+            }
+            for _ in 0..n_unc {
+                let len = r.u32()? as usize;
+                if len > n_bits || len.checked_mul(4).is_none_or(|x| x > r.remaining()) {
+                    return Err(dec_err("bad uncertain-token list"));
+                }
+                let mut u = Vec::with_capacity(len);
+                for _ in 0..len {
+                    let id = r.u32()?;
+                    if id as usize >= n_bits || u.last().is_some_and(|&p| p >= id) {
+                        return Err(dec_err("uncertain token out of range or order"));
+                    }
+                    u.push(id);
+                }
+                unc.push(u);
+            }
+            for _ in 0..n {
+                let u = r.u32()?;
+                if u as usize >= n_unc {
+                    return Err(dec_err("uncertain-list index out of range"));
+                }
+                state_unc.push(u);
+            }
+            calls_parts = Some((off, to, ret));
+        }
         let st: Vec<u64> = (0..5).map(|_| r.u64()).collect::<Result<_, _>>()?;
         if r.remaining() != 0 {
             return Err(dec_err("trailing bytes"));
         }
         let vocab = Arc::new(Vocabulary::new(&tokens, &eos));
         let dfa = Dfa { classes, ncls, trans, accept, start };
+        let calls = calls_parts.map(|(off, to, ret)| Calls::new(&dfa, off, to, ret));
+        let sub_automata = calls.as_ref().map_or(0, |c| {
+            let mut s: Vec<u32> = c.to.iter().map(|x| x.0).collect();
+            s.sort_unstable();
+            s.dedup();
+            s.len()
+        });
         let stats = SchemaStats {
             states: st[0] as usize,
             distinct_masks: st[1] as usize,
@@ -713,8 +996,9 @@ impl CompiledSchema {
             compile_time: Duration::ZERO,
             max_recursion: st[2].min(u32::MAX as u64) as u32,
             max_any_depth: st[3].min(u32::MAX as u64) as u32,
+            sub_automata,
         };
-        Ok(CompiledSchema { vocab, dfa, words, masks, state_mask, unique, stats, dist: Default::default(), forced: Default::default() })
+        Ok(CompiledSchema { vocab, dfa, words, masks, state_mask, unique, stats, dist: Default::default(), forced: Default::default(), calls, state_unc, unc })
     }
 }
 
@@ -1076,5 +1360,105 @@ mod cache_tests {
         let a3 = cache.get_or_compile(&json!({"type": "integer"}), &opts).unwrap();
         assert!(Arc::ptr_eq(&a, &a3), "recently used entry kept");
         assert_ne!(SchemaCache::key(&json!({"a": 1, "b": 2}), &opts), SchemaCache::key(&json!({"b": 2, "a": 1}), &opts));
+    }
+}
+
+#[cfg(test)]
+mod calls_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pair(s: &Value) -> (CompiledSchema, CompiledSchema) {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let plain = CompiledSchema::compile(s, &v, &[eos], &CompileOptions { call_min_states: 0, ..Default::default() }).unwrap();
+        let called = CompiledSchema::compile(s, &v, &[eos], &CompileOptions { call_min_states: 4, ..Default::default() }).unwrap();
+        assert!(!plain.has_calls());
+        assert!(called.has_calls(), "the schema should produce calls: {s}");
+        assert!(called.stats().sub_automata > 0);
+        (plain, called)
+    }
+
+    fn schemas() -> Vec<Value> {
+        vec![
+            json!({"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 3}}, "required": ["v"], "additionalProperties": false}}, "$ref": "#/$defs/node"}),
+            json!({"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}, "b": {"enum": [1, 2]}}, "required": ["a"], "additionalProperties": false}, "minItems": 1, "maxItems": 5}),
+            json!({"anyOf": [{"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"], "additionalProperties": false},
+                             {"type": "array", "items": {"type": "object", "properties": {"y": {"type": "null"}}, "additionalProperties": false}},
+                             {"type": "string", "maxLength": 2}]}),
+            json!({"type": "object", "properties": {"p": {"$ref": "#/$defs/pt"}, "q": {"$ref": "#/$defs/pt"}, "list": {"type": "array", "items": {"$ref": "#/$defs/pt"}, "uniqueItems": true}},
+                   "$defs": {"pt": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 99}, "y": {"type": "integer"}}, "required": ["x", "y"], "additionalProperties": false}}}),
+        ]
+    }
+
+    fn rng(seed: &mut u64) -> u64 {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    }
+
+    #[test]
+    fn calls_match_the_flat_automaton_token_by_token() {
+        for s in schemas() {
+            let (plain, called) = pair(&s);
+            let decoded = CompiledSchema::from_bytes(&called.to_bytes()).unwrap();
+            assert_eq!(decoded.to_bytes(), called.to_bytes());
+            assert!(decoded.has_calls());
+            let words = plain.mask_words();
+            let eos = (plain.mask_bits() - 1) as u32;
+            let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+            for _walk in 0..40 {
+                let (mut a, mut b, mut d) = (Matcher::new(&plain), Matcher::new(&called), Matcher::new(&decoded));
+                let (mut ma, mut mb, mut md) = (vec![0u64; words], vec![0u64; words], vec![0u64; words]);
+                for _step in 0..80 {
+                    a.allowed(&mut ma);
+                    b.allowed(&mut mb);
+                    d.allowed(&mut md);
+                    assert_eq!(ma, mb, "masks differ for {s}");
+                    assert_eq!(mb, md, "decoded masks differ for {s}");
+                    assert_eq!(a.is_accepting(), b.is_accepting());
+                    assert_eq!(a.tokens_to_finish(), b.tokens_to_finish(), "distances differ for {s}");
+                    let (ca, cb) = (a.shortest_completion().unwrap(), b.shortest_completion().unwrap());
+                    assert_eq!(ca.len(), cb.len());
+                    let mut done = b.clone();
+                    assert!(done.advance_bytes(&cb) && done.is_accepting(), "completion finishes the document");
+                    let ids: Vec<u32> = (0..plain.mask_bits() as u32).filter(|&i| ma[i as usize / 64] >> (i % 64) & 1 == 1).collect();
+                    assert!(!ids.is_empty());
+                    let t = ids[(rng(&mut seed) % ids.len() as u64) as usize];
+                    if t == eos {
+                        break;
+                    }
+                    assert!(a.advance(t) && b.advance(t) && d.advance(t));
+                }
+            }
+            let bytes = called.to_bytes();
+            for cut in [8, bytes.len() / 3, bytes.len() - 41, bytes.len() - 1] {
+                assert!(CompiledSchema::from_bytes(&bytes[..cut]).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn calls_accept_and_reject_like_the_flat_automaton() {
+        let s = &schemas()[0];
+        let (plain, called) = pair(s);
+        for (text, ok) in [
+            (r#"{"v":1}"#, true),
+            (r#"{"v":1,"kids":[{"v":2},{"v":3,"kids":[{"v":4}]}]}"#, true),
+            (r#"{"v": 1, "kids": [{"v": 2, "kids": []}]}"#, true),
+            (r#"{"v":1,"kids":[{"v":2},{"v":3},{"v":4},{"v":5}]}"#, false),
+            (r#"{"v":1,"kids":[{"w":2}]}"#, false),
+            (r#"{"v":1,"kids":[{"v":2}]"#, false),
+            (r#"{"v":1}}"#, false),
+        ] {
+            for c in [&plain, &called] {
+                let mut m = Matcher::new(c);
+                assert_eq!(m.advance_bytes(text.as_bytes()) && m.is_accepting(), ok, "{text}");
+            }
+        }
+        // The same value is one sub-automaton wherever it is used.
+        let (_, c) = pair(&schemas()[3]);
+        assert!(c.stats().states < pair(&schemas()[3]).0.stats().states);
     }
 }

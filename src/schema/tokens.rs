@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::automata::{Dfa, DEAD};
+use super::calls::{Calls, Config};
 
 /// For a set C of bytes: the tokens made only of C (a bitset), and for every other token the
 /// offset of its first byte outside C. A state whose self-loops cover C keeps every C-token in
@@ -290,5 +291,85 @@ impl Vocabulary {
                 }
             }
         }
+    }
+}
+
+impl Vocabulary {
+    /// [`Vocabulary::mask`] for an automaton with calls: sets the tokens allowed from `state`
+    /// whatever the run's stack holds, and lists in `unc` (sorted) the tokens that can only go on
+    /// by returning past the state's own automaton: the run decides those with its stack.
+    pub(crate) fn mask_calls(&self, dfa: &Dfa, calls: &Calls, state: u32, loops: &[Option<Arc<LoopTable>>], out: &mut [u64], unc: &mut Vec<u32>) {
+        out.iter_mut().for_each(|w| *w = 0);
+        unc.clear();
+        if state == DEAD || calls.exit_only[state as usize] {
+            return;
+        }
+        if dfa.accept[state as usize] {
+            for &e in &self.eos {
+                out[e as usize / 64] |= 1u64 << (e % 64);
+            }
+        }
+        let set = |out: &mut [u64], id: u32| out[id as usize / 64] |= 1u64 << (id % 64);
+        // Trie nodes below which every token may go on past a return (decided at run time).
+        let mut unc_nodes: Vec<u32> = Vec::new();
+        let mut work: Vec<(u32, Config)> = vec![(0, Config { q: state, stack: Vec::new() })];
+        while let Some((node, c)) = work.pop() {
+            let closed;
+            let cs: &[Config] = if calls.off[c.q as usize] == calls.off[c.q as usize + 1] && !calls.ret[c.q as usize] {
+                std::slice::from_ref(&c)
+            } else {
+                closed = calls.closure(std::slice::from_ref(&c));
+                &closed
+            };
+            for c in cs {
+                if calls.ret[c.q as usize] && c.stack.is_empty() {
+                    unc_nodes.push(node);
+                }
+                let (fe, ne) = self.node_edges[node as usize];
+                let row = c.q as usize * dfa.ncls;
+                for e in fe as usize..(fe + ne) as usize {
+                    let b = self.edge_byte[e];
+                    let t = dfa.trans[row + dfa.classes[b as usize] as usize];
+                    if t == DEAD {
+                        continue;
+                    }
+                    let child = self.edge_child[e];
+                    let (ft, nt) = self.node_tok[child as usize];
+                    let plain = calls.off[t as usize] == calls.off[t as usize + 1] && !calls.ret[t as usize];
+                    if let (Some(table), true) = (&loops[t as usize], plain) {
+                        let d = self.node_depth[child as usize] as i16;
+                        let end = self.sub_end[child as usize] as usize;
+                        for pos in ft as usize..end {
+                            let id = self.tok_ids[pos];
+                            if table.last_bad[pos] < d {
+                                set(out, id);
+                                continue;
+                            }
+                            match calls.walk(dfa, t, &c.stack, &self.tokens[id as usize][d as usize..]) {
+                                1 => set(out, id),
+                                2 => unc.push(id),
+                                _ => {}
+                            }
+                        }
+                        continue;
+                    }
+                    for &id in &self.tok_ids[ft as usize..(ft + nt) as usize] {
+                        set(out, id);
+                    }
+                    if self.node_edges[child as usize].1 > 0 {
+                        work.push((child, Config { q: t, stack: c.stack.clone() }));
+                    }
+                }
+            }
+        }
+        for node in unc_nodes {
+            // Tokens strictly longer than the node's spelling.
+            let (ft, nt) = self.node_tok[node as usize];
+            let end = self.sub_end[node as usize] as usize;
+            unc.extend_from_slice(&self.tok_ids[(ft + nt) as usize..end]);
+        }
+        unc.retain(|&id| out[id as usize / 64] >> (id % 64) & 1 == 0);
+        unc.sort_unstable();
+        unc.dedup();
     }
 }

@@ -1,0 +1,387 @@
+//! Calls between sub-automata: the pushdown part of a compiled schema.
+//!
+//! The lowering keeps a large container value (an object or array automaton of at least
+//! [`CompileOptions::call_min_states`](super::CompileOptions) states) once, as a sub-automaton,
+//! and writes a call marker where the value appears (`CALL hi lo`, see [`CALL`]). [`assemble`]
+//! joins the root automaton and the sub-automata it reaches into one state space: text
+//! transitions as in a DFA, plus per state the calls it may make (callee start, return state), and
+//! per state whether it ends a sub-automaton (a return). A run is a small set of configurations
+//! (state, stack of return states); JSON makes the set a single configuration almost always.
+//!
+//! Sub-automata only call earlier ones (a DAG), so the stack is bounded by their number, and the
+//! nesting bound for recursion stays what the lowering documents. The win is size: a `$ref`
+//! used in fifty places, or the items of a 64-item array, are one sub-automaton instead of fifty
+//! or sixty-four copies, so lowering and mask computation are linear in the schema, not in its
+//! expansion.
+
+use super::automata::{Dfa, HashMap, DEAD};
+use super::lower::CALL;
+
+/// Deepest stack a run may build (calls form a DAG of at most 8192 sub-automata; decoded input
+/// that loops is cut here).
+pub(crate) const MAX_STACK: usize = 1024;
+
+/// Call table of an assembled automaton.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Calls {
+    /// Per state: `to[off[q]..off[q+1]]` are its calls.
+    pub off: Vec<u32>,
+    /// (callee start state, return state).
+    pub to: Vec<(u32, u32)>,
+    /// Per state: an accepting state of a sub-automaton (the run may return from it).
+    pub ret: Vec<bool>,
+    /// Per state: returns and can do nothing else (popped as soon as it is reached).
+    pub exit_only: Vec<bool>,
+}
+
+/// One configuration of a run: a state and the return states below it (innermost last).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Config {
+    pub q: u32,
+    pub stack: Vec<u32>,
+}
+
+/// The call markers leaving `q`: (sub-automaton id, return state).
+fn markers(d: &Dfa, q: u32) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    let t = d.next(q, CALL);
+    if t == DEAD {
+        return out;
+    }
+    for hi in 0..=255u8 {
+        let t2 = d.next(t, hi);
+        if t2 == DEAD {
+            continue;
+        }
+        for lo in 0..=255u8 {
+            let r = d.next(t2, lo);
+            if r != DEAD {
+                out.push(((hi as u32) << 8 | lo as u32, r));
+            }
+        }
+    }
+    out
+}
+
+fn has_markers(d: &Dfa) -> bool {
+    (1..d.n_states() as u32).any(|q| d.next(q, CALL) != DEAD)
+}
+
+/// Joins `root` and the sub-automata it calls into one automaton. Without calls the root is
+/// returned as it is, with no call table.
+pub(crate) fn assemble(root: &Dfa, subs: &[Dfa]) -> (Dfa, Option<Calls>) {
+    if !has_markers(root) {
+        return (root.clone(), None);
+    }
+    // The automata reached from the root: index `subs.len()` is the root.
+    let n_auto = subs.len() + 1;
+    let dfa_of = |a: usize| if a == subs.len() { root } else { &subs[a] };
+    let mut used = vec![false; n_auto];
+    used[subs.len()] = true;
+    let mut todo = vec![subs.len()];
+    // Per automaton: its states in visiting order and their markers.
+    let mut states: Vec<Vec<u32>> = vec![Vec::new(); n_auto];
+    let mut marks: Vec<HashMap<u32, Vec<(u32, u32)>>> = vec![HashMap::default(); n_auto];
+    while let Some(a) = todo.pop() {
+        let d = dfa_of(a);
+        let mut seen = vec![false; d.n_states()];
+        let mut queue = vec![d.start];
+        seen[d.start as usize] = true;
+        while let Some(q) = queue.pop() {
+            states[a].push(q);
+            let mut next: Vec<u32> = Vec::new();
+            for b in 0..=255u8 {
+                if b == CALL {
+                    continue;
+                }
+                let t = d.next(q, b);
+                if t != DEAD {
+                    next.push(t);
+                }
+            }
+            let m = markers(d, q);
+            for &(id, r) in &m {
+                next.push(r);
+                if (id as usize) < subs.len() && !used[id as usize] {
+                    used[id as usize] = true;
+                    todo.push(id as usize);
+                }
+            }
+            if !m.is_empty() {
+                marks[a].insert(q, m);
+            }
+            for t in next {
+                if !seen[t as usize] {
+                    seen[t as usize] = true;
+                    queue.push(t);
+                }
+            }
+        }
+        states[a].sort_unstable();
+    }
+    // Numbering: dead 0, then the sub-automata in id order, the root last.
+    let mut map: Vec<HashMap<u32, u32>> = vec![HashMap::default(); n_auto];
+    let mut order: Vec<(usize, u32)> = vec![(usize::MAX, DEAD)];
+    for a in (0..n_auto).filter(|&a| used[a]) {
+        for &q in &states[a] {
+            map[a].insert(q, order.len() as u32);
+            order.push((a, q));
+        }
+    }
+    // Byte classes: the common refinement of every automaton's classes, CALL on its own.
+    let mut sig_ids: HashMap<Vec<u8>, u8> = HashMap::default();
+    let mut classes = [0u8; 256];
+    let mut reps: Vec<u8> = Vec::new();
+    for b in 0..256usize {
+        let mut sig: Vec<u8> = (0..n_auto).filter(|&a| used[a]).map(|a| dfa_of(a).classes[b]).collect();
+        sig.push((b as u8 == CALL) as u8);
+        let n = sig_ids.len();
+        let id = *sig_ids.entry(sig).or_insert_with(|| {
+            reps.push(b as u8);
+            n as u8
+        });
+        classes[b] = id;
+    }
+    let ncls = reps.len();
+    let n = order.len();
+    let mut trans = vec![DEAD; n * ncls];
+    let mut accept = vec![false; n];
+    let mut ret = vec![false; n];
+    let mut off = vec![0u32; n + 1];
+    let mut to = Vec::new();
+    for (i, &(a, q)) in order.iter().enumerate().skip(1) {
+        let d = dfa_of(a);
+        for (c, &b) in reps.iter().enumerate() {
+            let t = d.next(q, b);
+            if b != CALL && t != DEAD {
+                trans[i * ncls + c] = map[a][&t];
+            }
+        }
+        if a == subs.len() {
+            accept[i] = d.accept[q as usize];
+        } else {
+            ret[i] = d.accept[q as usize];
+        }
+        if let Some(m) = marks[a].get(&q) {
+            for &(id, r) in m {
+                if (id as usize) < subs.len() {
+                    let callee = &subs[id as usize];
+                    to.push((map[id as usize][&callee.start], map[a][&r]));
+                }
+            }
+        }
+        off[i + 1] = to.len() as u32;
+    }
+    let start = map[subs.len()][&root.start];
+    let dfa = Dfa { classes, ncls, trans, accept, start };
+    let calls = Calls::new(&dfa, off, to, ret);
+    (dfa, Some(calls))
+}
+
+impl Calls {
+    /// Completes a table from its parts (`exit_only` is derived).
+    pub fn new(dfa: &Dfa, off: Vec<u32>, to: Vec<(u32, u32)>, ret: Vec<bool>) -> Calls {
+        let exit_only = (0..dfa.n_states())
+            .map(|q| ret[q] && off[q] == off[q + 1] && dfa.row(q as u32).iter().all(|&t| t == DEAD))
+            .collect();
+        Calls { off, to, ret, exit_only }
+    }
+
+    pub fn calls(&self, q: u32) -> &[(u32, u32)] {
+        &self.to[self.off[q as usize] as usize..self.off[q as usize + 1] as usize]
+    }
+
+    /// Every configuration reachable from `cfgs` without reading a byte (calls entered, returns
+    /// taken), `cfgs` included.
+    pub fn closure(&self, cfgs: &[Config]) -> Vec<Config> {
+        let mut out: Vec<Config> = Vec::with_capacity(cfgs.len());
+        let mut work: Vec<Config> = cfgs.to_vec();
+        while let Some(c) = work.pop() {
+            if out.contains(&c) {
+                continue;
+            }
+            if c.stack.len() < MAX_STACK {
+                for &(s, r) in self.calls(c.q) {
+                    let mut stack = c.stack.clone();
+                    stack.push(r);
+                    work.push(Config { q: s, stack });
+                }
+            }
+            if self.ret[c.q as usize] {
+                if let Some((&r, rest)) = c.stack.split_last() {
+                    work.push(Config { q: r, stack: rest.to_vec() });
+                }
+            }
+            out.push(c);
+        }
+        out
+    }
+
+    /// Pops the configurations that can only return (their value is complete).
+    pub fn settle(&self, cfgs: &mut Vec<Config>) {
+        for c in cfgs.iter_mut() {
+            while self.exit_only[c.q as usize] {
+                let Some(r) = c.stack.pop() else { break };
+                c.q = r;
+            }
+        }
+        dedup(cfgs);
+    }
+
+    /// The configurations after reading `bytes` (settled); empty if the text is refused.
+    pub fn advance(&self, dfa: &Dfa, cfgs: &[Config], bytes: &[u8]) -> Vec<Config> {
+        let mut cur: Vec<Config> = cfgs.to_vec();
+        for &b in bytes {
+            let mut next = Vec::new();
+            for c in self.closure(&cur) {
+                let t = dfa.next(c.q, b);
+                if t != DEAD {
+                    next.push(Config { q: t, stack: c.stack });
+                }
+            }
+            dedup(&mut next);
+            if next.is_empty() {
+                return next;
+            }
+            cur = next;
+        }
+        self.settle(&mut cur);
+        cur
+    }
+
+    /// Whether the document may end here (a root accepting state with nothing left to return to).
+    pub fn accepting(&self, dfa: &Dfa, cfgs: &[Config]) -> bool {
+        self.closure(cfgs).iter().any(|c| c.stack.is_empty() && dfa.accept[c.q as usize])
+    }
+
+    /// Mask-time walk of `bytes` from `q` with the local return stack `ls` (the run's own stack
+    /// below it unknown): 1 if the text stays inside what is known, 2 if it can only go on by
+    /// returning past `ls` (decided at run time), 0 if refused.
+    pub fn walk(&self, dfa: &Dfa, q: u32, ls: &[u32], bytes: &[u8]) -> u8 {
+        let mut cur = vec![Config { q, stack: ls.to_vec() }];
+        let mut uncertain = false;
+        for &b in bytes {
+            let mut next = Vec::new();
+            for c in self.closure(&cur) {
+                if self.ret[c.q as usize] && c.stack.is_empty() {
+                    uncertain = true;
+                }
+                let t = dfa.next(c.q, b);
+                if t != DEAD {
+                    next.push(Config { q: t, stack: c.stack });
+                }
+            }
+            dedup(&mut next);
+            if next.is_empty() {
+                return if uncertain { 2 } else { 0 };
+            }
+            cur = next;
+        }
+        1
+    }
+
+    /// Per state: bytes on the shortest path to the end of its own automaton (a return, or the
+    /// document's end for the root), a call counting as its callee's shortest value; and the
+    /// largest total a run can need (for the token budget). `u32::MAX`: none.
+    pub fn distances(&self, dfa: &Dfa) -> (Vec<u32>, u32) {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        let n = dfa.n_states();
+        // Reverse edges: text (weight 1) and call (q -> r, weight = callee's shortest value).
+        let mut rev: Vec<Vec<(u32, bool, u32)>> = vec![Vec::new(); n]; // (from, is_call, callee start)
+        for q in 1..n as u32 {
+            for &t in dfa.row(q) {
+                if t != DEAD {
+                    rev[t as usize].push((q, false, 0));
+                }
+            }
+            for &(s, r) in self.calls(q) {
+                rev[r as usize].push((q, true, s));
+            }
+        }
+        let mut dist = vec![u32::MAX; n];
+        // Callees' distances are needed before their callers'; iterate Dijkstra rounds until
+        // stable (rounds ≤ call depth + 1).
+        for _round in 0..=MAX_STACK {
+            let mut heap = BinaryHeap::new();
+            let mut d2 = vec![u32::MAX; n];
+            for q in 1..n {
+                if dfa.accept[q] || self.ret[q] {
+                    d2[q] = 0;
+                    heap.push(Reverse((0u32, q as u32)));
+                }
+            }
+            while let Some(Reverse((dq, t))) = heap.pop() {
+                if dq > d2[t as usize] {
+                    continue;
+                }
+                for &(q, is_call, s) in &rev[t as usize] {
+                    let w = if is_call { dist[s as usize] } else { 1 };
+                    if w == u32::MAX {
+                        continue;
+                    }
+                    let nd = dq.saturating_add(w);
+                    if nd < d2[q as usize] {
+                        d2[q as usize] = nd;
+                        heap.push(Reverse((nd, q)));
+                    }
+                }
+            }
+            if d2 == dist {
+                break;
+            }
+            dist = d2;
+        }
+        // Largest need: a state's own distance plus, for every call it makes, the callee's
+        // largest need plus the return state's distance (DAG; memoised by callee start).
+        let mut worst = vec![u32::MAX; n];
+        fn need(c: &Calls, dfa: &Dfa, dist: &[u32], s: u32, worst: &mut Vec<u32>, depth: usize) -> u32 {
+            if worst[s as usize] != u32::MAX {
+                return worst[s as usize];
+            }
+            if depth >= 256 {
+                return u32::MAX / 2; // (decoded input only: always filter)
+            }
+            // The states of the automaton starting at `s`: reachable by text and returns of calls.
+            let mut seen = HashMap::<u32, ()>::default();
+            let mut stack = vec![s];
+            let mut best = 0u32;
+            while let Some(q) = stack.pop() {
+                if seen.insert(q, ()).is_some() {
+                    continue;
+                }
+                if dist[q as usize] != u32::MAX {
+                    best = best.max(dist[q as usize]);
+                }
+                for &t in dfa.row(q) {
+                    if t != DEAD {
+                        stack.push(t);
+                    }
+                }
+                for &(cs, r) in c.calls(q) {
+                    stack.push(r);
+                    if dist[r as usize] != u32::MAX {
+                        let inner = need(c, dfa, dist, cs, worst, depth + 1);
+                        best = best.max(inner.saturating_add(dist[r as usize]));
+                    }
+                }
+            }
+            worst[s as usize] = best;
+            best
+        }
+        let max = need(self, dfa, &dist, dfa.start, &mut worst, 0);
+        (dist, max)
+    }
+}
+
+fn dedup(cfgs: &mut Vec<Config>) {
+    if cfgs.len() > 1 {
+        let mut seen: Vec<Config> = Vec::with_capacity(cfgs.len());
+        for c in cfgs.drain(..) {
+            if !seen.contains(&c) {
+                seen.push(c);
+            }
+        }
+        *cfgs = seen;
+    }
+}
