@@ -341,37 +341,44 @@ mod walks {
         #[test]
         fn random_walks_stay_valid(choices in proptest::collection::vec(any::<u32>(), 1..160)) {
             thread_local! {
-                static C: (CompiledSchema, u32) = {
+                static C: [(CompiledSchema, u32); 2] = {
                     let (tokens, eos) = synthetic_vocab();
-                    (CompiledSchema::compile(&schema(), &tokens, &[eos], &CompileOptions::default()).expect("compiles"), eos)
+                    // Flat, and with every container of 8 states or more called (pushdown).
+                    [0, 8].map(|calls| {
+                        let o = CompileOptions { call_min_states: calls, ..Default::default() };
+                        let c = CompiledSchema::compile(&schema(), &tokens, &[eos], &o).expect("compiles");
+                        assert_eq!(c.has_calls(), calls > 0);
+                        (c, eos)
+                    })
                 };
             }
-            C.with(|(c, eos)| {
+            C.with(|cs| -> Result<(), TestCaseError> { for (c, eos) in cs {
                 let vocab = c.vocabulary().clone();
-                let mut s = c.start();
+                let mut s = Matcher::new(c);
+                let mut m = vec![0u64; c.mask_words()];
+                let m = &mut m;
                 let mut text: Vec<u8> = Vec::new();
                 for ch in &choices {
-                    let m = c.allowed(s);
+                    s.allowed(m);
                     let ids: Vec<u32> = (0..c.mask_bits() as u32).filter(|&i| bit(m, i)).collect();
                     prop_assert!(!ids.is_empty(), "stuck after {:?}", String::from_utf8_lossy(&text));
                     let id = if bit(m, *eos) && ch % 3 == 0 { *eos } else { ids[*ch as usize % ids.len()] };
                     if id == *eos {
-                        let v: Value = serde_json::from_slice(&text).map_err(|e| TestCaseError::fail(format!("{e}: {}", String::from_utf8_lossy(&text))))?;
-                        prop_assert!(valid(&v), "invalid: {}", String::from_utf8_lossy(&text));
-                        return Ok(());
+                        break;
                     }
                     text.extend_from_slice(&vocab_bytes(&vocab, id));
-                    s = c.advance(s, id).expect("allowed token advances");
+                    prop_assert!(s.advance(id), "allowed token advances");
                 }
-                // Out of choices: close the document the shortest way; it must validate.
-                let rest = c.shortest_completion(s).expect("every live state can finish");
-                text.extend_from_slice(&rest);
-                let end = c.advance_bytes(s, &rest).expect("completion stays in the language");
-                prop_assert!(c.is_accepting(end));
+                if !s.is_accepting() || !bit(m, *eos) {
+                    // Out of choices: close the document the shortest way; it must validate.
+                    let rest = s.shortest_completion().expect("every live state can finish");
+                    text.extend_from_slice(&rest);
+                    prop_assert!(s.advance_bytes(&rest), "completion stays in the language");
+                    prop_assert!(s.is_accepting());
+                }
                 let v: Value = serde_json::from_slice(&text).map_err(|e| TestCaseError::fail(format!("{e}: {}", String::from_utf8_lossy(&text))))?;
                 prop_assert!(valid(&v), "invalid: {}", String::from_utf8_lossy(&text));
-                Ok(())
-            })?;
+            } Ok(()) })?;
         }
     }
 
@@ -382,13 +389,18 @@ mod walks {
         #[test]
         fn from_bytes_never_panics(edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6), cut in any::<usize>()) {
             thread_local! {
-                static BYTES: Vec<u8> = {
+                static BYTES: [Vec<u8>; 2] = {
                     let (tokens, eos) = synthetic_vocab();
-                    let s = serde_json::json!({"type": "object", "properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": true}}});
-                    CompiledSchema::compile(&s, &tokens, &[eos], &CompileOptions::default()).expect("compiles").to_bytes()
+                    let s = serde_json::json!({"type": "object", "properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": true},
+                        "o": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "integer"}}}, "maxItems": 3}}});
+                    // Flat (version 1) and with calls (version 2).
+                    [0, 4].map(|calls| {
+                        let o = CompileOptions { call_min_states: calls, ..Default::default() };
+                        CompiledSchema::compile(&s, &tokens, &[eos], &o).expect("compiles").to_bytes()
+                    })
                 };
             }
-            BYTES.with(|b| {
+            BYTES.with(|bs| for b in bs {
                 let mut b = b.clone();
                 for (at, v) in &edits {
                     let i = at % b.len();
@@ -403,7 +415,8 @@ mod walks {
                     for t in [b'{' as u32, b'"' as u32, 5, 300, u32::MAX] {
                         m.allowed(&mut buf);
                         let _ = m.advance(t);
-                        let _ = c.shortest_completion(m.state());
+                        let _ = m.shortest_completion();
+                        let _ = m.tokens_to_finish();
                     }
                 }
             });

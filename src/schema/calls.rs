@@ -21,6 +21,9 @@ use super::lower::CALL;
 /// that loops is cut here).
 pub(crate) const MAX_STACK: usize = 1024;
 
+/// Most configurations one closure keeps (JSON keeps one or two; cut for hostile input).
+const MAX_CONFIGS: usize = 1024;
+
 /// Call table of an assembled automaton.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Calls {
@@ -197,6 +200,9 @@ impl Calls {
         let mut out: Vec<Config> = Vec::with_capacity(cfgs.len());
         let mut work: Vec<Config> = cfgs.to_vec();
         while let Some(c) = work.pop() {
+            if out.len() >= MAX_CONFIGS {
+                break; // (decoded input with call cycles only)
+            }
             if out.contains(&c) {
                 continue;
             }
@@ -231,7 +237,17 @@ impl Calls {
     /// The configurations after reading `bytes` (settled); empty if the text is refused.
     pub fn advance(&self, dfa: &Dfa, cfgs: &[Config], bytes: &[u8]) -> Vec<Config> {
         let mut cur: Vec<Config> = cfgs.to_vec();
-        for &b in bytes {
+        let mut i = 0;
+        if let [c] = cur.as_mut_slice() {
+            while i < bytes.len() && self.off[c.q as usize] == self.off[c.q as usize + 1] && !self.ret[c.q as usize] {
+                c.q = dfa.next(c.q, bytes[i]);
+                if c.q == DEAD {
+                    return Vec::new();
+                }
+                i += 1;
+            }
+        }
+        for &b in &bytes[i..] {
             let mut next = Vec::new();
             for c in self.closure(&cur) {
                 let t = dfa.next(c.q, b);
@@ -258,9 +274,21 @@ impl Calls {
     /// below it unknown): 1 if the text stays inside what is known, 2 if it can only go on by
     /// returning past `ls` (decided at run time), 0 if refused.
     pub fn walk(&self, dfa: &Dfa, q: u32, ls: &[u32], bytes: &[u8]) -> u8 {
+        // Plain states (no call, no return) step like a DFA, without allocating.
+        let (mut q, mut i) = (q, 0);
+        while i < bytes.len() && self.off[q as usize] == self.off[q as usize + 1] && !self.ret[q as usize] {
+            q = dfa.next(q, bytes[i]);
+            if q == DEAD {
+                return 0;
+            }
+            i += 1;
+        }
+        if i == bytes.len() {
+            return 1;
+        }
         let mut cur = vec![Config { q, stack: ls.to_vec() }];
         let mut uncertain = false;
-        for &b in bytes {
+        for &b in &bytes[i..] {
             let mut next = Vec::new();
             for c in self.closure(&cur) {
                 if self.ret[c.q as usize] && c.stack.is_empty() {

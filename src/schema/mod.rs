@@ -608,10 +608,15 @@ impl CompiledSchema {
             }
             return;
         };
-        out.iter_mut().for_each(|w| *w = 0);
-        for c in cfgs {
-            for (o, m) in out.iter_mut().zip(self.allowed(StateId(c.q))) {
-                *o |= m;
+        match cfgs {
+            [c] => out[..n].copy_from_slice(&self.allowed(StateId(c.q))[..n]),
+            _ => {
+                out.iter_mut().for_each(|w| *w = 0);
+                for c in cfgs {
+                    for (o, m) in out.iter_mut().zip(self.allowed(StateId(c.q))) {
+                        *o |= m;
+                    }
+                }
             }
         }
         for c in cfgs {
@@ -623,7 +628,11 @@ impl CompiledSchema {
                 }
             }
         }
-        let eos = calls.accepting(&self.dfa, cfgs);
+        let eos = match cfgs {
+            // A state without calls or returns: its own acceptance (already in its mask).
+            [c] if calls.calls(c.q).is_empty() && !calls.ret[c.q as usize] => c.stack.is_empty() && self.dfa.accept[c.q as usize],
+            _ => calls.accepting(&self.dfa, cfgs),
+        };
         for &e in &self.vocab.eos {
             if let Some(w) = out.get_mut(e as usize / 64) {
                 if eos {

@@ -310,12 +310,28 @@ impl Vocabulary {
             }
         }
         let set = |out: &mut [u64], id: u32| out[id as usize / 64] |= 1u64 << (id % 64);
+        let plain = |q: u32| calls.off[q as usize] == calls.off[q as usize + 1] && !calls.ret[q as usize];
+        // A plain state looping on most bytes (string bodies): the precomputed table plus walks.
+        if let (Some(table), true) = (&loops[state as usize], plain(state)) {
+            for (o, f) in out.iter_mut().zip(&table.full) {
+                *o |= f;
+            }
+            for &(id, off) in &table.partial {
+                match calls.walk(dfa, state, &[], &self.tokens[id as usize][off as usize..]) {
+                    1 => set(out, id),
+                    2 => unc.push(id),
+                    _ => {}
+                }
+            }
+            unc.sort_unstable();
+            return;
+        }
         // Trie nodes below which every token may go on past a return (decided at run time).
         let mut unc_nodes: Vec<u32> = Vec::new();
         let mut work: Vec<(u32, Config)> = vec![(0, Config { q: state, stack: Vec::new() })];
         while let Some((node, c)) = work.pop() {
             let closed;
-            let cs: &[Config] = if calls.off[c.q as usize] == calls.off[c.q as usize + 1] && !calls.ret[c.q as usize] {
+            let cs: &[Config] = if plain(c.q) {
                 std::slice::from_ref(&c)
             } else {
                 closed = calls.closure(std::slice::from_ref(&c));
@@ -335,8 +351,7 @@ impl Vocabulary {
                     }
                     let child = self.edge_child[e];
                     let (ft, nt) = self.node_tok[child as usize];
-                    let plain = calls.off[t as usize] == calls.off[t as usize + 1] && !calls.ret[t as usize];
-                    if let (Some(table), true) = (&loops[t as usize], plain) {
+                    if let (Some(table), true) = (&loops[t as usize], plain(t)) {
                         let d = self.node_depth[child as usize] as i16;
                         let end = self.sub_end[child as usize] as usize;
                         for pos in ft as usize..end {
