@@ -150,7 +150,7 @@ fn compile(a: CompileArgs) -> Result<(), CliError> {
             serde_json::json!({"ok": true, "states": st.states, "distinct_masks": st.distinct_masks, "mask_bytes": st.mask_bytes,
                 "bytes": st.bytes, "encoded_bytes": bytes.len(), "compile_ms": st.compile_time.as_secs_f64() * 1e3,
                 "max_recursion": st.max_recursion, "max_any_depth": st.max_any_depth,
-                "needs_runtime_checks": c.needs_matcher()})
+                "sub_automata": st.sub_automata, "needs_runtime_checks": c.needs_matcher()})
         );
     } else {
         println!("compiled {} against {what}", a.file.display());
@@ -163,7 +163,10 @@ fn compile(a: CompileArgs) -> Result<(), CliError> {
                 st.max_recursion, d.max_recursion, st.max_any_depth, d.max_any_depth
             );
         }
-        if c.needs_matcher() {
+        if st.sub_automata > 0 {
+            println!("  {} large container values kept once as called sub-automata (pushdown; see docs/schemas.md)", st.sub_automata);
+        }
+        if c.has_unique_items() {
             println!("  uniqueItems is enforced by a run-time check beside the automaton");
         }
     }

@@ -1,9 +1,9 @@
 //! JSON Schema → token automaton for structured output.
 //!
 //! [`CompiledSchema::compile`] lowers a JSON Schema (Draft 2020-12, Draft 7 spellings accepted) to
-//! a minimal byte-level DFA over the schema's JSON texts, then precomputes for every DFA state the
-//! set of vocabulary tokens whose bytes keep the automaton alive (a bitset, deduplicated across
-//! states). At generation time a mask lookup is one index operation, and advancing by a token is a
+//! a minimal byte-level DFA over the schema's JSON texts (large container values kept once as
+//! called sub-automata: see `calls`), then precomputes for every state the set of vocabulary
+//! tokens whose bytes keep the automaton alive (a bitset, deduplicated across states). At generation time a mask lookup is one index operation, and advancing by a token is a
 //! walk over its bytes.
 //!
 //! What is enforced, the whitespace and key-order policy and the nesting bound for recursion are
@@ -11,7 +11,8 @@
 //! refused with [`SchemaError::Unsupported`], never dropped; texts are compact JSON with at most
 //! one optional space after `,` and `:`; object keys appear in schema order (optional ones may be
 //! skipped; undeclared keys after the declared ones); recursion (`$ref` cycles and unconstrained
-//! values) is expanded to a bounded depth (a finite automaton, no stack).
+//! values) is expanded to a bounded depth; large containers are called, not copied (a stack of
+//! return states bounded by the call DAG).
 
 mod automata;
 mod calls;
@@ -212,6 +213,16 @@ pub struct SchemaStats {
 /// stats      5 × u64        states, distinct_masks, the nesting bounds used (max_recursion,
 ///                           max_any_depth; 0 = not recorded), then 1 reserved (written 0: compile timings
 ///                           would make builds irreproducible; readers ignore them)
+/// ```
+/// Version 2 (magic `b"ZLSCHM\0\x02"`, written only when the automaton has calls) inserts before
+/// `stats`:
+/// ```text
+/// ret        ceil(n_states/8) bytes, bit i = state i ends a sub-automaton (bit 0 clear)
+/// n_calls    u32, then n_calls × (u32 from, u32 callee start, u32 return), ordered by from,
+///            every state in 1..n_states
+/// n_unc      u32            1..=n_states lists of tokens checked at run time, each:
+///              u32 len ≤ n_bits, len × u32 token ids strictly increasing, < n_bits
+/// state_unc  n_states × u32, each < n_unc
 /// ```
 /// Nothing may follow. Readers check every count against its cap and the remaining input before
 /// allocating, and every index against its table.
@@ -717,9 +728,14 @@ impl CompiledSchema {
         self.words
     }
 
-    /// Whether generation needs a [`Matcher`] (the schema has run-time checks: `uniqueItems`).
-    /// Without one, `allowed` / `advance` on states alone are exact.
+    /// Whether generation needs a [`Matcher`] (the schema has run-time checks: `uniqueItems`, or
+    /// calls). Without one, `allowed` / `advance` on states alone are exact.
     pub fn needs_matcher(&self) -> bool {
+        !self.unique.is_empty() || self.calls.is_some()
+    }
+
+    /// Whether `uniqueItems` is checked at run time beside the automaton.
+    pub fn has_unique_items(&self) -> bool {
         !self.unique.is_empty()
     }
 
