@@ -737,3 +737,62 @@ mod tests {
         assert!(d2.matches(b"[]") && d2.matches(b"[12]") && !d2.matches(b"[1a]"));
     }
 }
+
+impl Dfa {
+    /// Classes of states no string of at most `depth` bytes tells apart (same acceptance, same
+    /// `extra`, and for every byte successors in the same class at `depth - 1`). Class ids are
+    /// numbered by first occurrence in state order, so a class's representative is its smallest
+    /// state. `None` once there are more than `give_up` classes (refinement only splits: sharing
+    /// would save too little to pay for the remaining rounds).
+    pub fn bounded_classes(&self, depth: usize, extra: &[u32], give_up: usize) -> Option<Vec<u32>> {
+        let n = self.n_states();
+        let k = self.ncls;
+        let mut cls: Vec<u32> = Vec::with_capacity(n);
+        let mut seed: HashMap<(bool, bool, u32), u32> = HashMap::default();
+        for q in 0..n {
+            let key = (q == DEAD as usize, self.accept[q], extra.get(q).copied().unwrap_or(0));
+            let id = seed.len() as u32;
+            cls.push(*seed.entry(key).or_insert(id));
+        }
+        let mut count = seed.len();
+        let mut reps: Vec<u32> = Vec::new();
+        let mut buckets: HashMap<u64, Vec<u32>> = HashMap::default();
+        let mut next = vec![0u32; n];
+        for _ in 0..depth {
+            buckets.clear();
+            reps.clear();
+            for q in 0..n {
+                let row = &self.trans[q * k..q * k + k];
+                let mut h = FxHasher::default();
+                h.write_u32(cls[q]);
+                for &t in row {
+                    h.write_u32(cls[t as usize]);
+                }
+                let same = |r: u32| {
+                    let rr = &self.trans[r as usize * k..r as usize * k + k];
+                    cls[r as usize] == cls[q] && rr.iter().zip(row).all(|(&a, &b)| cls[a as usize] == cls[b as usize])
+                };
+                let bucket = buckets.entry(h.finish()).or_default();
+                let found = bucket.iter().copied().find(|&id| same(reps[id as usize]));
+                next[q] = match found {
+                    Some(id) => id,
+                    None => {
+                        let id = reps.len() as u32;
+                        reps.push(q as u32);
+                        bucket.push(id);
+                        id
+                    }
+                };
+            }
+            std::mem::swap(&mut cls, &mut next);
+            if reps.len() > give_up {
+                return None;
+            }
+            if reps.len() == count {
+                break; // stable: deeper strings tell nothing more apart
+            }
+            count = reps.len();
+        }
+        Some(cls)
+    }
+}

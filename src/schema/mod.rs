@@ -325,42 +325,81 @@ impl CompiledSchema {
         const CHUNK: usize = 256;
         let states: Vec<u32> = (1..n as u32).collect();
         let loops = vocab.loop_tables_for(&dfa);
-        for chunk in states.chunks(CHUNK) {
-            let computed: Vec<(Vec<u64>, Vec<u32>)> = chunk
-                .par_iter()
-                .map_init(Vec::new, |stack, &s| {
-                    let mut buf = vec![0u64; words];
-                    let mut u = Vec::new();
-                    match &calls {
-                        Some(c) => vocab.mask_calls(&dfa, c, s, &loops, &mut buf, &mut u),
-                        None => vocab.mask(&dfa, s, &loops, &mut buf, stack),
+        // States that no string of up to SHORT_TOKEN bytes tells apart have the same mask over
+        // the tokens that short (the other tokens are few: walked state by state). Large
+        // automata (counting states of long strings, repeated tails) collapse 5–15× this way.
+        let classes: Option<Vec<u32>> = (n > 2000).then(|| {
+            let extra: Vec<u32> = match &calls {
+                Some(c) => (0..n).map(|q| if c.calls(q as u32).is_empty() && !c.ret[q] { 0 } else { q as u32 + 1 }).collect(),
+                None => Vec::new(),
+            };
+            dfa.bounded_classes(tokens::SHORT_TOKEN, &extra, n / 2)
+        }).flatten();
+        let mut rep_of: Vec<u32> = Vec::new();
+        if let Some(cl) = &classes {
+            let mut first = vec![u32::MAX; n];
+            rep_of = (0..n as u32).map(|q| {
+                let f = &mut first[cl[q as usize] as usize];
+                if *f == u32::MAX {
+                    *f = q;
+                }
+                *f
+            }).collect();
+        }
+        let is_rep = |s: u32| rep_of.is_empty() || rep_of[s as usize] == s;
+        // Pass 1: every representative (every state without classes); pass 2: the rest, from
+        // their representative's mask with the long tokens walked.
+        for pass in 0..2 {
+            let todo: Vec<u32> = states.iter().copied().filter(|&s| is_rep(s) == (pass == 0)).collect();
+            for chunk in todo.chunks(CHUNK) {
+                let computed: Vec<(Vec<u64>, Vec<u32>)> = chunk
+                    .par_iter()
+                    .map_init(Vec::new, |stack, &s| {
+                        let mut buf = vec![0u64; words];
+                        let mut u = Vec::new();
+                        if pass == 0 {
+                            match &calls {
+                                Some(c) => vocab.mask_calls(&dfa, c, s, &loops, &mut buf, &mut u),
+                                None => vocab.mask(&dfa, s, &loops, &mut buf, stack),
+                            }
+                        } else {
+                            let r = rep_of[s as usize] as usize;
+                            let m = state_mask[r] as usize;
+                            buf.copy_from_slice(&masks[m * words..(m + 1) * words]);
+                            if let Some(c) = &calls {
+                                u = unc[state_unc[r] as usize].clone();
+                                vocab.redo_long(&dfa, Some(c), s, &mut buf, &mut u);
+                            } else {
+                                vocab.redo_long(&dfa, None, s, &mut buf, &mut u);
+                            }
+                        }
+                        (buf, u)
+                    })
+                    .collect();
+                for (&s, (buf, u)) in chunk.iter().zip(computed) {
+                    if calls.is_some() {
+                        let id = match unc_seen.get(&u) {
+                            Some(&id) => id,
+                            None => {
+                                let id = unc.len() as u32;
+                                unc.push(u.clone());
+                                unc_seen.insert(u, id);
+                                id
+                            }
+                        };
+                        state_unc[s as usize] = id;
                     }
-                    (buf, u)
-                })
-                .collect();
-            for (&s, (buf, u)) in chunk.iter().zip(computed) {
-                if calls.is_some() {
-                    let id = match unc_seen.get(&u) {
+                    let id = match seen.get(&buf) {
                         Some(&id) => id,
                         None => {
-                            let id = unc.len() as u32;
-                            unc.push(u.clone());
-                            unc_seen.insert(u, id);
+                            let id = seen.len() as u32;
+                            masks.extend_from_slice(&buf);
+                            seen.insert(buf, id);
                             id
                         }
                     };
-                    state_unc[s as usize] = id;
+                    state_mask[s as usize] = id;
                 }
-                let id = match seen.get(&buf) {
-                    Some(&id) => id,
-                    None => {
-                        let id = seen.len() as u32;
-                        masks.extend_from_slice(&buf);
-                        seen.insert(buf, id);
-                        id
-                    }
-                };
-                state_mask[s as usize] = id;
             }
         }
         let mask_time = t1.elapsed();
@@ -1139,11 +1178,9 @@ mod tests {
         v
     }
 
-    fn accepts(c: &CompiledSchema, text: &str) -> bool {
-        match c.advance_bytes(c.start(), text.as_bytes()) {
-            Some(s) => c.is_accepting(s),
-            None => false,
-        }
+    pub(crate) fn accepts(c: &CompiledSchema, text: &str) -> bool {
+        let mut m = Matcher::new(c);
+        m.advance_bytes(text.as_bytes()) && m.is_accepting()
     }
 
     fn compile(s: Value) -> CompiledSchema {
@@ -1289,7 +1326,7 @@ mod negation_tests {
         let v = tests::byte_vocab();
         let eos = (v.len() - 1) as u32;
         let c = CompiledSchema::compile(s, &v, &[eos], &CompileOptions::default()).unwrap();
-        c.advance_bytes(c.start(), t.as_bytes()).is_some_and(|x| c.is_accepting(x))
+        tests::accepts(&c, t)
     }
 
     #[test]
@@ -1327,12 +1364,12 @@ mod one_of_tests {
         let s = json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
             "oneOf": [{"required": ["a"]}, {"required": ["b"]}]});
         let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
-        let acc = |t: &str| c.advance_bytes(c.start(), t.as_bytes()).is_some_and(|x| c.is_accepting(x));
+        let acc = |t: &str| tests::accepts(&c, t);
         assert!(acc(r#"{"a":"x"}"#) && acc(r#"{"b":"x"}"#) && !acc(r#"{"a":"x","b":"y"}"#) && !acc("{}"));
         let s = json!({"not": {"not": {"type": "string"}}});
         let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
-        assert!(c.advance_bytes(c.start(), b"\"x\"").is_some_and(|x| c.is_accepting(x)));
-        assert!(c.advance_bytes(c.start(), b"1").is_none());
+        assert!(tests::accepts(&c, "\"x\""));
+        assert!(!Matcher::new(&c).advance_bytes(b"1"));
     }
 }
 
@@ -1485,5 +1522,45 @@ mod calls_tests {
         // The same value is one sub-automaton wherever it is used.
         let (_, c) = pair(&schemas()[3]);
         assert!(c.stats().states < pair(&schemas()[3]).0.stats().states);
+    }
+}
+
+#[cfg(test)]
+mod class_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Masks shared across states alike over short strings equal the masks computed state by
+    /// state, long tokens included, with and without calls.
+    #[test]
+    fn shared_masks_equal_per_state_masks() {
+        let mut v = tests::byte_vocab();
+        let eos_tok = v.pop().unwrap();
+        for s in ["aaaaaaaaaaaaaaaaaaaa", "\"aaaaaaaaaaaaaaaaaaaaaaaaa\"}", "abababababababababababab\",", "\", \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "}]}]}]}]}]}]}]}]}]}]"] {
+            v.push(s.as_bytes().to_vec());
+        }
+        v.push(eos_tok);
+        let eos = (v.len() - 1) as u32;
+        let schema = json!({"type": "array", "maxItems": 4, "items": {"type": "object", "properties": {
+            "a": {"type": "string", "maxLength": 120}, "b": {"type": "string", "minLength": 3, "maxLength": 90},
+            "c": {"type": "array", "items": {"type": "string", "maxLength": 40}, "maxItems": 3}}, "additionalProperties": false}});
+        for calls in [0, 64] {
+            let o = CompileOptions { call_min_states: calls, ..Default::default() };
+            let c = CompiledSchema::compile(&schema, &v, &[eos], &o).unwrap();
+            assert_eq!(c.has_calls(), calls > 0);
+            assert!(c.dfa.n_states() > 2000, "large enough to share masks: {}", c.dfa.n_states());
+            let loops = c.vocab.loop_tables_for(&c.dfa);
+            let (mut buf, mut unc, mut stack) = (vec![0u64; c.words], Vec::new(), Vec::new());
+            for q in 1..c.dfa.n_states() as u32 {
+                match &c.calls {
+                    Some(k) => {
+                        c.vocab.mask_calls(&c.dfa, k, q, &loops, &mut buf, &mut unc);
+                        assert_eq!(unc, c.unc[c.state_unc[q as usize] as usize], "run-time list of state {q}");
+                    }
+                    None => c.vocab.mask(&c.dfa, q, &loops, &mut buf, &mut stack),
+                }
+                assert_eq!(buf.as_slice(), c.allowed(StateId(q)), "mask of state {q} (calls {calls})");
+            }
+        }
     }
 }

@@ -17,6 +17,11 @@ pub(crate) struct LoopTable {
     last_bad: Vec<i16>,
 }
 
+/// Tokens of at most this many bytes are "short": states alike over strings this long share
+/// their short-token masks (see `CompiledSchema::compile_with`); longer tokens are walked per
+/// state.
+pub(crate) const SHORT_TOKEN: usize = 16;
+
 /// A model vocabulary as raw token bytes, with a prefix trie for mask computation.
 ///
 /// Tokens whose byte string is empty (special / control tokens) are never allowed by a schema
@@ -38,6 +43,8 @@ pub struct Vocabulary {
     /// Per node: one past the last token id index (in `tok_ids`) of its subtree.
     sub_end: Vec<u32>,
     loop_tables: Mutex<HashMap<[u64; 4], Arc<LoopTable>>>,
+    /// Ids of the maskable tokens longer than [`SHORT_TOKEN`] bytes.
+    long: Vec<u32>,
 }
 
 impl Vocabulary {
@@ -117,7 +124,11 @@ impl Vocabulary {
             })
             .collect();
         let max_eos = eos_ids.iter().map(|&e| e as usize + 1).max().unwrap_or(0);
+        let long = (0..tokens.len() as u32)
+            .filter(|&id| tokens[id as usize].len() > SHORT_TOKEN && !eos_ids.contains(&id))
+            .collect();
         Vocabulary {
+            long,
             node_depth,
             loop_tables: Mutex::new(HashMap::new()),
             sub_end,
@@ -386,5 +397,41 @@ impl Vocabulary {
         unc.retain(|&id| out[id as usize / 64] >> (id % 64) & 1 == 0);
         unc.sort_unstable();
         unc.dedup();
+    }
+}
+
+impl Vocabulary {
+    /// Recomputes, for `state`, the mask bits (and with calls the run-time list entries) of the
+    /// long tokens in a mask copied from a state that is alike over short strings.
+    pub(crate) fn redo_long(&self, dfa: &Dfa, calls: Option<&Calls>, state: u32, out: &mut [u64], unc: &mut Vec<u32>) {
+        if !self.long.is_empty() {
+            unc.retain(|id| self.long.binary_search(id).is_err());
+        }
+        for &id in &self.long {
+            let bytes = &self.tokens[id as usize];
+            let verdict = match calls {
+                Some(c) => c.walk(dfa, state, &[], bytes),
+                None => {
+                    let mut q = state;
+                    for &b in bytes {
+                        q = dfa.next(q, b);
+                        if q == DEAD {
+                            break;
+                        }
+                    }
+                    (q != DEAD) as u8
+                }
+            };
+            let (w, bit) = (id as usize / 64, 1u64 << (id % 64));
+            if verdict == 1 {
+                out[w] |= bit;
+            } else {
+                out[w] &= !bit;
+            }
+            if verdict == 2 {
+                unc.push(id);
+            }
+        }
+        unc.sort_unstable();
     }
 }
