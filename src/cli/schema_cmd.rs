@@ -150,7 +150,8 @@ fn compile(a: CompileArgs) -> Result<(), CliError> {
             serde_json::json!({"ok": true, "states": st.states, "distinct_masks": st.distinct_masks, "mask_bytes": st.mask_bytes,
                 "bytes": st.bytes, "encoded_bytes": bytes.len(), "compile_ms": st.compile_time.as_secs_f64() * 1e3,
                 "max_recursion": st.max_recursion, "max_any_depth": st.max_any_depth,
-                "sub_automata": st.sub_automata, "needs_runtime_checks": c.needs_matcher()})
+                "sub_automata": st.sub_automata, "max_length_generated": st.max_length_generated,
+                "max_items_generated": st.max_items_generated, "needs_runtime_checks": c.needs_matcher()})
         );
     } else {
         println!("compiled {} against {what}", a.file.display());
@@ -161,6 +162,12 @@ fn compile(a: CompileArgs) -> Result<(), CliError> {
             println!(
                 "  nesting bounds lowered to fit: recursion {} (default {}), free-form values {} (default {}); deeper valid documents are not generated",
                 st.max_recursion, d.max_recursion, st.max_any_depth, d.max_any_depth
+            );
+        }
+        if (st.max_length_generated, st.max_items_generated) != (d.max_length_generated, d.max_items_generated) {
+            println!(
+                "  generation bounds lowered to fit: strings up to {} characters (default {}), arrays up to {} items (default {}); longer valid values are not generated",
+                st.max_length_generated, d.max_length_generated, st.max_items_generated, d.max_items_generated
             );
         }
         if st.sub_automata > 0 {

@@ -95,6 +95,10 @@ impl SchemaError {
     }
 }
 
+/// Floors of the adaptive retries for the generated lengths (see [`CompileOptions::adaptive_nesting`]).
+const MIN_LENGTH_GENERATED: u64 = 32;
+const MIN_ITEMS_GENERATED: u64 = 8;
+
 /// Whitespace the automaton allows between JSON tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Whitespace {
@@ -129,7 +133,9 @@ pub struct CompileOptions {
     /// Wall-clock cap on the schema lowering.
     pub max_compile_time: Duration,
     /// When the schema is too large at `max_recursion` / `max_any_depth`, retry with both one
-    /// lower, down to 1, within the same `max_compile_time` (see [`SchemaStats::max_recursion`]).
+    /// lower, down to 1, then with `max_length_generated` / `max_items_generated` halved, down to
+    /// 32 / 8, within the same `max_compile_time` (see [`SchemaStats::max_recursion`]). Every
+    /// step only narrows what is generated: outputs stay valid.
     pub adaptive_nesting: bool,
     /// Enforce the supported `format`s (date-time, date, time, email, uuid, uri, ipv4, ipv6).
     pub enforce_formats: bool,
@@ -187,6 +193,10 @@ pub struct SchemaStats {
     pub max_any_depth: u32,
     /// Sub-automata reached by calls (0: one finite automaton).
     pub sub_automata: usize,
+    /// The generation bounds the automaton was built with (lower than the options' when the
+    /// adaptive retries had to lower them; 0 when loaded from bytes).
+    pub max_length_generated: u64,
+    pub max_items_generated: u64,
 }
 
 /// A schema compiled against one vocabulary.
@@ -270,10 +280,14 @@ impl CompiledSchema {
             return Err(SchemaError::Vocabulary { reason: "no end-of-sequence id".into() });
         }
         // A schema too large at the requested nesting bounds is retried with both bounds one
-        // lower (down to 1), each attempt getting half the time left (the last one all of it).
+        // lower (down to 1), then with the generated string lengths and array lengths halved
+        // (down to 32 characters and 8 items; never below a schema's own minimum), each attempt
+        // getting half the time left (the last one all of it).
         let mut o = opts.clone();
         let (dfa, unique, subs) = loop {
-            let last = !opts.adaptive_nesting || (o.max_recursion <= 1 && o.max_any_depth <= 1);
+            let nesting_floor = o.max_recursion <= 1 && o.max_any_depth <= 1;
+            let length_floor = o.max_length_generated <= MIN_LENGTH_GENERATED && o.max_items_generated <= MIN_ITEMS_GENERATED;
+            let last = !opts.adaptive_nesting || (nesting_floor && length_floor);
             let left = opts.max_compile_time.saturating_sub(t0.elapsed());
             o.max_compile_time = if last { left } else { left / 2 };
             let mut lw = lower::Lowerer::new(schema, &o);
@@ -289,8 +303,13 @@ impl CompiledSchema {
             match res {
                 Ok((dfa, unique)) => break (dfa, unique, std::mem::take(&mut lw.subs)),
                 Err(SchemaError::TooLarge { .. }) if !last => {
-                    o.max_recursion = o.max_recursion.saturating_sub(1).max(1);
-                    o.max_any_depth = o.max_any_depth.saturating_sub(1).max(1);
+                    if !nesting_floor {
+                        o.max_recursion = o.max_recursion.saturating_sub(1).max(1);
+                        o.max_any_depth = o.max_any_depth.saturating_sub(1).max(1);
+                    } else {
+                        o.max_length_generated = (o.max_length_generated / 2).max(MIN_LENGTH_GENERATED).min(o.max_length_generated);
+                        o.max_items_generated = (o.max_items_generated / 2).max(MIN_ITEMS_GENERATED).min(o.max_items_generated);
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -418,6 +437,8 @@ impl CompiledSchema {
             max_recursion: o.max_recursion,
             max_any_depth: o.max_any_depth,
             sub_automata,
+            max_length_generated: o.max_length_generated,
+            max_items_generated: o.max_items_generated,
         };
         Ok(CompiledSchema { vocab: vocab.clone(), dfa, words, masks, state_mask, unique, stats, dist: Default::default(), forced: Default::default(), calls, state_unc, unc })
     }
@@ -1061,6 +1082,8 @@ impl CompiledSchema {
             max_recursion: st[2].min(u32::MAX as u64) as u32,
             max_any_depth: st[3].min(u32::MAX as u64) as u32,
             sub_automata,
+            max_length_generated: 0,
+            max_items_generated: 0,
         };
         Ok(CompiledSchema { vocab, dfa, words, masks, state_mask, unique, stats, dist: Default::default(), forced: Default::default(), calls, state_unc, unc })
     }
