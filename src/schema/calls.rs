@@ -45,7 +45,7 @@ pub(crate) struct Config {
 }
 
 /// The call markers leaving `q`: (sub-automaton id, return state).
-fn markers(d: &Dfa, q: u32) -> Vec<(u32, u32)> {
+pub(crate) fn markers(d: &Dfa, q: u32) -> Vec<(u32, u32)> {
     let mut out = Vec::new();
     let t = d.next(q, CALL);
     if t == DEAD {
@@ -66,7 +66,7 @@ fn markers(d: &Dfa, q: u32) -> Vec<(u32, u32)> {
     out
 }
 
-fn has_markers(d: &Dfa) -> bool {
+pub(crate) fn has_markers(d: &Dfa) -> bool {
     (1..d.n_states() as u32).any(|q| d.next(q, CALL) != DEAD)
 }
 

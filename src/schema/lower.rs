@@ -1042,7 +1042,7 @@ impl<'a> Lowerer<'a> {
     /// `d` with every call marker replaced by a copy of its sub-automaton (for the operations
     /// that need the plain language: intersections with literal values, membership tests).
     fn inline(&self, d: &Dfa, ptr: &str) -> Result<Dfa, SchemaError> {
-        if d.is_empty() || !(0..d.n_states() as u32).any(|q| q != DEAD && d.next(q, CALL) != DEAD) {
+        if d.is_empty() || !super::calls::has_markers(d) {
             return Ok(d.clone());
         }
         let mut nfa = Nfa::new();
@@ -1064,26 +1064,17 @@ impl<'a> Lowerer<'a> {
                 }
                 if b != CALL {
                     nfa.byte(base + q, b, base + t);
+                }
+            }
+            for (id, r) in super::calls::markers(d, q) {
+                if id as usize >= self.subs.len() {
                     continue;
                 }
-                for hi in 0..=255u8 {
-                    let t2 = d.next(t, hi);
-                    if t2 == DEAD {
-                        continue;
-                    }
-                    for lo in 0..=255u8 {
-                        let r = d.next(t2, lo);
-                        let id = (hi as u32) << 8 | lo as u32;
-                        if r == DEAD || id as usize >= self.subs.len() {
-                            continue;
-                        }
-                        if !inlined.contains_key(&id) {
-                            let sub = self.subs[id as usize].clone();
-                            inlined.insert(id, self.inline(&sub, ptr)?);
-                        }
-                        nfa.embed_to(base + q, &inlined[&id], base + r);
-                    }
+                if !inlined.contains_key(&id) {
+                    let sub = self.subs[id as usize].clone();
+                    inlined.insert(id, self.inline(&sub, ptr)?);
                 }
+                nfa.embed_to(base + q, &inlined[&id], base + r);
             }
         }
         nfa.determinize(base + d.start, fin, self.cap).map_err(self.overflow(ptr))

@@ -289,21 +289,7 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
 
     /// Advances by raw bytes (forced text); `false` (and no change) if refused.
     pub fn advance_bytes(&mut self, bytes: &[u8]) -> bool {
-        let next = self.schema.cfgs_advance(&self.cfgs, bytes);
-        if next.is_empty() {
-            return false;
-        }
-        if self.track {
-            let mut t = self.tracker.clone();
-            for &b in bytes {
-                if t.step(b, &self.schema.unique).is_err() {
-                    return false;
-                }
-            }
-            self.tracker = t;
-        }
-        self.cfgs = next;
-        true
+        step(&self.schema, &mut self.cfgs, &mut self.tracker, self.track, bytes)
     }
 
     /// Writes the allowed-token bitset into `out` (at least `schema.mask_words()` words).
@@ -379,10 +365,38 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
             return self.is_accepting();
         }
         let bytes = self.schema.vocabulary().token_bytes(token);
-        if bytes.is_empty() {
-            return false;
-        }
-        let bytes = bytes.to_vec();
-        self.advance_bytes(&bytes)
+        !bytes.is_empty() && step(&self.schema, &mut self.cfgs, &mut self.tracker, self.track, bytes)
     }
+}
+
+/// The run after `bytes` (and the `uniqueItems` tracker, if `track`); `false` and no change if
+/// refused. A schema without calls steps its one state in place (the per-token path).
+fn step(schema: &CompiledSchema, cfgs: &mut Vec<Config>, tracker: &mut Tracker, track: bool, bytes: &[u8]) -> bool {
+    let plain = !schema.has_calls() && cfgs.len() == 1;
+    let next = if plain {
+        match schema.advance_bytes(StateId(cfgs[0].q), bytes) {
+            Some(s) => Some(s.0),
+            None => return false,
+        }
+    } else {
+        None
+    };
+    let next_cfgs = if plain { Vec::new() } else { schema.cfgs_advance(cfgs, bytes) };
+    if !plain && next_cfgs.is_empty() {
+        return false;
+    }
+    if track {
+        let mut t = tracker.clone();
+        for &b in bytes {
+            if t.step(b, &schema.unique).is_err() {
+                return false;
+            }
+        }
+        *tracker = t;
+    }
+    match next {
+        Some(q) => cfgs[0].q = q,
+        None => *cfgs = next_cfgs,
+    }
+    true
 }

@@ -665,20 +665,6 @@ impl CompiledSchema {
     /// The allowed-token bitset of a run (EOS bits included where the document may end).
     pub(crate) fn cfgs_allowed(&self, cfgs: &[Config], out: &mut [u64]) {
         let n = self.words.min(out.len());
-        let Some(calls) = &self.calls else {
-            match cfgs {
-                [c] => out[..n].copy_from_slice(&self.allowed(StateId(c.q))[..n]),
-                _ => {
-                    out.iter_mut().for_each(|w| *w = 0);
-                    for c in cfgs {
-                        for (o, m) in out.iter_mut().zip(self.allowed(StateId(c.q))) {
-                            *o |= m;
-                        }
-                    }
-                }
-            }
-            return;
-        };
         match cfgs {
             [c] => out[..n].copy_from_slice(&self.allowed(StateId(c.q))[..n]),
             _ => {
@@ -690,6 +676,7 @@ impl CompiledSchema {
                 }
             }
         }
+        let Some(calls) = &self.calls else { return };
         for c in cfgs {
             let list = self.state_unc.get(c.q as usize).map_or(&[][..], |&u| &self.unc[u as usize][..]);
             for &id in list {
