@@ -227,6 +227,20 @@ impl Weights {
         self.tensors.keys().map(|s| s.as_str())
     }
 
+    /// Tell the kernel this process no longer needs the pages wholly inside tensor `name` (a
+    /// backend that copied it into another layout): they leave the resident set, and a later read
+    /// faults them back in from the page cache. Best effort; a no-op for an unknown name.
+    pub fn release(&self, name: &str) {
+        let Some(e) = self.tensors.get(name) else { return };
+        const PAGE: usize = 4096;
+        let (start, end) = (e.start.div_ceil(PAGE) * PAGE, e.end / PAGE * PAGE);
+        if end > start {
+            // SAFETY: the map is a read-only shared file mapping; MADV_DONTNEED on it only drops
+            // this process's page-table entries, and later reads see the same file bytes.
+            let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+        }
+    }
+
     /// Total mapped bytes.
     pub fn mapped_bytes(&self) -> usize {
         self.map.len()

@@ -35,6 +35,9 @@ pub struct Kernels {
     pub q4_0_rows: Option<RowsQ8Fn>,
     pub q4_1_rows: Option<RowsQ8Fn>,
     pub q8_0_rows: Option<RowsQ8Fn>,
+    /// Kernel over 16-row panels ([`super::panel`]); when present, the backend repacks Q4_0,
+    /// Q4_1 and Q8_0 weights into panels at load time and every matmul on them runs through it.
+    pub panel: Option<super::panel::PanelFn>,
     pub dot_f32: DotF32Fn,
     pub scores: ScoresFn,
     pub exp_sum: ExpSumFn,
@@ -55,6 +58,7 @@ impl Kernels {
             q4_0_rows: None,
             q4_1_rows: None,
             q8_0_rows: None,
+            panel: None,
             dot_f32: dot_f32_ref,
             scores: scores_ref,
             exp_sum: exp_sum_ref,

@@ -7,6 +7,7 @@
 
 pub mod kernels;
 pub(crate) mod ops;
+pub mod panel;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -21,6 +22,7 @@ use rayon::prelude::*;
 use super::{AttnSeg, AttnShape, Backend, BackendError, RopeTable, WeightId, WeightInfo};
 use crate::model::{TensorType, TensorView, Weights};
 use kernels::Kernels;
+use panel::{Panels, PANEL_ROWS};
 use quant::Q8Act;
 
 /// One sequence's KV cache, per layer and KV head (`slot = layer · n_kv_heads + head`):
@@ -51,6 +53,8 @@ impl CpuKv {
 struct Registered {
     name: String,
     info: WeightInfo,
+    /// The weight repacked into 16-row panels when the kernel set has a panel kernel.
+    panels: Option<Panels>,
 }
 
 #[derive(Default)]
@@ -109,6 +113,11 @@ impl CpuBackend {
         self.kernels = Kernels::reference();
     }
 
+    /// `w`'s panels, when it was repacked and the kernel set can use them.
+    fn panels(&self, w: WeightId) -> Option<&Panels> {
+        self.kernels.panel.and(self.registered[w.0 as usize].panels.as_ref())
+    }
+
     fn view(&self, w: WeightId) -> TensorView<'_> {
         let r = &self.registered[w.0 as usize];
         // Invariant: only names that resolved in `weight()` are registered, and the map is immutable.
@@ -129,8 +138,15 @@ impl CpuBackend {
 
 /// Compute `out[t*len + r] = w_row(r0 + r) · x_t` for `r < len`, `t < n` into `out`.
 #[allow(clippy::too_many_arguments)]
-fn matmul_rows(k: &Kernels, view: &TensorView<'_>, info: &WeightInfo, xf: &[f32], q8: &Q8Act, n: usize, r0: usize, out: &mut [f32]) {
+fn matmul_rows(k: &Kernels, view: &TensorView<'_>, info: &WeightInfo, panels: Option<&Panels>, xf: &[f32], q8: &Q8Act, n: usize, r0: usize, out: &mut [f32]) {
     let len = out.len() / n.max(1);
+    if let (Some(p), Some(kernel)) = (panels, k.panel) {
+        // r0 and len are whole panels (the caller rounds chunks to PANEL_ROWS).
+        for i in 0..len / PANEL_ROWS {
+            kernel(p.ty, p.panel(r0 / PANEL_ROWS + i), q8, 0, n, &mut out[i * PANEL_ROWS..], len);
+        }
+        return;
+    }
     let rb = info.ty.row_bytes(info.cols).unwrap_or(0);
     let data = &view.data[r0 * rb..(r0 + len) * rb];
     let dot = match info.ty {
@@ -190,7 +206,15 @@ impl Backend for CpuBackend {
             return Err(BackendError::Tensor { name: name.into(), msg: format!("{cols} columns are not whole {} blocks", v.ty.name()) });
         }
         let info = WeightInfo { ty: v.ty, rows, cols };
-        self.registered.push(Registered { name: name.into(), info });
+        let panels = match self.kernels.panel {
+            Some(_) if std::env::var("APPLIANCED_CPU_PANELS").map_or(true, |v| v != "0") => Panels::repack(v.ty, rows, cols, v.data),
+            _ => None,
+        };
+        if panels.is_some() {
+            // Reads go to the panels now; `embed` may still touch a few rows of a tied table.
+            self.weights.release(name);
+        }
+        self.registered.push(Registered { name: name.into(), info, panels });
         Ok(WeightId(self.registered.len() as u32 - 1))
     }
 
@@ -237,13 +261,17 @@ impl Backend for CpuBackend {
         }
         // Task list: (output index, first row, destination chunk). With n == 1 the destination is the
         // output itself; otherwise a staging buffer laid out chunk-major, scattered afterwards.
-        let views: Vec<(TensorView<'_>, WeightInfo)> = outs.iter().map(|(w, _)| (self.view(*w), self.weight_info(*w))).collect();
+        let views: Vec<(TensorView<'_>, WeightInfo, Option<&Panels>)> =
+            outs.iter().map(|(w, _)| (self.view(*w), self.weight_info(*w), self.panels(*w))).collect();
         let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
         let mut chunks = Vec::with_capacity(outs.len());
         for ((i, (w, out)), st) in outs.iter_mut().enumerate().zip(stage.iter_mut()) {
             let info = self.weight_info(*w);
             debug_assert_eq!(info.cols, cols, "matmul outputs must share the input width");
-            let chunk = self.chunk_rows(info.rows, total_rows);
+            let mut chunk = self.chunk_rows(info.rows, total_rows);
+            if self.panels(*w).is_some() {
+                chunk = chunk.div_ceil(PANEL_ROWS) * PANEL_ROWS;
+            }
             chunks.push(chunk);
             let dst: &mut [f32] = if n == 1 {
                 &mut out[..info.rows]
@@ -258,8 +286,8 @@ impl Backend for CpuBackend {
         let k = &self.kernels;
         self.pool.install(|| {
             tasks.into_par_iter().for_each(|(i, r0, dst)| {
-                let (view, info) = &views[i];
-                matmul_rows(k, view, info, x, q8, n, r0, dst);
+                let (view, info, panels) = &views[i];
+                matmul_rows(k, view, info, *panels, x, q8, n, r0, dst);
             });
         });
         if n > 1 {

@@ -35,6 +35,9 @@ pub struct Q8Act {
     pub d: Vec<f32>,
     /// `(n, cols/32)` Q8_1 `s = f16(d * Σq)`.
     pub s: Vec<f32>,
+    /// `(n, cols/32)` the integer `Σq` (the panel kernels' zero-point term for Q4_0 and Q8_0,
+    /// see [`super::panel`]).
+    pub qsum: Vec<i32>,
     pub cols: usize,
     pub n: usize,
 }
@@ -48,6 +51,7 @@ impl Q8Act {
         self.qs.resize(n * cols, 0);
         self.d.resize(n * nb, 0.0);
         self.s.resize(n * nb, 0.0);
+        self.qsum.resize(n * nb, 0);
         for (b, xb) in x[..n * cols].chunks_exact(QK).enumerate() {
             let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
@@ -62,6 +66,7 @@ impl Q8Act {
             }
             self.d[b] = round_f16(d);
             self.s[b] = round_f16(d * sum as f32);
+            self.qsum[b] = sum;
         }
     }
 
