@@ -342,6 +342,7 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], 
     assert!(NT == 0 || out.len() >= (NT - 1) * stride + 16);
     let m4 = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); NT];
+    let mut accm = [_mm512_setzero_ps(); NT]; // the min terms (Q4_1), summed apart as the row kernels do
     for b in 0..nb {
         // SAFETY: record b is blk bytes inside `panel` (asserted); 64-byte groups at 0..qb, then
         // 16 f16 d at qb and 16 f16 m at qb + 32.
@@ -387,13 +388,13 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], 
             let scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t * nb + b]));
             acc[t] = _mm512_fmadd_ps(s, scale, acc[t]);
             if z == 0 {
-                acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[t * nb + b]), acc[t]);
+                accm[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[t * nb + b]), accm[t]);
             }
         }
     }
-    for (t, a) in acc.iter().enumerate() {
+    for t in 0..NT {
         // SAFETY: out holds (NT-1)·stride + 16 floats (asserted).
-        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(t * stride), *a) };
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(t * stride), _mm512_add_ps(acc[t], accm[t])) };
     }
 }
 
