@@ -6,6 +6,8 @@ use super::quant;
 pub type DotQ8Fn = fn(&[u8], &[i8], &[f32], &[f32]) -> f32;
 /// `out[t] = dot(weight row, activation row t0 + t)` for `t < out.len()` (1..=4 rows at once).
 pub type RowsQ8Fn = fn(&[u8], &super::quant::Q8Act, usize, &mut [f32]);
+/// `q8.quantize(x, n, cols)`, bit for bit ([`super::quant::Q8Act::quantize`] is the reference).
+pub type QuantizeFn = fn(&mut super::quant::Q8Act, &[f32], usize, usize);
 /// `dot(a, b) -> f32` over f32 slices of equal length.
 pub type DotF32Fn = fn(&[f32], &[f32]) -> f32;
 /// Attention scores against a tiled f16 key cache: `kt` is `(tiles, hd, 16)` f16 bits (16
@@ -38,6 +40,7 @@ pub struct Kernels {
     /// Kernel over 16-row panels ([`super::panel`]); when present, the backend repacks Q4_0,
     /// Q4_1 and Q8_0 weights into panels at load time and every matmul on them runs through it.
     pub panel: Option<super::panel::PanelFn>,
+    pub quantize: QuantizeFn,
     pub dot_f32: DotF32Fn,
     pub scores: ScoresFn,
     pub exp_sum: ExpSumFn,
@@ -59,6 +62,7 @@ impl Kernels {
             q4_1_rows: None,
             q8_0_rows: None,
             panel: None,
+            quantize: quant::Q8Act::quantize,
             dot_f32: dot_f32_ref,
             scores: scores_ref,
             exp_sum: exp_sum_ref,

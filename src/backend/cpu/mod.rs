@@ -207,7 +207,9 @@ impl Backend for CpuBackend {
         }
         let info = WeightInfo { ty: v.ty, rows, cols };
         let panels = match self.kernels.panel {
-            Some(_) if std::env::var("APPLIANCED_CPU_PANELS").map_or(true, |v| v != "0") => Panels::repack(v.ty, rows, cols, v.data),
+            Some(_) if std::env::var("APPLIANCED_CPU_PANELS").map_or(true, |v| v != "0") => {
+                self.pool.install(|| Panels::repack(v.ty, rows, cols, v.data))
+            }
             _ => None,
         };
         if panels.is_some() {
@@ -252,7 +254,7 @@ impl Backend for CpuBackend {
         let mut scratch = self.scratch.borrow_mut();
         let Scratch { q8, stage } = &mut *scratch;
         if outs.iter().any(|(w, _)| matches!(self.weight_info(*w).ty, TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q8_0)) {
-            q8.quantize(x, n, cols);
+            (self.kernels.quantize)(q8, x, n, cols);
         }
         let q8 = &*q8;
         let total_rows: usize = outs.iter().map(|(w, _)| self.weight_info(*w).rows).sum();

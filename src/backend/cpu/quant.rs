@@ -45,16 +45,9 @@ pub struct Q8Act {
 impl Q8Act {
     /// Quantize `n` rows of `cols` values (cols a multiple of 32).
     pub fn quantize(&mut self, x: &[f32], n: usize, cols: usize) {
-        let nb = cols / QK;
-        self.cols = cols;
-        self.n = n;
-        self.qs.resize(n * cols, 0);
-        self.d.resize(n * nb, 0.0);
-        self.s.resize(n * nb, 0.0);
-        self.qsum.resize(n * nb, 0);
+        self.prepare(n, cols);
         for (b, xb) in x[..n * cols].chunks_exact(QK).enumerate() {
             let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
             let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
             let mut sum = 0i32;
             for (q, &v) in self.qs[b * QK..(b + 1) * QK].iter_mut().zip(xb) {
@@ -64,10 +57,28 @@ impl Q8Act {
                 *q = r as i8;
                 sum += r;
             }
-            self.d[b] = round_f16(d);
-            self.s[b] = round_f16(d * sum as f32);
-            self.qsum[b] = sum;
+            self.set_block(b, amax, sum);
         }
+    }
+
+    /// Size the buffers for `n` rows of `cols` values (the SIMD quantizers fill them).
+    pub fn prepare(&mut self, n: usize, cols: usize) {
+        let nb = n * cols / QK;
+        self.cols = cols;
+        self.n = n;
+        self.qs.resize(n * cols, 0);
+        self.d.resize(nb, 0.0);
+        self.s.resize(nb, 0.0);
+        self.qsum.resize(nb, 0);
+    }
+
+    /// Block `b`'s scales from its `max|x|` and `Σq`.
+    #[inline]
+    pub fn set_block(&mut self, b: usize, amax: f32, sum: i32) {
+        let d = amax / 127.0;
+        self.d[b] = round_f16(d);
+        self.s[b] = round_f16(d * sum as f32);
+        self.qsum[b] = sum;
     }
 
     /// Row `t`: `(qs, d, s)`.

@@ -29,6 +29,7 @@ pub fn detect() -> Option<Kernels> {
             q4_1_rows: Some(q4_1_rows_vnni),
             q8_0_rows: Some(q8_0_rows_vnni),
             panel: Some(panel_vnni),
+            quantize: quantize_512,
             dot_f32: f32_avx2,
             scores: scores_512,
             exp_sum: exp_sum_512,
@@ -332,6 +333,9 @@ rows_entry!(q8_0_rows_vnni, q8_0_grouped);
 // row in each 32-bit lane, then `acc += f32(Σ) · (d_w · d_x) + m_w · s_x` on 16 lanes at once.
 // Tokens are taken 8 at a time so the accumulators and unpacked weights stay in registers.
 
+/// How many block records ahead the panel kernel prefetches.
+const PREFETCH: usize = 16;
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], z: i32, nb: usize, out: &mut [f32], stride: usize) {
@@ -341,13 +345,21 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], 
     assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
     assert!(NT == 0 || out.len() >= (NT - 1) * stride + 16);
     let m4 = _mm512_set1_epi8(0x0F);
-    let mut acc = [_mm512_setzero_ps(); NT];
-    let mut accm = [_mm512_setzero_ps(); NT]; // the min terms (Q4_1), summed apart as the row kernels do
+    // Eight slots whatever NT (constant indices only; the unused ones are dead code).
+    let mut acc = [_mm512_setzero_ps(); 8];
+    let mut accm = [_mm512_setzero_ps(); 8]; // the min terms (Q4_1), summed apart as the row kernels do
     for b in 0..nb {
         // SAFETY: record b is blk bytes inside `panel` (asserted); 64-byte groups at 0..qb, then
         // 16 f16 d at qb and 16 f16 m at qb + 32.
         let (w, dw, mw) = unsafe {
             let base = panel.as_ptr().add(b * blk);
+            // Decode streams the panels from DRAM: fetch the record PREFETCH records ahead, line
+            // by line (the loads below do not come in address order, which the hardware
+            // prefetcher would need). Past the end it touches nothing (prefetches never fault).
+            let ahead = base.wrapping_add(PREFETCH * blk);
+            for line in 0..blk / 64 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
+            }
             let mut w = [_mm512_setzero_si512(); 8];
             if Q8 {
                 for (k, wk) in w.iter_mut().enumerate() {
@@ -364,33 +376,41 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], 
             let mw = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(qb + 32) as *const __m256i));
             (w, dw, mw)
         };
-        for t in 0..NT {
-            // SAFETY: token t's block b is 32 bytes at (t·cols + 32b) of xs (asserted length).
-            let x = unsafe { xs.as_ptr().add(t * cols + b * 32) } as *const i32;
-            // Group k of a Q4 record pairs with activation bytes 4k.. (low nibbles) and 16+4k..
-            // (high nibbles, w[k + 4]); a Q8 record's group k with 4k.. — both are x[k] in i32 units.
-            // SAFETY: k < 8: inside token t's 32-byte block.
-            macro_rules! bc {
-                ($k:literal) => {
-                    _mm512_set1_epi32(unsafe { x.add($k).read_unaligned() })
-                };
-            }
-            // Start from −z·Σq: the zero point comes off in integers (exact, as the reference).
-            let mut s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-z * qsum[t * nb + b]), w[0], bc!(0));
-            let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bc!(1));
-            s0 = _mm512_dpbusd_epi32(s0, w[2], bc!(2));
-            s1 = _mm512_dpbusd_epi32(s1, w[3], bc!(3));
-            s0 = _mm512_dpbusd_epi32(s0, w[4], bc!(4));
-            s1 = _mm512_dpbusd_epi32(s1, w[5], bc!(5));
-            s0 = _mm512_dpbusd_epi32(s0, w[6], bc!(6));
-            s1 = _mm512_dpbusd_epi32(s1, w[7], bc!(7));
-            let s = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t * nb + b]));
-            acc[t] = _mm512_fmadd_ps(s, scale, acc[t]);
-            if z == 0 {
-                accm[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[t * nb + b]), accm[t]);
-            }
+        // One token's block: written out per literal index so the accumulators stay in registers.
+        macro_rules! token {
+            ($($t:literal)*) => {$(
+                if $t < NT {
+                    let t: usize = $t;
+                    // SAFETY: token t's block b is 32 bytes at (t·cols + 32b) of xs (asserted length).
+                    let x = unsafe { xs.as_ptr().add(t * cols + b * 32) } as *const i32;
+                    // Group k of a Q4 record pairs with activation bytes 4k.. (low nibbles) and
+                    // 16+4k.. (high nibbles, w[k + 4]); a Q8 record's group k with 4k.. — both are
+                    // x[k] in i32 units.
+                    macro_rules! bc {
+                        ($k:literal) => {
+                            // SAFETY: k < 8: inside token t's 32-byte block.
+                            _mm512_set1_epi32(unsafe { x.add($k).read_unaligned() })
+                        };
+                    }
+                    // Start from −z·Σq: the zero point comes off in integers (exact, as the reference).
+                    let mut s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-z * qsum[t * nb + b]), w[0], bc!(0));
+                    let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bc!(1));
+                    s0 = _mm512_dpbusd_epi32(s0, w[2], bc!(2));
+                    s1 = _mm512_dpbusd_epi32(s1, w[3], bc!(3));
+                    s0 = _mm512_dpbusd_epi32(s0, w[4], bc!(4));
+                    s1 = _mm512_dpbusd_epi32(s1, w[5], bc!(5));
+                    s0 = _mm512_dpbusd_epi32(s0, w[6], bc!(6));
+                    s1 = _mm512_dpbusd_epi32(s1, w[7], bc!(7));
+                    let s = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t * nb + b]));
+                    acc[$t] = _mm512_fmadd_ps(s, scale, acc[$t]);
+                    if z == 0 {
+                        accm[$t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[t * nb + b]), accm[$t]);
+                    }
+                }
+            )*};
         }
+        token!(0 1 2 3 4 5 6 7);
     }
     for t in 0..NT {
         // SAFETY: out holds (NT-1)·stride + 16 floats (asserted).
@@ -422,6 +442,36 @@ fn panel_vnni(ty: TensorType, panel: &[u8], q8: &Q8Act, t0: usize, n: usize, out
         }
         go!(1 2 3 4 5 6 7 8);
         t += nt;
+    }
+}
+
+/// Activation quantization, 32 values per block in two 512-bit registers; bit-identical to
+/// `Q8Act::quantize` (`vcvtps2dq` rounds to nearest even under the default MXCSR, as the
+/// reference's magic-number rounding does for |v| ≤ 127).
+fn quantize_512(q: &mut Q8Act, x: &[f32], n: usize, cols: usize) {
+    // SAFETY: handed out by `detect()` only after avx512f/bw were detected.
+    unsafe { quantize_512_inner(q, x, n, cols) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_512_inner(q: &mut Q8Act, x: &[f32], n: usize, cols: usize) {
+    q.prepare(n, cols);
+    let x = &x[..n * cols];
+    for (b, xb) in x.chunks_exact(32).enumerate() {
+        // SAFETY: xb is 32 floats; q.qs holds n·cols bytes (prepare), so block b's 32 are in range.
+        unsafe {
+            let v0 = _mm512_loadu_ps(xb.as_ptr());
+            let v1 = _mm512_loadu_ps(xb.as_ptr().add(16));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            let id = _mm512_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            let q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
+            let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            let dst = q.qs.as_mut_ptr().add(b * 32) as *mut __m128i;
+            _mm_storeu_si128(dst, _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128(dst.add(1), _mm512_cvtepi32_epi8(q1));
+            q.set_block(b, amax, sum);
+        }
     }
 }
 
@@ -628,6 +678,28 @@ mod tests {
             }
         }
         v
+    }
+
+    #[test]
+    fn simd_quantizer_is_bit_identical() {
+        let Some(k) = detect().filter(|k| k.name == "avx512vnni") else {
+            println!("skipped: no AVX-512 VNNI on this CPU");
+            return;
+        };
+        let mut rng = Rng(11);
+        for (n, cols) in [(1usize, 32usize), (3, 576), (16, 1536)] {
+            let mut x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+            x[..32].fill(0.0); // an all-zero block (scale 0)
+            if x.len() > 96 {
+                x[40] = 1e-30; // tiny values next to ordinary ones
+                x[64..96].iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 15.5) * 0.5); // exact halves
+            }
+            let (mut a, mut b) = (Q8Act::default(), Q8Act::default());
+            a.quantize(&x, n, cols);
+            (k.quantize)(&mut b, &x, n, cols);
+            assert_eq!(a.qs, b.qs, "n {n} cols {cols}");
+            assert_eq!((a.d.clone(), a.s.clone(), a.qsum.clone()), (b.d.clone(), b.s.clone(), b.qsum.clone()));
+        }
     }
 
     #[test]
