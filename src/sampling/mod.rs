@@ -166,14 +166,15 @@ impl Rng {
 pub struct Sampler {
     p: SamplingParams,
     rng: Rng,
-    /// Scratch: (token, logit) candidates.
+    /// Scratch: (token, logit) candidates and their temperature weights.
     cand: Vec<(u32, f32)>,
+    weights: Vec<f32>,
 }
 
 impl Sampler {
     pub fn new(p: SamplingParams) -> Self {
         let rng = Rng::new(p.seed);
-        Sampler { p, rng, cand: Vec::new() }
+        Sampler { p, rng, cand: Vec::new(), weights: Vec::new() }
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -190,55 +191,76 @@ impl Sampler {
         if self.p.temperature <= 0.0 {
             return greedy(logits);
         }
-        // Candidates: every finite logit, sorted by logit descending, ties to the lower id.
-        let cand = &mut self.cand;
-        cand.clear();
-        cand.extend(logits.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(i, &l)| (i as u32, l)));
-        if cand.is_empty() {
+        // Candidates: the finite logits, cut by top-k, top-p and min-p as llama.cpp's default
+        // chain does (on probabilities at temperature 1, before temperature). Everything here is
+        // O(vocab) except sorting what the cuts keep: a 49k-token vocabulary is never sorted
+        // whole (that alone cost milliseconds per token, per sequence).
+        let max = logits.iter().copied().filter(|l| l.is_finite()).fold(f32::NEG_INFINITY, f32::max);
+        if !max.is_finite() {
             return None;
         }
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        let k = if self.p.top_k > 0 { self.p.top_k.min(cand.len()) } else { cand.len() };
-        if k < cand.len() {
-            cand.select_nth_unstable_by(k - 1, by_logit);
-            cand.truncate(k);
+        let cand = &mut self.cand;
+        cand.clear();
+        cand.extend(logits.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(i, &l)| (i as u32, l)));
+        let mut sorted = false;
+        if self.p.top_k > 0 && self.p.top_k < cand.len() {
+            cand.select_nth_unstable_by(self.p.top_k - 1, by_logit);
+            cand.truncate(self.p.top_k);
         }
-        cand.sort_unstable_by(by_logit);
-        // Probabilities at temperature 1 for top-p / min-p (as llama.cpp, which filters before
-        // temperature in its default chain).
-        let max = cand[0].1;
-        let mut probs: Vec<f64> = cand.iter().map(|&(_, l)| ((l - max) as f64).exp()).collect();
-        let sum: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= sum);
-        let mut keep = cand.len();
         if self.p.top_p < 1.0 {
-            let mut acc = 0.0;
-            for (i, p) in probs.iter().enumerate() {
-                acc += p;
-                if acc >= self.p.top_p as f64 {
-                    keep = keep.min(i + 1);
-                    break;
+            // The nucleus: the shortest prefix (in logit order) whose probability, normalised
+            // over the candidates, reaches top_p. Sort only a growing head until it does.
+            let total: f64 = cand.iter().map(|&(_, l)| ((l - max) as f64).exp()).sum();
+            let target = self.p.top_p as f64 * total;
+            let mut m = cand.len().min(64);
+            loop {
+                if m < cand.len() {
+                    cand.select_nth_unstable_by(m - 1, by_logit);
+                }
+                cand[..m].sort_unstable_by(by_logit);
+                let mut acc = 0.0f64;
+                let cut = cand[..m].iter().position(|&(_, l)| {
+                    acc += ((l - max) as f64).exp();
+                    acc >= target
+                });
+                match cut {
+                    Some(i) => {
+                        cand.truncate(i + 1);
+                        break;
+                    }
+                    None if m == cand.len() => break,
+                    None => m = cand.len().min(m * 4),
                 }
             }
+            sorted = true;
         }
         if self.p.min_p > 0.0 {
-            let thr = probs[0] * self.p.min_p as f64;
-            let n = probs.iter().take_while(|&&p| p >= thr).count().max(1);
-            keep = keep.min(n);
+            // p_i ≥ min_p · p_max  ⟺  exp(l_i − max) ≥ min_p
+            let min_p = self.p.min_p as f64;
+            cand.retain(|&(_, l)| ((l - max) as f64).exp() >= min_p);
         }
-        cand.truncate(keep);
-        // Temperature, then draw.
+        if !sorted && cand.len() <= 4096 {
+            cand.sort_unstable_by(by_logit); // a cut kept few: draw in logit order, as before
+        }
+        if cand.is_empty() {
+            return None;
+        }
+        // Temperature, then draw (in logit order for cut lists, in id order for the whole
+        // vocabulary: the same distribution either way).
         let t = self.p.temperature;
-        let w: Vec<f64> = cand.iter().map(|&(_, l)| (((l - max) / t) as f64).exp()).collect();
-        let total: f64 = w.iter().sum();
+        let w = &mut self.weights;
+        w.clear();
+        w.extend(cand.iter().map(|&(_, l)| ((l - max) / t).exp()));
+        let total: f64 = w.iter().map(|&x| x as f64).sum();
         let mut r = self.rng.next_f64() * total;
-        for (&(id, _), wi) in cand.iter().zip(&w) {
-            if r < *wi {
+        for (&(id, _), &wi) in cand.iter().zip(w.iter()) {
+            if r < wi as f64 {
                 return Some(id);
             }
-            r -= wi;
+            r -= wi as f64;
         }
-        cand.last().map(|c| c.0)
+        cand.iter().rev().zip(w.iter().rev()).find(|(_, &wi)| wi > 0.0).map(|(c, _)| c.0)
     }
 
     fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
@@ -355,6 +377,45 @@ mod tests {
         assert_eq!(draws(SamplingParams { temperature: 5.0, top_p: 0.8, ..Default::default() }), vec![0, 1]);
         // min_p 0.2: p(2)/p(0) = e^-2 ≈ 0.135 is cut
         assert_eq!(draws(SamplingParams { temperature: 5.0, min_p: 0.2, ..Default::default() }), vec![0, 1]);
+    }
+
+    #[test]
+    fn top_p_over_a_large_vocabulary_keeps_exactly_the_nucleus() {
+        // Flat-ish logits, so the nucleus (hundreds of tokens) is found only after the sorted
+        // head grows past its first 64.
+        let n = 5000;
+        let mut x = 12345u64;
+        let logits: Vec<f32> = (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 40) as f32 / (1u64 << 24) as f32 * 3.0
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let max = logits[order[0]];
+        let total: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+        let mut acc = 0.0;
+        let k = order.iter().position(|&i| {
+            acc += ((logits[i] - max) as f64).exp();
+            acc >= 0.5 * total
+        });
+        let nucleus: std::collections::BTreeSet<u32> = order[..k.unwrap() + 1].iter().map(|&i| i as u32).collect();
+        assert!(nucleus.len() > 256, "the test needs a large nucleus ({})", nucleus.len());
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_p: 0.5, seed: 3, ..Default::default() });
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..4000 {
+            let t = s.sample(&mut logits.clone(), &[], None).unwrap();
+            assert!(nucleus.contains(&t), "{t} is outside the nucleus");
+            seen.insert(t);
+        }
+        assert!(seen.len() > nucleus.len() / 2, "draws cover the nucleus ({} of {})", seen.len(), nucleus.len());
+        // no cut at all: every token can come out
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, seed: 4, ..Default::default() });
+        let draws: std::collections::BTreeSet<u32> = (0..4000).map(|_| s.sample(&mut logits.clone(), &[], None).unwrap()).collect();
+        assert!(draws.iter().any(|t| !nucleus.contains(t)));
     }
 
     #[test]
