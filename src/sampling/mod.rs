@@ -43,6 +43,16 @@ impl Default for SamplingParams {
     }
 }
 
+/// `w[i] = exp((l_i − max) · scale)` over the candidates' logits, with the CPU's vector exp
+/// (a 49k-token vocabulary per token per sequence is too many calls to libm); returns `Σ w`.
+fn exps(cand: &[(u32, f32)], scale: f32, max: f32, w: &mut Vec<f32>) -> f64 {
+    static KERNELS: std::sync::OnceLock<crate::backend::cpu::kernels::Kernels> = std::sync::OnceLock::new();
+    let k = KERNELS.get_or_init(crate::backend::cpu::kernels::Kernels::detect);
+    w.clear();
+    w.extend(cand.iter().map(|&(_, l)| l * scale));
+    (k.exp_sum)(w, max * scale) as f64
+}
+
 /// Allowed-token bitset over a vocabulary.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenMask {
@@ -210,9 +220,17 @@ impl Sampler {
         }
         if self.p.top_p < 1.0 {
             // The nucleus: the shortest prefix (in logit order) whose probability, normalised
-            // over the candidates, reaches top_p. Sort only a growing head until it does.
-            let total: f64 = cand.iter().map(|&(_, l)| ((l - max) as f64).exp()).sum();
+            // over the candidates, reaches top_p. When the candidates within e^-16 of the top
+            // already hold that mass (almost always), the nucleus is among them and the rest is
+            // dropped unsorted; then only a growing head of what is left gets sorted.
+            let total = exps(cand, 1.0, max, &mut self.weights);
             let target = self.p.top_p as f64 * total;
+            const FLOOR: f32 = 1.125_351_7e-7; // e^-16
+            let head: f64 = self.weights.iter().filter(|&&e| e >= FLOOR).map(|&e| e as f64).sum();
+            if head >= target {
+                let mut w = self.weights.iter();
+                cand.retain(|_| w.next().is_some_and(|&e| e >= FLOOR));
+            }
             let mut m = cand.len().min(64);
             loop {
                 if m < cand.len() {
@@ -248,11 +266,8 @@ impl Sampler {
         }
         // Temperature, then draw (in logit order for cut lists, in id order for the whole
         // vocabulary: the same distribution either way).
-        let t = self.p.temperature;
-        let w = &mut self.weights;
-        w.clear();
-        w.extend(cand.iter().map(|&(_, l)| ((l - max) / t).exp()));
-        let total: f64 = w.iter().map(|&x| x as f64).sum();
+        let total = exps(cand, 1.0 / self.p.temperature, max, &mut self.weights);
+        let w = &self.weights;
         let mut r = self.rng.next_f64() * total;
         for (&(id, _), &wi) in cand.iter().zip(w.iter()) {
             if r < wi as f64 {
