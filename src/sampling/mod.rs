@@ -46,11 +46,16 @@ impl Default for SamplingParams {
 /// `w[i] = exp((l_i − max) · scale)` over the candidates' logits, with the CPU's vector exp
 /// (a 49k-token vocabulary per token per sequence is too many calls to libm); returns `Σ w`.
 fn exps(cand: &[(u32, f32)], scale: f32, max: f32, w: &mut Vec<f32>) -> f64 {
-    static KERNELS: std::sync::OnceLock<crate::backend::cpu::kernels::Kernels> = std::sync::OnceLock::new();
-    let k = KERNELS.get_or_init(crate::backend::cpu::kernels::Kernels::detect);
     w.clear();
     w.extend(cand.iter().map(|&(_, l)| l * scale));
-    (k.exp_sum)(w, max * scale) as f64
+    exp_sum(w, max * scale)
+}
+
+/// `x[i] = exp(x[i] − max)` in place with the CPU's vector exp; returns `Σ x` (f64).
+fn exp_sum(x: &mut [f32], max: f32) -> f64 {
+    static KERNELS: std::sync::OnceLock<crate::backend::cpu::kernels::Kernels> = std::sync::OnceLock::new();
+    let k = KERNELS.get_or_init(crate::backend::cpu::kernels::Kernels::detect);
+    (k.exp_sum)(x, max) as f64
 }
 
 /// Allowed-token bitset over a vocabulary.
@@ -209,6 +214,9 @@ impl Sampler {
         if !max.is_finite() {
             return None;
         }
+        if self.p.top_k == 0 && self.p.top_p >= 1.0 && self.p.min_p <= 0.0 {
+            return Some(self.draw_uncut(logits, max));
+        }
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         let cand = &mut self.cand;
         cand.clear();
@@ -276,6 +284,29 @@ impl Sampler {
             r -= wi as f64;
         }
         cand.iter().rev().zip(w.iter().rev()).find(|(_, &wi)| wi > 0.0).map(|(c, _)| c.0)
+    }
+
+    /// No cut: draw from the whole vocabulary at the temperature, in id order, straight from
+    /// the logits (one vector exp pass; masked tokens, −∞, are never drawn).
+    fn draw_uncut(&mut self, logits: &[f32], max: f32) -> u32 {
+        let scale = 1.0 / self.p.temperature;
+        let w = &mut self.weights;
+        w.clear();
+        w.extend(logits.iter().map(|&l| if l.is_finite() { l * scale } else { f32::NEG_INFINITY }));
+        let total = exp_sum(w, max * scale);
+        let mut r = self.rng.next_f64() * total;
+        let mut last = 0;
+        for (i, (&wi, &l)) in w.iter().zip(logits).enumerate() {
+            if !l.is_finite() {
+                continue;
+            }
+            if r < wi as f64 {
+                return i as u32;
+            }
+            r -= wi as f64;
+            last = i;
+        }
+        last as u32
     }
 
     fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
