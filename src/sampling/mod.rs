@@ -51,6 +51,20 @@ fn exps(cand: &[(u32, f32)], scale: f32, max: f32, w: &mut Vec<f32>) -> f64 {
     exp_sum(w, max * scale)
 }
 
+/// The largest finite value (−∞ when there is none), vectorisable: 16 independent lanes.
+fn finite_max(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 16];
+    let chunks = x.chunks_exact(16);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..16 {
+            let v = if c[j].is_finite() { c[j] } else { f32::NEG_INFINITY };
+            m[j] = if v > m[j] { v } else { m[j] };
+        }
+    }
+    rest.iter().copied().filter(|v| v.is_finite()).fold(m.iter().copied().fold(f32::NEG_INFINITY, f32::max), f32::max)
+}
+
 /// `x[i] = exp(x[i] − max)` in place with the CPU's vector exp; returns `Σ x` (f64).
 fn exp_sum(x: &mut [f32], max: f32) -> f64 {
     static KERNELS: std::sync::OnceLock<crate::backend::cpu::kernels::Kernels> = std::sync::OnceLock::new();
@@ -210,7 +224,7 @@ impl Sampler {
         // chain does (on probabilities at temperature 1, before temperature). Everything here is
         // O(vocab) except sorting what the cuts keep: a 49k-token vocabulary is never sorted
         // whole (that alone cost milliseconds per token, per sequence).
-        let max = logits.iter().copied().filter(|l| l.is_finite()).fold(f32::NEG_INFINITY, f32::max);
+        let max = finite_max(logits);
         if !max.is_finite() {
             return None;
         }
@@ -294,19 +308,29 @@ impl Sampler {
         w.clear();
         w.extend(logits.iter().map(|&l| if l.is_finite() { l * scale } else { f32::NEG_INFINITY }));
         let total = exp_sum(w, max * scale);
-        let mut r = self.rng.next_f64() * total;
-        let mut last = 0;
-        for (i, (&wi, &l)) in w.iter().zip(logits).enumerate() {
+        for (wi, &l) in w.iter_mut().zip(logits) {
             if !l.is_finite() {
+                *wi = 0.0; // the vector exp floors at e^-87; a masked token gets exactly nothing
+            }
+        }
+        // Walk 64-token blocks by their sums, then the block the draw falls in.
+        let mut r = self.rng.next_f64() * total;
+        const B: usize = 64;
+        for (b, blk) in w.chunks(B).enumerate() {
+            let sum: f32 = blk.iter().sum();
+            if r >= sum as f64 {
+                r -= sum as f64;
                 continue;
             }
-            if r < wi as f64 {
-                return i as u32;
+            for (j, &wi) in blk.iter().enumerate() {
+                if r < wi as f64 {
+                    return (b * B + j) as u32;
+                }
+                r -= wi as f64;
             }
-            r -= wi as f64;
-            last = i;
         }
-        last as u32
+        // Rounding left r past the end: the last token with any weight.
+        w.iter().rposition(|&x| x > 0.0).unwrap_or(0) as u32
     }
 
     fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
