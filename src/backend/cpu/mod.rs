@@ -1,6 +1,12 @@
-//! The CPU backend: weights read straight from the bundle's memory map, activations in `Vec<f32>`,
-//! a private rayon pool (persistent threads; one parallel region per op, work split along output
+//! The CPU backend: weights read from the bundle's memory map, activations in `Vec<f32>`, a
+//! private rayon pool (persistent threads; one parallel region per op, work split along output
 //! rows), dot kernels picked once at start-up by runtime CPU feature detection ([`kernels`]).
+//!
+//! Where the kernel set has a panel kernel (AVX-512 VNNI), Q4_0, Q4_1 and Q8_0 weights are
+//! repacked at load into 16-row [`panel`]s (in parallel, about 40 ms for the default model on two
+//! cores), the mapped pages they came from are released, and every matmul on them (decode,
+//! prefill, batched decode) runs through that kernel. `APPLIANCED_CPU_PANELS=0` keeps the row
+//! kernels (for comparison); `APPLIANCED_CPU_KERNELS=scalar|avx2` forces a smaller kernel set.
 //!
 //! The plain reference kernels live in [`quant`]; SIMD variants in `x86.rs` / `neon.rs` are tested
 //! against them.
@@ -93,9 +99,11 @@ impl CpuBackend {
         })
     }
 
-    /// Name of the dot-kernel set in use (`avx512vnni`, `avx2`, `neon`, `scalar`).
-    pub fn kernel_name(&self) -> &'static str {
-        self.kernels.name
+    /// Name of the dot-kernel set in use (`avx512vnni`, `avx2`, `neon`, `scalar`), with
+    /// `+panels` when weights were repacked for the panel kernel.
+    pub fn kernel_name(&self) -> String {
+        let panels = self.registered.iter().any(|r| r.panels.is_some()) && self.kernels.panel.is_some();
+        format!("{}{}", self.kernels.name, if panels { "+panels" } else { "" })
     }
 
     pub fn threads(&self) -> usize {
