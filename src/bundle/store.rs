@@ -142,8 +142,16 @@ pub(crate) fn recheck(dir: &Path, head: &reader::Head) -> Result<(), BundleError
     use rayon::prelude::*;
     head.manifest.members.par_iter().try_for_each(|m| {
         let p = dir.join(&m.path);
-        let bytes = std::fs::read(&p).map_err(BundleError::io(&p))?;
-        if bytes.len() as u64 != m.size || hex::encode(sha2::Sha256::digest(&bytes)) != m.sha256 {
+        // Streamed through a 1 MiB buffer: hashing the weights must not hold them in memory (a
+        // whole-file read put ~100 MB on the heap at every start, the process's peak RSS).
+        let mut f = std::fs::File::open(&p).map_err(BundleError::io(&p))?;
+        let len = f.metadata().map_err(BundleError::io(&p))?.len();
+        if len != m.size {
+            return Err(BundleError::Digest { path: m.path.clone() });
+        }
+        let mut h = sha2::Sha256::new();
+        let total = std::io::copy(&mut std::io::BufReader::with_capacity(1 << 20, &mut f), &mut h).map_err(BundleError::io(&p))?;
+        if total != m.size || hex::encode(h.finalize()) != m.sha256 {
             return Err(BundleError::Digest { path: m.path.clone() });
         }
         Ok(())

@@ -91,8 +91,8 @@ pub struct EvalArgs {
     /// ... or a preset of the bundle whose control vectors are evaluated (with its strengths).
     #[arg(long)]
     pub preset: Option<String>,
-    /// Strength for --vector.
-    #[arg(long, default_value_t = 1.0)]
+    /// Strength for --vector (a preset's vectors use the preset's own strengths).
+    #[arg(long, default_value_t = 1.0, conflicts_with = "preset")]
     pub strength: f32,
     /// Answer length cap in tokens.
     #[arg(long, default_value_t = 160)]
