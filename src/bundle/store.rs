@@ -142,8 +142,8 @@ pub(crate) fn recheck(dir: &Path, head: &reader::Head) -> Result<(), BundleError
     use rayon::prelude::*;
     head.manifest.members.par_iter().try_for_each(|m| {
         let p = dir.join(&m.path);
-        // Streamed through a 1 MiB buffer: hashing the weights must not hold them in memory (a
-        // whole-file read put ~100 MB on the heap at every start, the process's peak RSS).
+        // Streamed through a 1 MiB buffer: hashing the weights must not put them (~100 MB) on
+        // the heap at every start.
         let mut f = std::fs::File::open(&p).map_err(BundleError::io(&p))?;
         let len = f.metadata().map_err(BundleError::io(&p))?.len();
         if len != m.size {

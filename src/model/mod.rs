@@ -232,6 +232,8 @@ impl Weights {
     /// faults them back in from the page cache. Best effort; a no-op for an unknown name.
     pub fn release(&self, name: &str) {
         let Some(e) = self.tensors.get(name) else { return };
+        // 4 KiB pages (x86-64, where the panel kernels that call this exist); on a kernel with
+        // larger pages the range is refused and nothing happens.
         const PAGE: usize = 4096;
         let (start, end) = (e.start.div_ceil(PAGE) * PAGE, e.end / PAGE * PAGE);
         if end > start {

@@ -276,8 +276,8 @@ impl Sampler {
             sorted = true;
         }
         if self.p.min_p > 0.0 {
-            // p_i ≥ min_p · p_max  ⟺  exp(l_i − max) ≥ min_p
-            let min_p = self.p.min_p as f64;
+            // p_i ≥ min_p · p_max  ⟺  exp(l_i − max) ≥ min_p (capped at 1: the top token stays)
+            let min_p = (self.p.min_p as f64).min(1.0);
             cand.retain(|&(_, l)| ((l - max) as f64).exp() >= min_p);
         }
         if !sorted && cand.len() <= 4096 {
@@ -482,6 +482,9 @@ mod tests {
             seen.insert(t);
         }
         assert!(seen.len() > nucleus.len() / 2, "draws cover the nucleus ({} of {})", seen.len(), nucleus.len());
+        // min_p above 1 still keeps the top token
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, min_p: 1.5, seed: 5, ..Default::default() });
+        assert_eq!(s.sample(&mut logits.clone(), &[], None), Some(order[0] as u32));
         // no cut at all: every token can come out
         let mut s = Sampler::new(SamplingParams { temperature: 1.0, seed: 4, ..Default::default() });
         let draws: std::collections::BTreeSet<u32> = (0..4000).map(|_| s.sample(&mut logits.clone(), &[], None).unwrap()).collect();
