@@ -339,7 +339,7 @@ const PREFETCH: usize = 16;
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], z: i32, nb: usize, out: &mut [f32], stride: usize) {
-    let blk = if Q8 { 576 } else { 320 };
+    let blk = super::panel::Panels::block_bytes(if Q8 { TensorType::Q8_0 } else { TensorType::Q4_1 }).unwrap_or(0);
     let qb = blk - 64;
     let cols = nb * 32;
     assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
@@ -692,7 +692,7 @@ mod tests {
             x[..32].fill(0.0); // an all-zero block (scale 0)
             if x.len() > 96 {
                 x[40] = 1e-30; // tiny values next to ordinary ones
-                x[64..96].iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 15.5) * 0.5); // exact halves
+                x[64..96].iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 15.5) * 0.5); // an evenly spaced block
             }
             let (mut a, mut b) = (Q8Act::default(), Q8Act::default());
             a.quantize(&x, n, cols);
