@@ -591,7 +591,7 @@ impl<'a> Lowerer<'a> {
                 }
             }
             if !all_disjoint {
-                match self.one_of_by_type(branches, &d, any_depth) {
+                match self.one_of_by_type(branches, &d, &conj, any_depth) {
                     Err(SchemaError::Unsupported { keyword, .. }) if keyword == "oneOf" => {
                         // Exactly one: A_i ∧ ¬A_j for every j ≠ i (disjoint by construction).
                         let subs: Option<Vec<Sub<'a>>> = d
@@ -705,6 +705,11 @@ impl<'a> Lowerer<'a> {
             Some((_, c)) => c.push(sub),
             None => {
                 let mut c = Vec::new();
+                // A forbidden key needs no other rule (and merges with any).
+                if sub.v == &Value::Bool(false) {
+                    n.props.push((name.to_string(), vec![sub]));
+                    return Ok(());
+                }
                 if let Some(a) = &n.additional {
                     if !n.pattern_props.is_empty() {
                         return Err(SchemaError::Unsupported { keyword: "allOf".into(), pointer: sub.ptr.to_string() });
@@ -945,49 +950,64 @@ impl<'a> Lowerer<'a> {
         Ok(true)
     }
 
-    /// Exact `oneOf` over overlapping branches, one JSON type at a time: for types whose texts
-    /// are canonical (null, booleans, strings, and numbers when every branch admitting numbers
-    /// is integer-only) each branch keeps what no other branch accepts; other types must be
-    /// admitted by one branch only or be provably disjoint.
-    fn one_of_by_type(&mut self, branches: Vec<(Node<'a>, Vec<Rc<str>>)>, d: &Disj<'a>, any_depth: u32) -> Result<Dfa, SchemaError> {
+    /// `oneOf` over overlapping branches, one JSON type at a time: for types whose texts are
+    /// canonical (null, booleans, strings, and numbers when every branch admitting numbers is
+    /// integer-only) each branch keeps exactly what no other branch accepts; objects are narrowed
+    /// apart (see [`Self::narrow_apart`]: sound, and exact but for objects carrying a key
+    /// another branch requires with a value that fails it); other types must be admitted by one
+    /// branch only or be provably disjoint.
+    fn one_of_by_type(&mut self, branches: Vec<(Node<'a>, Vec<Rc<str>>)>, d: &Disj<'a>, conj: &[Sub<'a>], any_depth: u32) -> Result<Dfa, SchemaError> {
         let unsupported = || SchemaError::Unsupported { keyword: "oneOf".into(), pointer: d.ptr.to_string() };
-        if branches.iter().any(|(b, _)| !b.disj.is_empty()) {
-            return Err(unsupported());
+        // Disjunctions left in a branch (the rest of the node, distributed below) only shrink
+        // it: the disjointness checks and narrowings below ignore them (sound), the lowering
+        // distributes them (exact).
+        let mut tys: Vec<u8> = Vec::new();
+        for (b, _) in &branches {
+            tys.push(self.node_types(b, 2)?);
         }
-        let tys: Vec<u8> = branches
-            .iter()
-            .map(|(b, _)| {
-                let mut t = effective_types(b);
-                if let Some(e) = &b.enums {
-                    t &= e.iter().fold(0, |acc, v| acc | type_bits(v));
-                }
-                t
-            })
-            .collect();
         let mut parts: Vec<Dfa> = Vec::new();
         for g in [T_NULL, T_BOOL, T_INT | T_FRAC, T_STR, T_ARR, T_OBJ] {
             let s: Vec<usize> = (0..branches.len()).filter(|&i| tys[i] & g != 0).collect();
             let closed = g & (T_NULL | T_BOOL | T_STR) != 0 || (g == T_INT | T_FRAC && s.iter().all(|&i| tys[i] & T_FRAC == 0));
+            let mut nodes: Vec<Node<'a>> = s
+                .iter()
+                .map(|&i| {
+                    let mut n = branches[i].0.clone();
+                    n.types &= g;
+                    n
+                })
+                .collect();
             if s.len() > 1 && !closed {
-                for (x, &i) in s.iter().enumerate() {
-                    for &j in &s[x + 1..] {
-                        let mut a = branches[i].0.clone();
-                        a.types &= g;
-                        let mut b = branches[j].0.clone();
-                        b.types &= g;
-                        if !self.disjoint(&a, &b, 2)? {
-                            return Err(unsupported());
+                if g == T_OBJ {
+                    // Each branch keeps the objects no other branch accepts (narrowed apart from
+                    // every other branch as written).
+                    for x in 0..nodes.len() {
+                        for y in 0..nodes.len() {
+                            if x != y {
+                                let mut other = branches[s[y]].0.clone();
+                                other.types &= g;
+                                if !self.narrow_apart(&mut nodes[x], &other)? {
+                                    return Err(unsupported());
+                                }
+                            }
+                        }
+                    }
+                } else {
+                    for x in 0..nodes.len() {
+                        for y in x + 1..nodes.len() {
+                            if !self.disjoint(&nodes[x], &nodes[y], 2)? {
+                                return Err(unsupported());
+                            }
                         }
                     }
                 }
             }
             let mut langs: Vec<Dfa> = Vec::new();
-            for &i in &s {
+            for (x, &i) in s.iter().enumerate() {
                 let depth0 = self.stack.len();
                 self.stack.extend(branches[i].1.iter().cloned());
-                let mut n = branches[i].0.clone();
-                n.types &= g;
-                let l = self.lower_node(n, &d.ptr, any_depth);
+                let n = nodes[x].clone();
+                let l = if n.disj.is_empty() { self.lower_node(n, &d.ptr, any_depth) } else { self.distribute(n, conj.to_vec(), any_depth) };
                 self.stack.truncate(depth0);
                 langs.push(l?);
             }
@@ -1286,14 +1306,24 @@ impl<'a> Lowerer<'a> {
                                 // additional / pattern rules (merging under allOf).
                                 let mut c = Vec::new();
                                 // (Rules of this same object do not apply to its own properties.)
+                                // Another object's additionalProperties applies unless one of
+                                // that object's own patterns matches the key.
                                 let own_add = ptr_join(ptr, "additionalProperties");
                                 let foreign: Vec<Sub<'a>> = node.additional.iter().flatten().filter(|a| a.ptr != own_add).cloned().collect();
-                                let own_pp = ptr_join(ptr, "patternProperties");
-                                let foreign_pats = node.pattern_props.iter().any(|(_, _, pp)| *pp != own_pp);
-                                if !foreign_pats {
-                                    c.extend(foreign);
-                                } else if !foreign.is_empty() {
-                                    return Err(SchemaError::Unsupported { keyword: "allOf".into(), pointer: ptr.to_string() });
+                                for a in foreign {
+                                    let obj = a.ptr.strip_suffix("/additionalProperties").unwrap_or("");
+                                    let their_pp = ptr_join(obj, "patternProperties");
+                                    let pats: Vec<(String, Rc<str>)> = node.pattern_props.iter().filter(|(_, _, pp)| *pp == their_pp).map(|(p, _, pp)| (p.clone(), pp.clone())).collect();
+                                    let mut matched = false;
+                                    for (p, pp) in pats {
+                                        if self.pattern(&p, &pp)?.matches(name.as_bytes()) {
+                                            matched = true;
+                                            break;
+                                        }
+                                    }
+                                    if !matched {
+                                        c.push(a);
+                                    }
                                 }
                                 c.push(sp);
                                 node.props.push((name.clone(), c));
@@ -1321,11 +1351,15 @@ impl<'a> Lowerer<'a> {
                     // fall under this object's additionalProperties (or its patterns).
                     let own_props = map.get("properties").and_then(|p| p.as_object());
                     let own_pats = map.get("patternProperties").and_then(|p| p.as_object());
-                    if own_pats.is_some_and(|p| !p.is_empty()) && node.props.iter().any(|(n, _)| !own_props.is_some_and(|o| o.contains_key(n))) {
-                        return Err(SchemaError::Unsupported { keyword: "allOf".into(), pointer: ptr.to_string() });
+                    // A key another member declared falls under this object's patterns when one
+                    // matches it (their rules reach declared keys at lowering), else under its
+                    // additionalProperties.
+                    let mut own_pat_dfas = Vec::new();
+                    for pat in own_pats.into_iter().flat_map(|p| p.keys()) {
+                        own_pat_dfas.push(self.pattern(pat, &ptr_join(&ptr_join(ptr, "patternProperties"), pat))?);
                     }
                     for (n, c) in node.props.iter_mut() {
-                        if !own_props.is_some_and(|o| o.contains_key(n)) {
+                        if !own_props.is_some_and(|o| o.contains_key(n)) && !own_pat_dfas.iter().any(|d| d.matches(n.as_bytes())) {
                             c.push(s.clone());
                         }
                     }
@@ -1407,8 +1441,75 @@ impl<'a> Lowerer<'a> {
 
     /// Conservative test that no value satisfies both nodes.
     fn disjoint(&mut self, a: &Node<'a>, b: &Node<'a>, depth: u32) -> Result<bool, SchemaError> {
-        let ta = effective_types(a);
-        let tb = effective_types(b);
+        if self.disjoint_direct(a, b, depth)? {
+            return Ok(true);
+        }
+        if depth == 0 {
+            return Ok(false);
+        }
+        // A disjunction left in one node: disjoint if every alternative is (alternatives made
+        // of sub-schemas only; the node's own keywords are ignored, which only widens it).
+        for (x, y) in [(a, b), (b, a)] {
+            for dj in &y.disj {
+                let mut all = true;
+                for alt in &dj.alts {
+                    let subs: Option<Vec<Sub<'a>>> = alt.iter().map(|i| if let Alt::Sub(s) = i { Some(s.clone()) } else { None }).collect();
+                    let apart = match subs {
+                        None => false,
+                        Some(subs) => match self.node_of(subs)? {
+                            None => true,
+                            Some(n) => self.disjoint(x, &n, depth - 1)?,
+                        },
+                    };
+                    if !apart {
+                        all = false;
+                        break;
+                    }
+                }
+                if all {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// The JSON types a node admits, its disjunctions included (alternatives looked into
+    /// `depth` levels deep; deeper ones count as admitting every type).
+    fn node_types(&mut self, n: &Node<'a>, depth: u32) -> Result<u8, SchemaError> {
+        let mut t = effective_types(n);
+        if let Some(e) = &n.enums {
+            t &= e.iter().fold(0, |acc, v| acc | type_bits(v));
+        }
+        if depth == 0 {
+            return Ok(t);
+        }
+        for dj in &n.disj {
+            let mut u = 0;
+            for alt in &dj.alts {
+                let mut at = T_ALL;
+                for item in alt {
+                    match item {
+                        Alt::Types(x) => at &= x,
+                        Alt::Sub(s) if !s.ptr.starts_with('¬') => {
+                            at &= match self.node_of(vec![s.clone()])? {
+                                None => 0,
+                                Some(m) => self.node_types(&m, depth - 1)?,
+                            };
+                        }
+                        _ => {}
+                    }
+                }
+                u |= at;
+            }
+            t &= u;
+        }
+        Ok(t)
+    }
+
+    fn disjoint_direct(&mut self, a: &Node<'a>, b: &Node<'a>, depth: u32) -> Result<bool, SchemaError> {
+        let ta = self.node_types(a, depth)?;
+        let tb = self.node_types(b, depth)?;
         let common = ta & tb;
         if common == 0 {
             return Ok(true);
@@ -1461,7 +1562,7 @@ impl<'a> Lowerer<'a> {
         }
         if rest & T_ARR != 0 {
             let sep = |x: &Node, y: &Node| y.max_items.is_some_and(|m| m < x.min_items);
-            if !(sep(a, b) || sep(b, a)) {
+            if !(sep(a, b) || sep(b, a) || self.first_items_disjoint(a, b, depth)?) {
                 return Ok(false);
             }
             rest &= !T_ARR;
@@ -1473,6 +1574,19 @@ impl<'a> Lowerer<'a> {
             rest &= !T_OBJ;
         }
         Ok(rest == 0)
+    }
+
+    /// Arrays of which one has at least one item, when the first items' rules are disjoint.
+    fn first_items_disjoint(&mut self, a: &Node<'a>, b: &Node<'a>, depth: u32) -> Result<bool, SchemaError> {
+        if depth == 0 || (a.min_items == 0 && b.min_items == 0) {
+            return Ok(false);
+        }
+        let first = |n: &Node<'a>| n.prefix.first().or(n.items.as_ref()).cloned();
+        let (Some(fa), Some(fb)) = (first(a), first(b)) else { return Ok(false) };
+        match (self.node_of(fa)?, self.node_of(fb)?) {
+            (Some(na), Some(nb)) => self.disjoint(&na, &nb, depth - 1),
+            _ => Ok(true),
+        }
     }
 
     fn objects_disjoint(&mut self, a: &Node<'a>, b: &Node<'a>, depth: u32) -> Result<bool, SchemaError> {
@@ -1495,19 +1609,18 @@ impl<'a> Lowerer<'a> {
                 }
             }
         }
+        // Closed objects whose key languages do not meet share at most `{}`.
+        if (a.min_props > 0 || !a.required.is_empty() || b.min_props > 0 || !b.required.is_empty()) && self.keys_disjoint(a, b)? {
+            return Ok(true);
+        }
         if depth == 0 {
             return Ok(false);
         }
-        // A property required by both (or required by one, present rule in other) with disjoint values.
+        // A property required by one and declared by both with disjoint values: an object of the
+        // first has the key, and an object of the second with that key must satisfy its rule.
         for (name, ca) in &a.props {
             let Some((_, cb)) = b.props.iter().find(|(n, _)| n == name) else { continue };
             if !(a.required.contains(name) || b.required.contains(name)) {
-                continue;
-            }
-            if !(a.required.contains(name) && b.required.contains(name)) {
-                // Present in one: the other may omit it; still disjoint if the value rules are.
-                // (The value must exist in whichever requires it, and if the other has it too it
-                // must satisfy both; if the other lacks it, not disjoint.)
                 continue;
             }
             let na = self.node_of(ca.clone())?;
@@ -1521,6 +1634,64 @@ impl<'a> Lowerer<'a> {
             }
         }
         Ok(false)
+    }
+
+    /// Whether no key can be present in both a closed object of `a` and one of `b` (both with
+    /// `additionalProperties: false`; names declared `false` do not count). Then the only object
+    /// both accept is `{}`.
+    fn keys_disjoint(&mut self, a: &Node<'a>, b: &Node<'a>) -> Result<bool, SchemaError> {
+        let closed = |n: &Node| n.additional.as_ref().is_some_and(|c| c.iter().any(|s| s.v == &Value::Bool(false)));
+        if !closed(a) || !closed(b) {
+            return Ok(false);
+        }
+        let names = |n: &Node<'a>| -> Vec<String> {
+            n.props.iter().filter(|(_, c)| !c.iter().any(|s| s.v == &Value::Bool(false))).map(|(k, _)| k.clone()).collect()
+        };
+        let (na, nb) = (names(a), names(b));
+        let mut pa = Vec::new();
+        for (p, _, pp) in &a.pattern_props {
+            pa.push(self.pattern(p, pp)?);
+        }
+        let mut pb = Vec::new();
+        for (p, _, pp) in &b.pattern_props {
+            pb.push(self.pattern(p, pp)?);
+        }
+        for (xs, ys, yp) in [(&na, &nb, &pb), (&nb, &na, &pa)] {
+            if xs.iter().any(|x| ys.contains(x) || yp.iter().any(|d| d.matches(x.as_bytes()))) {
+                return Ok(false);
+            }
+        }
+        for x in &pa {
+            for y in &pb {
+                if Dfa::intersects(x, y, self.cap).map_err(self.overflow("!"))? {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Narrows the object branch `x` of an overlapping `oneOf` until no object of it satisfies
+    /// `y`: a key `y` requires is forbidden in `x`, or (closed objects with disjoint keys) `{}`
+    /// is left out. Every object removed either satisfies `y` too (so no branch alone) or has a
+    /// key whose value fails `y`'s rule for it — the second kind is the (documented) narrowing.
+    fn narrow_apart(&mut self, x: &mut Node<'a>, y: &Node<'a>) -> Result<bool, SchemaError> {
+        if self.disjoint(x, y, 2)? {
+            return Ok(true);
+        }
+        if self.keys_disjoint(x, y)? {
+            x.min_props = x.min_props.max(1);
+            if self.disjoint(x, y, 2)? {
+                return Ok(true);
+            }
+        }
+        let Some(r) = y.required.iter().find(|r| !x.required.contains(r)).cloned() else { return Ok(false) };
+        let f = Sub { v: &FALSE, ptr: "!".into(), base: "".into() };
+        match x.props.iter_mut().find(|(k, _)| *k == r) {
+            Some((_, c)) => c.push(f),
+            None => x.props.push((r, vec![f])),
+        }
+        self.disjoint(x, y, 2)
     }
 
     /// Flattens a conjunction into a node without lowering (refs expanded one level deep only

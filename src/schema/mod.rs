@@ -1381,6 +1381,132 @@ mod one_of_tests {
         assert!(tests::accepts(&c, "\"x\""));
         assert!(!Matcher::new(&c).advance_bytes(b"1"));
     }
+
+    /// Random walks through the automaton (shortest completion at the end): every document
+    /// produced must satisfy `valid`, the oneOf semantics written out by hand.
+    fn walks_are_valid(c: &CompiledSchema, eos: u32, valid: impl Fn(&Value) -> bool) {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut m = vec![0u64; c.mask_words()];
+        for _ in 0..300 {
+            let mut s = Matcher::new(c);
+            let mut text = Vec::new();
+            for _ in 0..40 {
+                s.allowed(&mut m);
+                let ids: Vec<u32> = (0..c.mask_bits() as u32).filter(|&i| m[i as usize / 64] >> (i % 64) & 1 == 1).collect();
+                assert!(!ids.is_empty(), "stuck after {}", String::from_utf8_lossy(&text));
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let id = ids[(seed >> 33) as usize % ids.len()];
+                if id == eos {
+                    break;
+                }
+                text.extend_from_slice(c.vocabulary().token_bytes(id));
+                assert!(s.advance(id));
+            }
+            if !s.is_accepting() {
+                let rest = s.shortest_completion().expect("every live state can finish");
+                text.extend_from_slice(&rest);
+                assert!(s.advance_bytes(&rest) && s.is_accepting());
+            }
+            let v: Value = match serde_json::from_slice(&text) {
+                Ok(v) => v,
+                // JSON numbers have no range; serde_json's f64 does (`1E999` is valid JSON).
+                Err(e) if e.to_string().starts_with("number out of range") => continue,
+                Err(e) => panic!("{e}: {}", String::from_utf8_lossy(&text)),
+            };
+            assert!(valid(&v), "invalid under oneOf: {}", String::from_utf8_lossy(&text));
+        }
+    }
+
+    /// `oneOf` over open objects that overlap: each branch is narrowed apart from the others (a
+    /// key another branch requires is left out of it; closed objects with disjoint key sets
+    /// drop `{}`), and the rest of the node is distributed into each branch.
+    #[test]
+    fn overlapping_object_branches_are_narrowed_apart() {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let compile = |s: &Value| CompiledSchema::compile(s, &v, &[eos], &CompileOptions::default()).unwrap();
+        let obj = |v: &Value| v.as_object().cloned().unwrap_or_default();
+        let int = |x: &Value| x.is_i64() || x.is_u64() || x.as_f64().is_some_and(|f| f.fract() == 0.0);
+
+        // Required keys (dependabot's `directory` / `directories`), open objects, and an
+        // `anyOf` elsewhere in the node (distributed into both branches).
+        let s = json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}, "n": {"type": "integer"}},
+            "anyOf": [{"required": ["n"]}, {"maxProperties": 1}],
+            "oneOf": [{"required": ["a"]}, {"required": ["b"]}]});
+        let c = compile(&s);
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc(r#"{"a":"x"}"#) && acc(r#"{"b":"y","n":1}"#) && acc(r#"{"a":"x","n":2}"#));
+        assert!(!acc(r#"{"a":"x","b":"y"}"#) && !acc(r#"{"a":"x","b":"y","n":1}"#) && !acc("{}") && !acc(r#"{"a":"x","z":1}"#));
+        walks_are_valid(&c, eos, |v| {
+            let o = obj(v);
+            let s = |k: &str| o.get(k).is_none_or(|x| x.is_string());
+            let n = o.get("n").is_none_or(int);
+            v.is_object() && s("a") && s("b") && n && (o.contains_key("n") || o.len() <= 1) && (o.contains_key("a") != o.contains_key("b"))
+        });
+        // The narrowing: `{"a":"x","b":5}` satisfies only the first branch (its `b` fails the
+        // second's rule) yet is left out, because the first branch never writes `b`.
+        let s = json!({"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"], "properties": {"b": {"type": "string"}}}]});
+        let c = compile(&s);
+        assert!(tests::accepts(&c, r#"{"a":5}"#) && tests::accepts(&c, r#"{"b":"y"}"#) && tests::accepts(&c, r#"{"b":"y","c":1}"#));
+        assert!(!tests::accepts(&c, r#"{"a":"x","b":"y"}"#) && !tests::accepts(&c, r#"{"b":"y","a":1}"#));
+        assert!(!tests::accepts(&c, r#"{"a":"x","b":5}"#), "documented narrowing");
+        walks_are_valid(&c, eos, |v| {
+            let o = obj(v);
+            let one = o.contains_key("a");
+            let two = o.get("b").is_some_and(|b| b.is_string());
+            v.is_object() && one != two
+        });
+
+        // Closed objects whose key patterns do not meet (snapcraft's grammar): only `{}`
+        // satisfies several branches, so no branch keeps it.
+        let s = json!({"oneOf": [{"type": "string"},
+            {"type": "object", "additionalProperties": false, "patternProperties": {"^on ": {"type": "integer"}}},
+            {"type": "object", "additionalProperties": false, "patternProperties": {"^to ": {"type": "integer"}}}]});
+        let c = compile(&s);
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc(r#"{"on x":1}"#) && acc(r#"{"to y":2,"to z":3}"#) && acc(r#""s""#));
+        assert!(!acc("{}") && !acc(r#"{"on x":1,"to y":2}"#) && !acc(r#"{"x":1}"#));
+        walks_are_valid(&c, eos, |v| {
+            let o = obj(v);
+            let on = !o.is_empty() && o.iter().all(|(k, x)| k.starts_with("on ") && int(x));
+            let to = !o.is_empty() && o.iter().all(|(k, x)| k.starts_with("to ") && int(x));
+            v.is_string() || (v.is_object() && on != to)
+        });
+
+        // A key one branch requires and the other declares with a disjoint value (hayson's
+        // `_kind`): disjoint as written, nothing narrowed; `{}` is only the first's.
+        let s = json!({"oneOf": [
+            {"type": "object", "properties": {"_kind": {"enum": ["dict"]}}, "additionalProperties": false, "patternProperties": {"^[a-z]": {"type": "integer"}}},
+            {"type": "object", "required": ["_kind"], "properties": {"_kind": {"enum": ["marker"]}}, "additionalProperties": false}]});
+        let c = compile(&s);
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc("{}") && acc(r#"{"_kind":"marker"}"#) && acc(r#"{"_kind":"dict","ab":1}"#) && acc(r#"{"ab":1}"#));
+        assert!(!acc(r#"{"_kind":"marker","ab":1}"#) && !acc(r#"{"_kind":"other"}"#));
+
+        // Arrays whose first items are disjoint (tslint's options): disjoint branches.
+        let s = json!({"oneOf": [{"type": "array", "minItems": 1, "items": {"type": "string"}}, {"type": "array", "minItems": 1, "items": {"type": "array"}}]});
+        let c = compile(&s);
+        assert!(tests::accepts(&c, r#"["a"]"#) && tests::accepts(&c, "[[1]]") && !tests::accepts(&c, "[]") && !tests::accepts(&c, r#"["a",[1]]"#));
+    }
+
+    /// `allOf` members that close their objects with `patternProperties`: a key declared by
+    /// another member falls under the patterns that match it, else under
+    /// `additionalProperties` (hayson's `gridMeta`, web-types).
+    #[test]
+    fn all_of_merges_declared_keys_with_foreign_patterns() {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let compile = |s: &Value| CompiledSchema::compile(s, &v, &[eos], &CompileOptions::default()).unwrap();
+        let closed = json!({"type": "object", "additionalProperties": false, "patternProperties": {"^[a-z]": {"type": "string"}}});
+        let s = json!({"allOf": [closed], "required": ["ver"], "properties": {"ver": {"enum": ["3.0", 3]}}});
+        let c = compile(&s);
+        assert!(tests::accepts(&c, r#"{"ver":"3.0"}"#) && tests::accepts(&c, r#"{"ver":"3.0","ab":"x"}"#));
+        assert!(!tests::accepts(&c, r#"{"ver":3}"#) && !tests::accepts(&c, r#"{"ver":"3.0","Ab":"x"}"#));
+        // The same, with the members in the other order.
+        let s = json!({"allOf": [{"properties": {"ver": {"enum": ["3.0", 3]}, "Up": {}}}, closed]});
+        let c = compile(&s);
+        assert!(tests::accepts(&c, r#"{"ver":"3.0"}"#) && !tests::accepts(&c, r#"{"ver":3}"#) && !tests::accepts(&c, r#"{"Up":1}"#));
+    }
 }
 
 #[cfg(test)]
