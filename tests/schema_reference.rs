@@ -26,7 +26,6 @@ const EXPECTED_FAILURES: &[(&str, &str)] = &[
     ("schemastore-cache--json.schemastore.org_stylelintrc.json", "oneOf"),
     ("schemastore-cache--json.schemastore.org_swagger-2.0.json", "not (additionalProperties)"),
     ("schemastore-cache--json.schemastore.org_tslint.json", "oneOf"),
-    ("schemastore-cache--json.schemastore.org_winget-pkgs-singleton-1.0.0.json", "too-large"),
     ("schemastore-cache--openapi.vercel.sh_vercel.json", "too-large"),
     ("schemastore-cache--raw.githubusercontent.com_cityjson_specs_master_schemas_cityjson.min.schema.json", "too-large"),
     ("schemastore-cache--raw.githubusercontent.com_ioBroker_adapter-react-v5_main_schemas_jsonConfig.json", "too-large"),

@@ -166,6 +166,9 @@ pub(crate) struct Lowerer<'a> {
     pub unique: Vec<Vec<PStep>>,
     refs_under: HashMap<Rc<str>, Rc<Vec<Rc<str>>>>,
     pattern_cache: HashMap<String, Rc<Dfa>>,
+    /// Memo of [`Lowerer::determinize`]: whole automata to their determinised, minimal form.
+    det_memo: HashMap<Vec<u32>, Rc<Dfa>>,
+    det_memo_words: usize,
     /// Sub-automata reached by call markers (see [`CALL`]): container values large enough to be
     /// kept once and called, instead of copied into every place they appear. A sub-automaton may
     /// call only earlier ones, so the calls form a DAG.
@@ -331,6 +334,8 @@ impl<'a> Lowerer<'a> {
             unique: Vec::new(),
             refs_under: HashMap::default(),
             pattern_cache: HashMap::default(),
+            det_memo: HashMap::default(),
+            det_memo_words: 0,
             subs: Vec::new(),
             sub_ids: HashMap::default(),
         };
@@ -1100,6 +1105,23 @@ impl<'a> Lowerer<'a> {
         nfa.determinize(base + d.start, fin, self.cap).map_err(self.overflow(ptr))
     }
 
+    /// [`Nfa::determinize`] at the size cap, memoised: the same object or array built again in
+    /// another place (another `$ref` path, another branch) is not determinised and minimised
+    /// again. Keys are the whole automata (exact), within a memory bound.
+    fn determinize(&mut self, nfa: &Nfa, s: u32, e: u32, ptr: &str) -> Result<Dfa, SchemaError> {
+        const MEMO_WORDS: usize = 16 << 20; // 64 MiB of keys
+        let key = nfa.fingerprint(s, e);
+        if let Some(d) = self.det_memo.get(&key) {
+            return Ok((**d).clone());
+        }
+        let d = nfa.determinize(s, e, self.cap).map_err(self.overflow(ptr))?;
+        if self.det_memo_words + key.len() <= MEMO_WORDS {
+            self.det_memo_words += key.len();
+            self.det_memo.insert(key, Rc::new(d.clone()));
+        }
+        Ok(d)
+    }
+
     /// Like [`Lowerer::union`], with large container branches called.
     fn union_calls(&mut self, dfas: &[Dfa], ptr: &str) -> Result<Dfa, SchemaError> {
         if dfas.len() < 2 {
@@ -1111,7 +1133,7 @@ impl<'a> Lowerer<'a> {
         for d in dfas {
             self.place(&mut nfa, s, d, e);
         }
-        nfa.determinize(s, e, self.cap).map_err(self.overflow(ptr))
+        self.determinize(&nfa, s, e, ptr)
     }
 
     fn union(&self, dfas: &[Dfa], ptr: &str) -> Result<Dfa, SchemaError> {
@@ -2016,7 +2038,6 @@ impl<'a> Lowerer<'a> {
     }
 
     fn lower_array(&mut self, node: &Node<'a>, ptr: &str, any_depth: u32) -> Result<Dfa, SchemaError> {
-        let cap = self.cap;
         let inner_depth = any_depth.saturating_sub(1);
         let item_dfa = |this: &mut Self, c: &Vec<Sub<'a>>| -> Result<Rc<Dfa>, SchemaError> {
             if c.is_empty() {
@@ -2152,7 +2173,7 @@ impl<'a> Lowerer<'a> {
                 }
             }
         }
-        nfa.determinize(s, end, cap).map_err(self.overflow(ptr))
+        self.determinize(&nfa, s, end, ptr)
     }
 
     fn lower_object(&mut self, node: &Node<'a>, ptr: &str, any_depth: u32) -> Result<Dfa, SchemaError> {
@@ -2364,7 +2385,7 @@ impl<'a> Lowerer<'a> {
                 nfa.lit_to(st[n][c], b"}", end);
             }
         }
-        nfa.determinize(s, end, cap).map_err(self.overflow(ptr))
+        self.determinize(&nfa, s, end, ptr)
     }
 }
 

@@ -330,8 +330,16 @@ impl CompiledSchema {
         let n = dfa.n_states();
         let mut masks: Vec<u64> = vec![0; words]; // mask 0: the dead state's (empty)
         let mut state_mask = vec![0u32; n];
-        let mut seen: automata::HashMap<Vec<u64>, u32> = automata::HashMap::default();
-        seen.insert(vec![0; words], 0);
+        // Distinct masks by content hash (computed on the worker threads) → mask ids; equal
+        // hashes are compared word for word against `masks`.
+        use std::hash::{Hash, Hasher};
+        let mask_hash = |m: &[u64]| {
+            let mut h = automata::FxHasher::default();
+            m.hash(&mut h);
+            h.finish()
+        };
+        let mut seen: automata::HashMap<u64, Vec<u32>> = automata::HashMap::default();
+        seen.insert(mask_hash(&vec![0; words]), vec![0]);
         let mut state_unc = vec![0u32; if calls.is_some() { n } else { 0 }];
         let mut unc: Vec<Vec<u32>> = Vec::new();
         let mut unc_seen: automata::HashMap<Vec<u32>, u32> = automata::HashMap::default();
@@ -371,7 +379,7 @@ impl CompiledSchema {
         for pass in 0..2 {
             let todo: Vec<u32> = states.iter().copied().filter(|&s| is_rep(s) == (pass == 0)).collect();
             for chunk in todo.chunks(CHUNK) {
-                let computed: Vec<(Vec<u64>, Vec<u32>)> = chunk
+                let computed: Vec<(Vec<u64>, u64, Vec<u32>)> = chunk
                     .par_iter()
                     .map_init(Vec::new, |stack, &s| {
                         let mut buf = vec![0u64; words];
@@ -392,10 +400,11 @@ impl CompiledSchema {
                                 vocab.redo_long(&dfa, None, s, &mut buf, &mut u);
                             }
                         }
-                        (buf, u)
+                        let h = mask_hash(&buf);
+                        (buf, h, u)
                     })
                     .collect();
-                for (&s, (buf, u)) in chunk.iter().zip(computed) {
+                for (&s, (buf, h, u)) in chunk.iter().zip(computed) {
                     if calls.is_some() {
                         let id = match unc_seen.get(&u) {
                             Some(&id) => id,
@@ -408,12 +417,13 @@ impl CompiledSchema {
                         };
                         state_unc[s as usize] = id;
                     }
-                    let id = match seen.get(&buf) {
-                        Some(&id) => id,
+                    let ids = seen.entry(h).or_default();
+                    let id = match ids.iter().copied().find(|&id| masks[id as usize * words..(id as usize + 1) * words] == buf[..]) {
+                        Some(id) => id,
                         None => {
-                            let id = seen.len() as u32;
+                            let id = (masks.len() / words.max(1)) as u32;
                             masks.extend_from_slice(&buf);
-                            seen.insert(buf, id);
+                            ids.push(id);
                             id
                         }
                     };
