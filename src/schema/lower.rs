@@ -1107,16 +1107,18 @@ impl<'a> Lowerer<'a> {
 
     /// [`Nfa::determinize`] at the size cap, memoised: the same object or array built again in
     /// another place (another `$ref` path, another branch) is not determinised and minimised
-    /// again. Keys are the whole automata (exact), within a memory bound.
+    /// again. Keys are the whole automata (exact); keys and results together stay within a
+    /// memory bound.
     fn determinize(&mut self, nfa: &Nfa, s: u32, e: u32, ptr: &str) -> Result<Dfa, SchemaError> {
-        const MEMO_WORDS: usize = 16 << 20; // 64 MiB of keys
+        const MEMO_WORDS: usize = 16 << 20; // 64 MiB of 4-byte words
         let key = nfa.fingerprint(s, e);
         if let Some(d) = self.det_memo.get(&key) {
             return Ok((**d).clone());
         }
         let d = nfa.determinize(s, e, self.cap).map_err(self.overflow(ptr))?;
-        if self.det_memo_words + key.len() <= MEMO_WORDS {
-            self.det_memo_words += key.len();
+        let cost = key.len() + d.trans.len() + d.accept.len() / 4 + 64;
+        if self.det_memo_words + cost <= MEMO_WORDS {
+            self.det_memo_words += cost;
             self.det_memo.insert(key, Rc::new(d.clone()));
         }
         Ok(d)
