@@ -601,7 +601,7 @@ fn hopcroft(n: usize, k: usize, trans: &[u32], init: &[u32]) -> (Vec<u32>, usize
     // reachable states, and transitions into it — most of a sparse JSON automaton's — are
     // never indexed or scanned.
     let skip = 0usize;
-    // Inverse transitions by target, each target's sources grouped by class: (class, source).
+    // Inverse transitions by target: (class, source).
     let mut inv_start = vec![0u32; n + 1];
     for &t in trans.iter().take(n * k) {
         if init[t as usize] as usize != skip {
@@ -613,8 +613,8 @@ fn hopcroft(n: usize, k: usize, trans: &[u32], init: &[u32]) -> (Vec<u32>, usize
     }
     let mut fill = inv_start.clone();
     let mut inv: Vec<(u32, u32)> = vec![(0, 0); inv_start[n] as usize];
-    for c in 0..k {
-        for s in 0..n {
+    for s in 0..n {
+        for c in 0..k {
             let t = trans[s * k + c] as usize;
             if init[t] as usize != skip {
                 inv[fill[t] as usize] = (c as u32, s as u32);
@@ -670,7 +670,7 @@ fn hopcroft(n: usize, k: usize, trans: &[u32], init: &[u32]) -> (Vec<u32>, usize
             }
         }
         for &c in &classes_hit {
-            let srcs = std::mem::take(&mut by_class[c as usize]);
+            let mut srcs = std::mem::take(&mut by_class[c as usize]);
             touched.clear();
             for &src in &srcs {
                 let sb = block_of[src as usize] as usize;
@@ -689,7 +689,6 @@ fn hopcroft(n: usize, k: usize, trans: &[u32], init: &[u32]) -> (Vec<u32>, usize
                 }
                 marked[sb] += 1;
             }
-            let mut srcs = srcs;
             srcs.clear();
             by_class[c as usize] = srcs;
             for &yb in &touched {

@@ -1710,11 +1710,7 @@ impl<'a> Lowerer<'a> {
             }
         }
         let Some(r) = y.required.iter().find(|r| !x.required.contains(r)).cloned() else { return Ok(false) };
-        let f = Sub { v: &FALSE, ptr: "!".into(), base: "".into() };
-        match x.props.iter_mut().find(|(k, _)| *k == r) {
-            Some((_, c)) => c.push(f),
-            None => x.props.push((r, vec![f])),
-        }
+        self.add_prop(x, &r, Sub { v: &FALSE, ptr: "!".into(), base: "".into() })?;
         self.disjoint(x, y, 2)
     }
 
