@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
-"""Load generator for applianced serve (stdlib only).
+"""Load generator for applianced serve, or llama.cpp's llama-server as the peer (stdlib only).
 
-Usage: bench_server.py SOCKET [--clients 1,4,16] [--requests-per-client 4] [--max-tokens 64]
-                              [--prompt TEXT] [--json]
+Usage: bench_server.py SOCKET [--peer applianced|llama-server] [--clients 1,4,16]
+                              [--requests-per-client 4] [--max-tokens 64] [--prompt TEXT]
+                              [--llama-cache-prompt] [--json]
 
 For each concurrency level, N client threads each send streamed OpenAI chat requests back to back
-(temperature 0.7, a fixed seed per request, the same max_tokens; a request may end early on the
-model's end-of-turn token, so token counts come from stream_options.include_usage). Reported:
-aggregate generated tok/s over the wall time, time to first token p50/p99 (first content chunk),
-inter-token latency p50, and per-request overhead as p50 round trips of /healthz (HTTP over the
-socket) and count_tokens (plus JSON parsing, templating and tokenization), which exclude the model.
+(temperature 0.7, top_p 0.9 (the bundle preset's value, sent to both servers), a fixed seed per
+request, the same max_tokens; a request may end early on the model's end-of-turn token, so token
+counts come from stream_options.include_usage; where a server sends no usage, content chunks are
+counted and the result says so in "token_source"). Reported: aggregate generated tok/s over the wall
+time, time to first token p50/p99 (first content chunk), inter-token latency p50, and per-request
+overhead as p50 round trips that exclude the model: the health endpoint (/healthz for applianced,
+/health for llama-server) and, for applianced only, count_tokens (JSON parsing, templating and
+tokenization; llama-server has no such endpoint, so it is reported as null).
+
+llama-server keeps each slot's prompt in its KV cache and, by default, reuses it for a request with
+the same prefix; since every request here sends the same prompt and applianced has no prefix cache,
+requests to llama-server carry "cache_prompt": false unless --llama-cache-prompt is given.
 """
 import argparse
 import http.client
@@ -41,12 +49,14 @@ def pct(xs, p):
     return xs[k]
 
 
-def one_request(sock, prompt, max_tokens, seed):
-    body = json.dumps({
+def one_request(sock, prompt, max_tokens, seed, extra=None):
+    req = {
         "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens, "temperature": 0.7, "seed": seed,
+        "max_tokens": max_tokens, "temperature": 0.7, "top_p": 0.9, "seed": seed,
         "stream": True, "stream_options": {"include_usage": True},
-    })
+    }
+    req.update(extra or {})
+    body = json.dumps(req)
     c = UDSConnection(sock)
     t0 = time.perf_counter()
     c.request("POST", "/v1/chat/completions", body=body, headers={"content-type": "application/json"})
@@ -55,7 +65,10 @@ def one_request(sock, prompt, max_tokens, seed):
         return {"status": r.status, "error": r.read().decode(errors="replace")[:200]}
     ttft = None
     stamps = []
-    tokens = 0
+    tokens = None
+    prompt_tokens = None
+    cached_tokens = None
+    chunks = 0
     buf = b""
     while True:
         chunk = r.read1(65536) if hasattr(r, "read1") else r.read(1024)
@@ -73,8 +86,11 @@ def one_request(sock, prompt, max_tokens, seed):
             obj = json.loads(data)
             if obj.get("usage"):
                 tokens = obj["usage"]["completion_tokens"]
+                prompt_tokens = obj["usage"].get("prompt_tokens")
+                cached_tokens = (obj["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
             for ch in obj.get("choices", []):
                 if ch.get("delta", {}).get("content"):
+                    chunks += 1
                     now = time.perf_counter()
                     if ttft is None:
                         ttft = now - t0
@@ -82,16 +98,19 @@ def one_request(sock, prompt, max_tokens, seed):
     total = time.perf_counter() - t0
     c.close()
     itl = [b - a for a, b in zip(stamps, stamps[1:])]
-    return {"status": 200, "ttft": ttft, "total": total, "tokens": tokens, "itl": itl}
+    source = "usage" if tokens is not None else "chunks"
+    return {"status": 200, "ttft": ttft, "total": total, "tokens": tokens if tokens is not None else chunks,
+            "chunks": chunks, "token_source": source, "prompt_tokens": prompt_tokens,
+            "cached_tokens": cached_tokens, "itl": itl}
 
 
-def level(sock, clients, per_client, prompt, max_tokens):
+def level(sock, clients, per_client, prompt, max_tokens, extra=None):
     results = []
     lock = threading.Lock()
 
     def worker(i):
         for j in range(per_client):
-            r = one_request(sock, prompt, max_tokens, seed=i * 1000 + j)
+            r = one_request(sock, prompt, max_tokens, seed=i * 1000 + j, extra=extra)
             with lock:
                 results.append(r)
 
@@ -106,15 +125,21 @@ def level(sock, clients, per_client, prompt, max_tokens):
     toks = sum(r["tokens"] for r in ok)
     ttfts = [r["ttft"] for r in ok if r["ttft"] is not None]
     itl = [x for r in ok for x in r["itl"]]
+    sources = sorted({r["token_source"] for r in ok})
     return {
         "clients": clients, "requests": len(results), "errors": len(results) - len(ok),
+        "token_source": "+".join(sources) or None, "content_chunks": sum(r["chunks"] for r in ok),
+        "prompt_tokens": sorted({r["prompt_tokens"] for r in ok if r["prompt_tokens"] is not None}),
+        # prompt tokens the server reports as served from its cache (llama-server; applianced: none)
+        "cached_prompt_tokens": sum(r["cached_tokens"] or 0 for r in ok),
+        "first_error": next((r["error"] for r in results if r["status"] != 200), None),
         "generated_tokens": toks, "wall_s": round(wall, 3), "tok_per_s": round(toks / wall, 1),
         "ttft_p50_ms": round(pct(ttfts, 50) * 1000, 1), "ttft_p99_ms": round(pct(ttfts, 99) * 1000, 1),
         "itl_p50_ms": round(pct(itl, 50) * 1000, 2) if itl else None,
     }
 
 
-def overhead(sock, n=50):
+def overhead(sock, peer, n=50):
     def rtt(method, path, body=None):
         c = UDSConnection(sock)
         t0 = time.perf_counter()
@@ -122,34 +147,48 @@ def overhead(sock, n=50):
         c.getresponse().read()
         c.close()
         return time.perf_counter() - t0
+    if peer == "llama-server":
+        # llama-server: /health only; it has no count_tokens endpoint (null, not measured).
+        health = [rtt("GET", "/health") for _ in range(n)]
+        return {"health_path": "/health", "health_p50_ms": round(pct(health, 50) * 1000, 3), "count_tokens_p50_ms": None}
     health = [rtt("GET", "/healthz") for _ in range(n)]
     count = [rtt("POST", "/v1/messages/count_tokens", json.dumps({"messages": [{"role": "user", "content": "hello"}]})) for _ in range(n)]
-    return {"healthz_p50_ms": round(pct(health, 50) * 1000, 3), "count_tokens_p50_ms": round(pct(count, 50) * 1000, 3)}
+    return {"health_path": "/healthz", "health_p50_ms": round(pct(health, 50) * 1000, 3),
+            "count_tokens_p50_ms": round(pct(count, 50) * 1000, 3)}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("socket")
+    ap.add_argument("--peer", choices=["applianced", "llama-server"], default="applianced")
+    ap.add_argument("--llama-cache-prompt", action="store_true",
+                    help="let llama-server reuse the cached prompt of a slot (its default; off here)")
     ap.add_argument("--clients", default="1,4,16")
     ap.add_argument("--requests-per-client", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt", default="Write a short story about a lighthouse keeper.")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    out = {"overhead": overhead(a.socket), "levels": []}
+    extra = {"cache_prompt": a.llama_cache_prompt} if a.peer == "llama-server" else None
+    out = {"peer": a.peer, "overhead": overhead(a.socket, a.peer), "levels": []}
     # warm-up
-    one_request(a.socket, a.prompt, 4, 0)
+    w = one_request(a.socket, a.prompt, 4, 0, extra)
+    if w["status"] != 200:
+        print(f"warm-up request failed: {w['status']} {w['error']}", file=sys.stderr)
+        return 1
     for n in [int(x) for x in a.clients.split(",")]:
-        out["levels"].append(level(a.socket, n, a.requests_per_client, a.prompt, a.max_tokens))
+        out["levels"].append(level(a.socket, n, a.requests_per_client, a.prompt, a.max_tokens, extra))
     if a.json:
         print(json.dumps(out))
         return
     o = out["overhead"]
-    print(f"per-request overhead: /healthz {o['healthz_p50_ms']} ms, count_tokens {o['count_tokens_p50_ms']} ms (p50 round trip)")
+    ct = f"{o['count_tokens_p50_ms']} ms" if o["count_tokens_p50_ms"] is not None else "n/a (no such endpoint)"
+    print(f"{a.peer} per-request overhead: {o['health_path']} {o['health_p50_ms']} ms, count_tokens {ct} (p50 round trip)")
     print(f"{'clients':>7} {'reqs':>5} {'err':>4} {'tokens':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8}")
     for l in out["levels"]:
         print(f"{l['clients']:>7} {l['requests']:>5} {l['errors']:>4} {l['generated_tokens']:>7} {l['tok_per_s']:>8} "
-              f"{l['ttft_p50_ms']:>7}ms {l['ttft_p99_ms']:>7}ms {l['itl_p50_ms']:>6}ms")
+              f"{l['ttft_p50_ms']:>7}ms {l['ttft_p99_ms']:>7}ms {l['itl_p50_ms']:>6}ms"
+              + ("" if l["token_source"] == "usage" else f"  (tokens from: {l['token_source']})"))
 
 
 if __name__ == "__main__":
