@@ -190,6 +190,12 @@ impl Calls {
         Calls { off, to, ret, exit_only }
     }
 
+    /// No call and no return: the state steps like a DFA state.
+    #[inline]
+    pub fn plain(&self, q: u32) -> bool {
+        self.off[q as usize] == self.off[q as usize + 1] && !self.ret[q as usize]
+    }
+
     pub fn calls(&self, q: u32) -> &[(u32, u32)] {
         &self.to[self.off[q as usize] as usize..self.off[q as usize + 1] as usize]
     }

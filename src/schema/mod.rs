@@ -376,9 +376,14 @@ impl CompiledSchema {
         let is_rep = |s: u32| rep_of.is_empty() || rep_of[s as usize] == s;
         // Pass 1: every representative (every state without classes); pass 2: the rest, from
         // their representative's mask with the long tokens walked.
+        // Looping states go first: a walk that enters one reads its mask instead of walking
+        // each token of the subtree (see `tokens::Known`).
+        let mut done = vec![false; n];
         for pass in 0..2 {
-            let todo: Vec<u32> = states.iter().copied().filter(|&s| is_rep(s) == (pass == 0)).collect();
+            let mut todo: Vec<u32> = states.iter().copied().filter(|&s| is_rep(s) == (pass == 0)).collect();
+            todo.sort_by_key(|&s| loops[s as usize].is_none());
             for chunk in todo.chunks(CHUNK) {
+                let known = tokens::Known { masks: &masks, words, state_mask: &state_mask, done: &done, state_unc: &state_unc, unc: &unc };
                 let computed: Vec<(Vec<u64>, u64, Vec<u32>)> = chunk
                     .par_iter()
                     .map_init(Vec::new, |stack, &s| {
@@ -386,8 +391,8 @@ impl CompiledSchema {
                         let mut u = Vec::new();
                         if pass == 0 {
                             match &calls {
-                                Some(c) => vocab.mask_calls(&dfa, c, s, &loops, &mut buf, &mut u),
-                                None => vocab.mask(&dfa, s, &loops, &mut buf, stack),
+                                Some(c) => vocab.mask_calls(&dfa, c, s, &loops, Some(&known), &mut buf, &mut u),
+                                None => vocab.mask(&dfa, s, &loops, Some(&known), &mut buf, stack),
                             }
                         } else {
                             let r = rep_of[s as usize] as usize;
@@ -428,6 +433,7 @@ impl CompiledSchema {
                         }
                     };
                     state_mask[s as usize] = id;
+                    done[s as usize] = true;
                 }
             }
         }
@@ -1703,10 +1709,10 @@ mod class_tests {
             for q in 1..c.dfa.n_states() as u32 {
                 match &c.calls {
                     Some(k) => {
-                        c.vocab.mask_calls(&c.dfa, k, q, &loops, &mut buf, &mut unc);
+                        c.vocab.mask_calls(&c.dfa, k, q, &loops, None, &mut buf, &mut unc);
                         assert_eq!(unc, c.unc[c.state_unc[q as usize] as usize], "run-time list of state {q}");
                     }
-                    None => c.vocab.mask(&c.dfa, q, &loops, &mut buf, &mut stack),
+                    None => c.vocab.mask(&c.dfa, q, &loops, None, &mut buf, &mut stack),
                 }
                 assert_eq!(buf.as_slice(), c.allowed(StateId(q)), "mask of state {q} (calls {calls})");
             }
