@@ -34,6 +34,9 @@ pub struct BenchArgs {
     /// Only the first N schemas of the manifest.
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
+    /// Only the schemas whose id contains SUBSTR (repeatable: any of them).
+    #[arg(long, value_name = "SUBSTR")]
+    pub only: Vec<String>,
     /// Print one JSON object (figures and per-schema outcomes) on stdout instead of a summary.
     #[arg(long)]
     pub json: bool,
@@ -86,6 +89,12 @@ fn bench(a: BenchArgs) -> Result<(), CliError> {
     let tokens = tok.generation_vocab(tok.vocab_size());
     let vocab = std::sync::Arc::new(crate::schema::Vocabulary::new(&tokens, &[eos]));
     let mut cases = crate::schema::corpus::load(&a.corpus).map_err(|e| CliError::Usage(e.to_string()))?;
+    if !a.only.is_empty() {
+        cases.retain(|c| a.only.iter().any(|s| c.id.contains(s.as_str())));
+        if cases.is_empty() {
+            return Err(CliError::Usage(format!("no schema id in {} contains {}", a.corpus.display(), a.only.join(" or "))));
+        }
+    }
     if let Some(n) = a.limit {
         cases.truncate(n);
     }

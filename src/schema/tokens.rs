@@ -503,78 +503,68 @@ pub(crate) struct Trie {
 }
 
 impl Trie {
+    /// Builds the trie from the entries sorted by bytes: sorted order is preorder, so each
+    /// entry adds the nodes past its longest common prefix with the previous one.
     fn new<'a>(entries: impl Iterator<Item = (u32, &'a [u8])>) -> Trie {
-        // Builder trie.
-        let mut children: Vec<Vec<(u8, u32)>> = vec![Vec::new()];
-        let mut toks: Vec<Vec<u32>> = vec![Vec::new()];
-        for (id, t) in entries {
-            let mut n = 0usize;
-            for &b in t {
-                let found = children[n].iter().find(|(x, _)| *x == b).map(|(_, c)| *c);
-                n = match found {
-                    Some(c) => c as usize,
-                    None => {
-                        let c = children.len() as u32;
-                        children.push(Vec::new());
-                        toks.push(Vec::new());
-                        children[n].push((b, c));
-                        c as usize
-                    }
-                };
+        let mut es: Vec<(&[u8], u32)> = entries.map(|(id, t)| (t, id)).collect();
+        es.sort_unstable();
+        let mut parent: Vec<u32> = vec![0];
+        let mut byte: Vec<u8> = vec![0];
+        let mut node_depth: Vec<u16> = vec![0];
+        let mut node_tok: Vec<(u32, u32)> = vec![(0, 0)];
+        let mut sub_end: Vec<u32> = vec![0];
+        let mut tok_ids: Vec<u32> = Vec::with_capacity(es.len());
+        // path[d]: the node at depth d on the previous entry's path.
+        let mut path: Vec<u32> = vec![0];
+        let mut prev: &[u8] = &[];
+        for (t, id) in es {
+            let lcp = prev.iter().zip(t).take_while(|(a, b)| a == b).count();
+            while path.len() > lcp + 1 {
+                let n = path.pop().unwrap_or(0);
+                sub_end[n as usize] = tok_ids.len() as u32;
             }
-            toks[n].push(id);
-        }
-        // Flatten depth-first for locality.
-        let mut order = Vec::with_capacity(children.len());
-        let mut newid = vec![0u32; children.len()];
-        let mut stack = vec![0usize];
-        while let Some(n) = stack.pop() {
-            newid[n] = order.len() as u32;
-            order.push(n);
-            let mut cs = children[n].clone();
-            cs.sort_unstable_by_key(|(b, _)| std::cmp::Reverse(*b));
-            for (_, c) in cs {
-                stack.push(c as usize);
+            for (d, &b) in t.iter().enumerate().skip(lcp) {
+                let n = parent.len() as u32;
+                parent.push(*path.last().unwrap_or(&0));
+                byte.push(b);
+                node_depth.push((d + 1).min(u16::MAX as usize) as u16);
+                // A node's subtree tokens start here: its own tokens (if any) come first,
+                // since a string sorts before its extensions.
+                node_tok.push((tok_ids.len() as u32, 0));
+                sub_end.push(0);
+                path.push(n);
             }
+            let n = *path.last().unwrap_or(&0) as usize;
+            node_tok[n].1 += 1;
+            tok_ids.push(id);
+            prev = t;
         }
-        let mut depth_old = vec![0u16; children.len()];
-        for &n in &order {
-            for &(_, c) in &children[n] {
-                depth_old[c as usize] = depth_old[n].saturating_add(1);
-            }
+        for n in path {
+            sub_end[n as usize] = tok_ids.len() as u32;
         }
-        let node_depth: Vec<u16> = order.iter().map(|&n| depth_old[n]).collect();
-        let mut node_edges = Vec::with_capacity(order.len());
-        let mut edge_byte = Vec::new();
-        let mut edge_child = Vec::new();
-        let mut node_tok = Vec::with_capacity(order.len());
-        let mut tok_ids = Vec::new();
-        for &n in &order {
-            let mut cs = children[n].clone();
-            cs.sort_unstable_by_key(|(b, _)| *b);
-            node_edges.push((edge_byte.len() as u32, cs.len() as u32));
-            for (b, c) in cs {
-                edge_byte.push(b);
-                edge_child.push(newid[c as usize]);
-            }
-            node_tok.push((tok_ids.len() as u32, toks[n].len() as u32));
-            tok_ids.extend_from_slice(&toks[n]);
+        // Edges grouped by parent; a parent's children were made in increasing byte order.
+        let nn = parent.len();
+        let mut count = vec![0u32; nn];
+        for &p in &parent[1..] {
+            count[p as usize] += 1;
         }
-        // Preorder numbering: a subtree is a contiguous node range, hence a contiguous token range.
-        let nn = node_edges.len();
-        let mut size = vec![1u32; nn];
-        for n in (0..nn).rev() {
-            let (fe, ne) = node_edges[n];
-            for e in fe..fe + ne {
-                size[n] += size[edge_child[e as usize] as usize];
-            }
+        let mut node_edges = Vec::with_capacity(nn);
+        let mut next = Vec::with_capacity(nn);
+        let mut first = 0u32;
+        for &c in &count {
+            node_edges.push((first, c));
+            next.push(first);
+            first += c;
         }
-        let sub_end: Vec<u32> = (0..nn)
-            .map(|n| {
-                let last = n + size[n] as usize - 1;
-                node_tok[last].0 + node_tok[last].1
-            })
-            .collect();
+        let mut edge_byte = vec![0u8; nn - 1];
+        let mut edge_child = vec![0u32; nn - 1];
+        for n in 1..nn {
+            let p = parent[n] as usize;
+            let e = next[p] as usize;
+            next[p] += 1;
+            edge_byte[e] = byte[n];
+            edge_child[e] = n as u32;
+        }
         Trie { node_edges, edge_byte, edge_child, node_tok, tok_ids, node_depth, sub_end }
     }
 
@@ -582,5 +572,51 @@ impl Trie {
     fn subtree(&self, node: u32) -> &[u32] {
         let start = self.node_tok[node as usize].0 as usize;
         &self.tok_ids[start..self.sub_end[node as usize] as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every node's subtree holds exactly the entries that start with its spelling, its own
+    /// tokens exactly the entries equal to it, edges are sorted, and numbering is preorder.
+    #[test]
+    fn trie_is_a_preorder_prefix_index() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        let entries: Vec<Vec<u8>> = (0..400).map(|_| (0..rnd(6)).map(|_| b'a' + rnd(3) as u8).collect()).collect();
+        let trie = Trie::new(entries.iter().enumerate().map(|(i, e)| (i as u32, e.as_slice())));
+        // Spell every node by walking down from the root.
+        let mut spell: Vec<Option<Vec<u8>>> = vec![None; trie.node_edges.len()];
+        spell[0] = Some(Vec::new());
+        for n in 0..trie.node_edges.len() {
+            let here = spell[n].clone().expect("preorder: a node's parent comes before it");
+            assert_eq!(trie.node_depth[n] as usize, here.len());
+            let (fe, ne) = trie.node_edges[n];
+            let bytes = &trie.edge_byte[fe as usize..(fe + ne) as usize];
+            assert!(bytes.windows(2).all(|w| w[0] < w[1]), "edges sorted");
+            for e in fe..fe + ne {
+                let c = trie.edge_child[e as usize] as usize;
+                assert!(c > n);
+                let mut s = here.clone();
+                s.push(trie.edge_byte[e as usize]);
+                spell[c] = Some(s);
+            }
+            let mut sub: Vec<u32> = trie.subtree(n as u32).to_vec();
+            sub.sort_unstable();
+            let want: Vec<u32> = (0..entries.len() as u32).filter(|&i| entries[i as usize].starts_with(&here)).collect();
+            assert_eq!(sub, want, "subtree of {:?}", String::from_utf8_lossy(&here));
+            let (ft, nt) = trie.node_tok[n];
+            let mut own: Vec<u32> = trie.tok_ids[ft as usize..(ft + nt) as usize].to_vec();
+            own.sort_unstable();
+            let want: Vec<u32> = (0..entries.len() as u32).filter(|&i| entries[i as usize] == here).collect();
+            assert_eq!(own, want);
+        }
     }
 }
