@@ -6,10 +6,11 @@ use std::sync::{Arc, Mutex};
 use super::automata::{Dfa, DEAD};
 use super::calls::{Calls, Config};
 
-/// For a set C of bytes: the tokens made only of C (a bitset), and a trie of the other tokens
-/// from their first byte outside C on. A state whose self-loops cover C keeps every C-token in
-/// itself, so its mask is the bitset plus one walk of that trie (tokens with the same rest share
-/// it, and a rest the state refuses at its first byte is refused once for all of them).
+/// For a set C of bytes: the tokens made only of C (a bitset), and a trie of the tokens that
+/// start in C and leave it, from their first byte outside C on. A state whose self-loops cover C
+/// keeps every C-token in itself, so its mask is the bitset, one walk of that trie (tokens with
+/// the same rest share it, and a rest the state refuses at its first byte is refused once for all
+/// of them), and a walk of the vocabulary's trie below the bytes outside C.
 #[derive(Debug)]
 pub(crate) struct LoopTable {
     /// The loop set C.
@@ -177,7 +178,7 @@ impl Vocabulary {
                         n_loop += 1;
                     }
                 }
-                (n_loop >= 64).then(|| self.loop_table(set))
+                (n_loop >= 32).then(|| self.loop_table(set))
             })
             .collect()
     }
@@ -197,7 +198,9 @@ impl Vocabulary {
             }
             match t.iter().position(|&b| !inset(b)) {
                 None => full[id / 64] |= 1u64 << (id % 64),
-                Some(off) => partial.push((id as u32, &t[off..])),
+                // (Tokens starting outside C are walked in the vocabulary's own trie.)
+                Some(off) if off > 0 => partial.push((id as u32, &t[off..])),
+                Some(_) => {}
             }
         }
         let last_bad: Vec<i16> = self
@@ -242,17 +245,19 @@ impl Vocabulary {
             for (o, f) in out.iter_mut().zip(&table.full) {
                 *o |= f;
             }
-            self.walk_plain(&table.suffixes, dfa, state, None, None, out, stack);
+            self.walk_plain(&table.suffixes, dfa, state, None, None, None, out, stack);
+            self.walk_plain(&self.trie, dfa, state, Some(loops), known, Some(&table.set), out, stack);
             return;
         }
-        self.walk_plain(&self.trie, dfa, state, Some(loops), known, out, stack);
+        self.walk_plain(&self.trie, dfa, state, Some(loops), known, None, out, stack);
     }
 
     /// Sets the bit of every token of `trie` whose bytes lead from `q0` to a live state. With
     /// `loops` (only for the vocabulary's own trie, whose token order `last_bad` follows), a
     /// subtree entered in a looping state is decided token by token from the table.
     #[allow(clippy::too_many_arguments)]
-    fn walk_plain(&self, trie: &Trie, dfa: &Dfa, q0: u32, loops: Option<&[Option<Arc<LoopTable>>]>, known: Option<&Known>, out: &mut [u64], stack: &mut Vec<(u32, u32)>) {
+    /// `skip_root`: bytes whose subtrees below the root are not walked.
+    fn walk_plain(&self, trie: &Trie, dfa: &Dfa, q0: u32, loops: Option<&[Option<Arc<LoopTable>>]>, known: Option<&Known>, skip_root: Option<&[u64; 4]>, out: &mut [u64], stack: &mut Vec<(u32, u32)>) {
         let step = |q0: u32, bytes: &[u8]| -> bool {
             let mut q = q0;
             for &b in bytes {
@@ -272,7 +277,7 @@ impl Vocabulary {
             for e in fe as usize..(fe + ne) as usize {
                 let b = trie.edge_byte[e];
                 let t = dfa.trans[row + dfa.classes[b as usize] as usize];
-                if t == DEAD {
+                if t == DEAD || (node == 0 && skip_root.is_some_and(|sk| in_set(sk, b))) {
                     continue;
                 }
                 let child = trie.edge_child[e];
@@ -339,9 +344,10 @@ impl Vocabulary {
                 for (o, f) in out.iter_mut().zip(&table.full) {
                     *o |= f;
                 }
-                self.walk_calls(&table.suffixes, dfa, calls, state, None, None, out, unc);
+                self.walk_calls(&table.suffixes, dfa, calls, state, None, None, None, out, unc);
+                self.walk_calls(&self.trie, dfa, calls, state, Some(loops), known, Some(&table.set), out, unc);
             }
-            _ => self.walk_calls(&self.trie, dfa, calls, state, Some(loops), known, out, unc),
+            _ => self.walk_calls(&self.trie, dfa, calls, state, Some(loops), known, None, out, unc),
         }
         unc.retain(|&id| out[id as usize / 64] >> (id % 64) & 1 == 0);
         unc.sort_unstable();
@@ -353,7 +359,7 @@ impl Vocabulary {
     /// on past a return from `q0`'s own automaton is listed in `unc` (unsorted; it may also be
     /// set, the caller drops those).
     #[allow(clippy::too_many_arguments)]
-    fn walk_calls(&self, trie: &Trie, dfa: &Dfa, calls: &Calls, q0: u32, loops: Option<&[Option<Arc<LoopTable>>]>, known: Option<&Known>, out: &mut [u64], unc: &mut Vec<u32>) {
+    fn walk_calls(&self, trie: &Trie, dfa: &Dfa, calls: &Calls, q0: u32, loops: Option<&[Option<Arc<LoopTable>>]>, known: Option<&Known>, skip_root: Option<&[u64; 4]>, out: &mut [u64], unc: &mut Vec<u32>) {
         let set = |out: &mut [u64], id: u32| out[id as usize / 64] |= 1u64 << (id % 64);
         // Trie nodes below which every token may go on past a return (decided at run time).
         let mut unc_nodes: Vec<u32> = Vec::new();
@@ -377,7 +383,7 @@ impl Vocabulary {
                 for e in fe as usize..(fe + ne) as usize {
                     let b = trie.edge_byte[e];
                     let t = dfa.trans[row + dfa.classes[b as usize] as usize];
-                    if t == DEAD {
+                    if t == DEAD || (node == 0 && skip_root.is_some_and(|sk| in_set(sk, b))) {
                         continue;
                     }
                     let child = trie.edge_child[e];
