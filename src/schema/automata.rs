@@ -297,6 +297,18 @@ pub(crate) struct Dfa {
 }
 
 impl Dfa {
+    /// The whole automaton as words: equal keys, equal automata (an exact memo key).
+    pub(crate) fn key(&self) -> Vec<u32> {
+        let mut k = Vec::with_capacity(2 + 64 + self.trans.len() + self.accept.len() / 32 + 1);
+        k.push(self.start);
+        k.push(self.ncls as u32);
+        k.extend(self.classes.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+        k.extend_from_slice(&self.trans);
+        k.push(self.accept.len() as u32);
+        k.extend(self.accept.chunks(32).map(|c| c.iter().enumerate().fold(0u32, |a, (i, &b)| a | (b as u32) << i)));
+        k
+    }
+
     /// The empty language.
     pub fn empty() -> Dfa {
         Dfa { classes: [0; 256], ncls: 1, trans: vec![DEAD], accept: vec![false], start: DEAD }

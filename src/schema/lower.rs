@@ -169,6 +169,9 @@ pub(crate) struct Lowerer<'a> {
     /// Memo of [`Lowerer::determinize`]: whole automata to their determinised, minimal form.
     det_memo: HashMap<Vec<u32>, Rc<Dfa>>,
     det_memo_words: usize,
+    /// Memo of [`Lowerer::encode`] (decoded string automata to quoted, escaped text), within
+    /// the same memory bound as `det_memo`.
+    enc_memo: HashMap<Vec<u32>, Rc<Dfa>>,
     /// Sub-automata reached by call markers (see [`CALL`]): container values large enough to be
     /// kept once and called, instead of copied into every place they appear. A sub-automaton may
     /// call only earlier ones, so the calls form a DAG.
@@ -336,6 +339,7 @@ impl<'a> Lowerer<'a> {
             pattern_cache: HashMap::default(),
             det_memo: HashMap::default(),
             det_memo_words: 0,
+            enc_memo: HashMap::default(),
             subs: Vec::new(),
             sub_ids: HashMap::default(),
         };
@@ -1124,6 +1128,29 @@ impl<'a> Lowerer<'a> {
         Ok(d)
     }
 
+    /// [`strings::encode`], memoised by the exact decoded automaton (the same string schema
+    /// in many places, and every object's key automaton, encode once).
+    fn encode(&mut self, dec: &Dfa, ptr: &str) -> Result<Dfa, SchemaError> {
+        const MEMO_WORDS: usize = 16 << 20; // shared with `determinize`'s memo
+        let key = dec.key();
+        if let Some(d) = self.enc_memo.get(&key) {
+            return Ok((**d).clone());
+        }
+        let d = strings::encode(dec, self.cap).map_err(self.overflow(ptr))?;
+        let cost = key.len() + d.trans.len() + d.accept.len() / 4 + 64;
+        if self.det_memo_words + cost <= MEMO_WORDS {
+            self.det_memo_words += cost;
+            self.enc_memo.insert(key, Rc::new(d.clone()));
+        }
+        Ok(d)
+    }
+
+    /// Any string, as text.
+    fn any_string(&mut self, ptr: &str) -> Result<Dfa, SchemaError> {
+        let dec = strings::length_dfa(0, None, self.cap).map_err(self.overflow(ptr))?;
+        self.encode(&dec, ptr)
+    }
+
     /// Like [`Lowerer::union`], with large container branches called.
     fn union_calls(&mut self, dfas: &[Dfa], ptr: &str) -> Result<Dfa, SchemaError> {
         if dfas.len() < 2 {
@@ -1884,7 +1911,7 @@ impl<'a> Lowerer<'a> {
         }
         if types & T_STR != 0 {
             let dec = self.string_decoded(&node, ptr)?;
-            parts.push(strings::encode(&dec, cap).map_err(self.overflow(ptr))?);
+            parts.push(self.encode(&dec, ptr)?);
         }
         if types & T_ARR != 0 {
             parts.push(self.lower_array(&node, ptr, any_depth)?);
@@ -2183,7 +2210,7 @@ impl<'a> Lowerer<'a> {
         } else {
             let conj = node.prop_names.clone();
             let d = self.lower_conj(conj, 0)?;
-            let strs = strings::encode(&strings::length_dfa(0, None, cap).map_err(self.overflow(ptr))?, cap).map_err(self.overflow(ptr))?;
+            let strs = self.any_string(ptr)?;
             Some(Dfa::intersect(&d, &strs, cap).map_err(self.overflow(ptr))?)
         };
         let mut pats: Vec<(Rc<Dfa>, Vec<Sub<'a>>)> = Vec::new();
@@ -2249,7 +2276,7 @@ impl<'a> Lowerer<'a> {
         let mut extras: Vec<(Dfa, Rc<Dfa>)> = Vec::new();
         let additional_forbidden = node.additional.as_ref().is_some_and(|a| a.iter().any(|s| s.v == &Value::Bool(false)));
         let allow_any = node.additional.is_none() && self.opts.allow_undeclared_properties && any_depth > 0;
-        let any_key = strings::encode(&strings::length_dfa(0, None, cap).map_err(self.overflow(ptr))?, cap).map_err(self.overflow(ptr))?;
+        let any_key = self.any_string(ptr)?;
         let mut base_key = Dfa::minus(&any_key, &Dfa::literals(declared_texts.iter().map(|t| t.as_slice()), cap).map_err(self.overflow(ptr))?, cap).map_err(self.overflow(ptr))?;
         if let Some(n) = &names {
             base_key = Dfa::intersect(&base_key, n, cap).map_err(self.overflow(ptr))?;
@@ -2260,7 +2287,10 @@ impl<'a> Lowerer<'a> {
             }
         }
         let np = pats.len();
-        let enc_pats: Vec<Dfa> = pats.iter().map(|(d, _)| strings::encode(d, cap)).collect::<Result<_, _>>().map_err(self.overflow(ptr))?;
+        let mut enc_pats: Vec<Dfa> = Vec::with_capacity(pats.len());
+        for (d, _) in &pats {
+            enc_pats.push(self.encode(d, ptr)?);
+        }
         for mask in 0..(1usize << np) {
             let mut key = base_key.clone();
             let mut conj: Vec<Sub<'a>> = Vec::new();
