@@ -598,6 +598,132 @@ impl Dfa {
     }
 }
 
+impl Dfa {
+    /// [`Dfa::substitute`] built directly, for a substitution that keeps the result
+    /// deterministic: sequences non-empty and prefix-free, none starting with a byte that stays
+    /// itself. Then each state gets its own copy of the sequences' trie (JSON escapes: `\`,
+    /// `\u`, `\u0`, …) and no subset construction is needed; the result is minimised. With
+    /// `quote`, the text is also wrapped in that byte (which must be substituted, so that it
+    /// is free inside). `Ok(None)`: the substitution is not of that kind.
+    pub fn substitute_direct(&self, subst: &dyn Fn(u8) -> Option<Vec<Vec<u8>>>, quote: Option<u8>, cap: usize) -> Result<Option<Dfa>, Overflow> {
+        let table: Vec<Option<Vec<Vec<u8>>>> = (0..256).map(|b| subst(b as u8)).collect();
+        // The sequences' trie: node 0 is the root; `leaf[node]` = the byte a leaf stands for.
+        let mut kids: Vec<Vec<(u8, u32)>> = vec![Vec::new()];
+        let mut leaf: Vec<Option<u8>> = vec![None];
+        for (b, seqs) in table.iter().enumerate() {
+            for seq in seqs.iter().flatten() {
+                if seq.is_empty() || table[seq[0] as usize].is_none() {
+                    return Ok(None);
+                }
+                let mut node = 0usize;
+                for &c in seq {
+                    if leaf[node].is_some() {
+                        return Ok(None); // a sequence extends another
+                    }
+                    node = match kids[node].iter().find(|(x, _)| *x == c) {
+                        Some(&(_, k)) => k as usize,
+                        None => {
+                            let k = kids.len();
+                            kids.push(Vec::new());
+                            leaf.push(None);
+                            kids[node].push((c, k as u32));
+                            k
+                        }
+                    };
+                }
+                if leaf[node].is_some() || !kids[node].is_empty() {
+                    return Ok(None); // two bytes with one sequence, or a proper prefix
+                }
+                leaf[node] = Some(b as u8);
+            }
+        }
+        if let Some(q) = quote {
+            if table[q as usize].is_none() || kids[0].iter().any(|&(c, _)| c == q) {
+                return Ok(None);
+            }
+        }
+        // Byte classes: this automaton's, with every byte the trie or the quote reads apart.
+        let mut special = [false; 256];
+        for ks in &kids {
+            for &(c, _) in ks {
+                special[c as usize] = true;
+            }
+        }
+        if let Some(q) = quote {
+            special[q as usize] = true;
+        }
+        // (A substituted byte never stays itself: it is kept apart from the bytes that do.)
+        let mut sig: HashMap<(u8, u16, bool), u8> = HashMap::default();
+        let mut classes = [0u8; 256];
+        let mut rep: Vec<u8> = Vec::new();
+        for b in 0..256usize {
+            let key = (self.classes[b], if special[b] { b as u16 } else { 256 }, table[b].is_some());
+            let id = sig.len();
+            classes[b] = *sig.entry(key).or_insert_with(|| {
+                rep.push(b as u8);
+                id as u8
+            });
+        }
+        let ncls = rep.len();
+        // States: dead 0, then per original state s > 0 one state per internal trie node
+        // (the root being s itself), then the quote states.
+        let internal: Vec<usize> = (0..kids.len()).filter(|&k| leaf[k].is_none()).collect();
+        let mut slot = vec![u32::MAX; kids.len()];
+        for (i, &k) in internal.iter().enumerate() {
+            slot[k] = i as u32;
+        }
+        let per = internal.len() as u32;
+        let n = self.n_states();
+        let id = |s: u32, k: usize| if s == DEAD { DEAD } else { 1 + (s - 1) * per + slot[k] };
+        let body_states = 1 + (n.max(1) - 1) * per as usize;
+        let total = body_states + if quote.is_some() { 2 } else { 0 };
+        if total > cap.saturating_mul(8) {
+            return Ok(None); // (the general construction reports the overflow)
+        }
+        let mut trans = vec![DEAD; total * ncls];
+        let mut accept = vec![false; total];
+        for s in 1..n as u32 {
+            for &k in &internal {
+                let from = id(s, k) as usize;
+                if k == 0 {
+                    for (c, &r) in rep.iter().enumerate() {
+                        if table[r as usize].is_none() {
+                            trans[from * ncls + c] = id(self.next(s, r), 0);
+                        }
+                    }
+                    accept[from] = quote.is_none() && self.accept[s as usize];
+                }
+                for &(c, kid) in &kids[k] {
+                    let to = match leaf[kid as usize] {
+                        Some(b) => id(self.next(s, b), 0),
+                        None => id(s, kid as usize),
+                    };
+                    trans[from * ncls + classes[c as usize] as usize] = to;
+                }
+            }
+        }
+        let start = match quote {
+            None => id(self.start, 0),
+            Some(q) => {
+                let (open, close) = (body_states, body_states + 1);
+                trans[open * ncls + classes[q as usize] as usize] = id(self.start, 0);
+                for s in 1..n as u32 {
+                    if self.accept[s as usize] {
+                        trans[id(s, 0) as usize * ncls + classes[q as usize] as usize] = close as u32;
+                    }
+                }
+                accept[close] = true;
+                open as u32
+            }
+        };
+        let d = Dfa { classes, ncls, trans, accept, start }.minimize();
+        if d.n_states() > cap {
+            return Err(Overflow { states: d.n_states() });
+        }
+        Ok(Some(d))
+    }
+}
+
 /// Hopcroft's partition refinement. `init[s]` is the initial block of state `s` (block ids
 /// dense from 0). Returns the final block of every state and the number of blocks.
 /// Hopcroft's partition refinement, splitters taken a whole block at a time. `init` numbers the

@@ -109,6 +109,9 @@ pub(crate) fn encode(dec: &Dfa, cap: usize) -> Result<Dfa, Overflow> {
     if dec.is_empty() {
         return Ok(Dfa::empty());
     }
+    if let Some(d) = dec.substitute_direct(&escape, Some(b'"'), cap)? {
+        return Ok(d);
+    }
     let body = dec.substitute(&escape, cap)?;
     let mut nfa = Nfa::new();
     let s = nfa.state();
@@ -506,6 +509,40 @@ mod tests {
         assert!(!d.matches(b"abcd") && d.matches("ééé".as_bytes()) && !d.matches(&[0xff]));
         let e = encode(&d, 1000).unwrap();
         assert!(e.matches(b"\"a\\\"b\"") && !e.matches(b"\"a\"b\"") && e.matches(b"\"\\u0001\""));
+    }
+
+    /// The direct construction of the quoted, escaped text recognises exactly what the general
+    /// one (substitution by subset construction, then quotes) does.
+    #[test]
+    fn direct_encoding_matches_the_general_one() {
+        let general = |dec: &Dfa| {
+            let body = dec.substitute(&escape, 100_000).unwrap();
+            let mut nfa = Nfa::new();
+            let s = nfa.state();
+            let a = nfa.lit(s, b"\"");
+            let b = nfa.embed(a, &body);
+            let e = nfa.lit(b, b"\"");
+            nfa.determinize(s, e, 100_000).unwrap()
+        };
+        let decs = [
+            length_dfa(0, None, 10_000).unwrap(),
+            length_dfa(2, Some(7), 10_000).unwrap(),
+            pattern_dfa("^[a-z\\\\\"\\n]+$", 10_000).unwrap(),
+            pattern_dfa("[\\x00-\\x1f]x", 10_000).unwrap(),
+            full_match_dfa(&format_regex("date").unwrap(), 100_000).unwrap(),
+            full_match_dfa(&format_regex("email").unwrap(), 100_000).unwrap(),
+            Dfa::literals([&b"a\"b"[..], b"\\", b"\n\t", b"\x01"], 1000).unwrap(),
+        ];
+        for (i, dec) in decs.iter().enumerate() {
+            let direct = dec.substitute_direct(&escape, Some(b'"'), 100_000).unwrap().expect("JSON escapes are prefix-free");
+            let gen = general(dec);
+            assert!(Dfa::minus(&direct, &gen, 100_000).unwrap().is_empty(), "case {i}: direct accepts more");
+            assert!(Dfa::minus(&gen, &direct, 100_000).unwrap().is_empty(), "case {i}: direct accepts less");
+            assert_eq!(direct.n_states(), gen.n_states(), "case {i}: both minimal");
+        }
+        // A substitution that is not prefix-free is left to the general construction.
+        let clash = |b: u8| (b == b'a').then(|| vec![b"x".to_vec()]).or_else(|| (b == b'b').then(|| vec![b"xy".to_vec()]));
+        assert!(decs[0].substitute_direct(&clash, None, 10_000).unwrap().is_none());
     }
 
     #[test]
