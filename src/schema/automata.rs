@@ -941,13 +941,7 @@ mod tests {
     /// Moore refinement finds as many classes as there are states).
     #[test]
     fn minimisation_is_exact_and_minimal() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = |m: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % m
-        };
+        let mut rnd = crate::schema::tests::xorshift(0x2545_f491_4f6c_dd1du64);
         for _ in 0..300 {
             let mut nfa = Nfa::new();
             let n = 2 + rnd(9) as u32;

@@ -1195,6 +1195,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A seeded xorshift64 generator for randomised tests: `rnd(m)` is uniform-ish in `0..m`.
+    pub(crate) fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        }
+    }
+
     pub(crate) fn byte_vocab() -> Vec<Vec<u8>> {
         let mut v: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
         for s in ["{\"", "\":", "\": ", "\",", "\", \"", "true", "false", "null", "12", "00", "ab", "\"}", "}}", "]}", "\"]}", "\\\"", "é"] {

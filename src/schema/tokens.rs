@@ -64,8 +64,17 @@ fn in_set(set: &[u64; 4], b: u8) -> bool {
 impl Vocabulary {
     /// `out |= m ∩ {tokens starting with b}`.
     fn or_first_byte(&self, out: &mut [u64], m: &[u64], b: u8) {
-        let w = out.len();
-        let fb = &self.first_byte[b as usize * w..(b as usize + 1) * w];
+        let w = self.words();
+        let all = self.first_byte.get_or_init(|| {
+            let mut fb = vec![0u64; 256 * w];
+            for (id, t) in self.tokens.iter().enumerate() {
+                if let (Some(&b), false) = (t.first(), self.eos.contains(&(id as u32))) {
+                    fb[b as usize * w + id / 64] |= 1u64 << (id % 64);
+                }
+            }
+            fb
+        });
+        let fb = &all[b as usize * w..(b as usize + 1) * w];
         for ((o, &x), &y) in out.iter_mut().zip(m).zip(fb) {
             *o |= x & y;
         }
@@ -89,8 +98,11 @@ pub struct Vocabulary {
     pub(crate) n_bits: usize,
     /// Every maskable token (not empty, not EOS) by its bytes.
     trie: Trie,
-    /// Per byte b: the bitset of the maskable tokens whose first byte is b (`words()` words each).
-    first_byte: Vec<u64>,
+    /// Per byte b: the bitset of the maskable tokens whose first byte is b (`words()` words each),
+    /// built on the first compilation (a server that compiles no schema never holds it).
+    first_byte: std::sync::OnceLock<Vec<u64>>,
+    /// Loop tables by loop set, kept across compilations (at most 64; a few hundred KiB each,
+    /// rebuilt in milliseconds when dropped).
     loop_tables: Mutex<HashMap<[u64; 4], Arc<LoopTable>>>,
     /// Ids of the maskable tokens longer than [`SHORT_TOKEN`] bytes.
     long: Vec<u32>,
@@ -109,17 +121,10 @@ impl Vocabulary {
         let long = (0..tokens.len() as u32)
             .filter(|&id| tokens[id as usize].len() > SHORT_TOKEN && !eos_ids.contains(&id))
             .collect();
-        let words = tokens.len().max(max_eos).div_ceil(64);
-        let mut first_byte = vec![0u64; 256 * words];
-        for (id, t) in tokens.iter().enumerate() {
-            if let (Some(&b), false) = (t.first(), eos_ids.contains(&(id as u32))) {
-                first_byte[b as usize * words + id / 64] |= 1u64 << (id % 64);
-            }
-        }
         Vocabulary {
             long,
             trie,
-            first_byte,
+            first_byte: std::sync::OnceLock::new(),
             loop_tables: Mutex::new(HashMap::new()),
             tokens: tokens.to_vec(),
             eos: eos_ids.to_vec(),
@@ -217,7 +222,7 @@ impl Vocabulary {
             .collect();
         let t = Arc::new(LoopTable { set, full, suffixes: Trie::new(partial.into_iter()), last_bad, first_bad });
         if let Ok(mut m) = self.loop_tables.lock() {
-            if m.len() > 256 {
+            if m.len() > 64 {
                 m.clear();
             }
             m.insert(set, t.clone());
@@ -589,13 +594,7 @@ mod tests {
     /// tokens exactly the entries equal to it, edges are sorted, and numbering is preorder.
     #[test]
     fn trie_is_a_preorder_prefix_index() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = |m: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % m
-        };
+        let mut rnd = crate::schema::tests::xorshift(0x9e37_79b9_7f4a_7c15u64);
         let entries: Vec<Vec<u8>> = (0..400).map(|_| (0..rnd(6)).map(|_| b'a' + rnd(3) as u8).collect()).collect();
         let trie = Trie::new(entries.iter().enumerate().map(|(i, e)| (i as u32, e.as_slice())));
         // Spell every node by walking down from the root.
