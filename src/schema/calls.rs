@@ -245,7 +245,7 @@ impl Calls {
         let mut cur: Vec<Config> = cfgs.to_vec();
         let mut i = 0;
         if let [c] = cur.as_mut_slice() {
-            while i < bytes.len() && self.off[c.q as usize] == self.off[c.q as usize + 1] && !self.ret[c.q as usize] {
+            while i < bytes.len() && self.plain(c.q) {
                 c.q = dfa.next(c.q, bytes[i]);
                 if c.q == DEAD {
                     return Vec::new();
@@ -282,7 +282,7 @@ impl Calls {
     pub fn walk(&self, dfa: &Dfa, q: u32, ls: &[u32], bytes: &[u8]) -> u8 {
         // Plain states (no call, no return) step like a DFA, without allocating.
         let (mut q, mut i) = (q, 0);
-        while i < bytes.len() && self.off[q as usize] == self.off[q as usize + 1] && !self.ret[q as usize] {
+        while i < bytes.len() && self.plain(q) {
             q = dfa.next(q, bytes[i]);
             if q == DEAD {
                 return 0;

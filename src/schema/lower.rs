@@ -166,12 +166,10 @@ pub(crate) struct Lowerer<'a> {
     pub unique: Vec<Vec<PStep>>,
     refs_under: HashMap<Rc<str>, Rc<Vec<Rc<str>>>>,
     pattern_cache: HashMap<String, Rc<Dfa>>,
-    /// Memo of [`Lowerer::determinize`]: whole automata to their determinised, minimal form.
+    /// Memo of [`Lowerer::determinize`] and [`Lowerer::encode`]: whole automata to their
+    /// determinised, minimal form (see [`Lowerer::memoised`]).
     det_memo: HashMap<Vec<u32>, Rc<Dfa>>,
     det_memo_words: usize,
-    /// Memo of [`Lowerer::encode`] (decoded string automata to quoted, escaped text), within
-    /// the same memory bound as `det_memo`.
-    enc_memo: HashMap<Vec<u32>, Rc<Dfa>>,
     /// Sub-automata reached by call markers (see [`CALL`]): container values large enough to be
     /// kept once and called, instead of copied into every place they appear. A sub-automaton may
     /// call only earlier ones, so the calls form a DAG.
@@ -339,7 +337,6 @@ impl<'a> Lowerer<'a> {
             pattern_cache: HashMap::default(),
             det_memo: HashMap::default(),
             det_memo_words: 0,
-            enc_memo: HashMap::default(),
             subs: Vec::new(),
             sub_ids: HashMap::default(),
         };
@@ -1111,36 +1108,33 @@ impl<'a> Lowerer<'a> {
 
     /// [`Nfa::determinize`] at the size cap, memoised: the same object or array built again in
     /// another place (another `$ref` path, another branch) is not determinised and minimised
-    /// again. Keys are the whole automata (exact); keys and results together stay within a
-    /// memory bound.
+    /// again. Keys are the whole automata (exact).
     fn determinize(&mut self, nfa: &Nfa, s: u32, e: u32, ptr: &str) -> Result<Dfa, SchemaError> {
-        const MEMO_WORDS: usize = 16 << 20; // 64 MiB of 4-byte words
-        let key = nfa.fingerprint(s, e);
-        if let Some(d) = self.det_memo.get(&key) {
-            return Ok((**d).clone());
-        }
-        let d = nfa.determinize(s, e, self.cap).map_err(self.overflow(ptr))?;
-        let cost = key.len() + d.trans.len() + d.accept.len() / 4 + 64;
-        if self.det_memo_words + cost <= MEMO_WORDS {
-            self.det_memo_words += cost;
-            self.det_memo.insert(key, Rc::new(d.clone()));
-        }
-        Ok(d)
+        let mut key = vec![0];
+        key.extend(nfa.fingerprint(s, e));
+        self.memoised(key, |lw| nfa.determinize(s, e, lw.cap).map_err(lw.overflow(ptr)))
     }
 
     /// [`strings::encode`], memoised by the exact decoded automaton (the same string schema
     /// in many places, and every object's key automaton, encode once).
     fn encode(&mut self, dec: &Dfa, ptr: &str) -> Result<Dfa, SchemaError> {
-        const MEMO_WORDS: usize = 16 << 20; // shared with `determinize`'s memo
-        let key = dec.key();
-        if let Some(d) = self.enc_memo.get(&key) {
+        let mut key = vec![1];
+        key.extend(dec.key());
+        self.memoised(key, |lw| strings::encode(dec, lw.cap).map_err(lw.overflow(ptr)))
+    }
+
+    /// The memo behind [`Lowerer::determinize`] and [`Lowerer::encode`] (keys tagged by which):
+    /// keys and results together stay within 64 MiB.
+    fn memoised(&mut self, key: Vec<u32>, make: impl FnOnce(&Self) -> Result<Dfa, SchemaError>) -> Result<Dfa, SchemaError> {
+        const MEMO_WORDS: usize = 16 << 20; // 64 MiB of 4-byte words
+        if let Some(d) = self.det_memo.get(&key) {
             return Ok((**d).clone());
         }
-        let d = strings::encode(dec, self.cap).map_err(self.overflow(ptr))?;
+        let d = make(self)?;
         let cost = key.len() + d.trans.len() + d.accept.len() / 4 + 64;
         if self.det_memo_words + cost <= MEMO_WORDS {
             self.det_memo_words += cost;
-            self.enc_memo.insert(key, Rc::new(d.clone()));
+            self.det_memo.insert(key, Rc::new(d.clone()));
         }
         Ok(d)
     }

@@ -57,6 +57,11 @@ fn bit(m: &[u64], id: u32) -> bool {
 }
 
 #[inline]
+fn set_bit(m: &mut [u64], id: u32) {
+    m[id as usize / 64] |= 1u64 << (id % 64);
+}
+
+#[inline]
 fn in_set(set: &[u64; 4], b: u8) -> bool {
     set[b as usize / 64] >> (b % 64) & 1 == 1
 }
@@ -194,32 +199,31 @@ impl Vocabulary {
                 return t.clone();
             }
         }
-        let inset = |b: u8| set[b as usize / 64] >> (b % 64) & 1 == 1;
+        // One pass over the maskable tokens (the trie's order, which the per-position tables
+        // follow): each token's first and last byte outside C.
+        let n = self.trie.tok_ids.len();
+        let (mut first_bad, mut last_bad) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let mut full = vec![0u64; self.words()];
         let mut partial: Vec<(u32, &[u8])> = Vec::new();
-        for (id, t) in self.tokens.iter().enumerate() {
-            if t.is_empty() || self.eos.contains(&(id as u32)) {
-                continue;
-            }
-            match t.iter().position(|&b| !inset(b)) {
-                None => full[id / 64] |= 1u64 << (id % 64),
-                // (Tokens starting outside C are walked in the vocabulary's own trie.)
-                Some(off) if off > 0 => partial.push((id as u32, &t[off..])),
-                Some(_) => {}
+        for &id in &self.trie.tok_ids {
+            let t = &self.tokens[id as usize];
+            let clamp = |p: usize| p.min(i16::MAX as usize) as i16;
+            match t.iter().position(|&b| !in_set(&set, b)) {
+                None => {
+                    set_bit(&mut full, id);
+                    first_bad.push(i16::MAX);
+                    last_bad.push(-1);
+                }
+                Some(off) => {
+                    // (Tokens starting outside C are walked in the vocabulary's own trie.)
+                    if off > 0 {
+                        partial.push((id, &t[off..]));
+                    }
+                    first_bad.push(clamp(off));
+                    last_bad.push(clamp(t.iter().rposition(|&b| !in_set(&set, b)).unwrap_or(off)));
+                }
             }
         }
-        let last_bad: Vec<i16> = self
-            .trie
-            .tok_ids
-            .iter()
-            .map(|&id| self.tokens[id as usize].iter().rposition(|&b| !inset(b)).map_or(-1, |p| p.min(i16::MAX as usize) as i16))
-            .collect();
-        let first_bad: Vec<i16> = self
-            .trie
-            .tok_ids
-            .iter()
-            .map(|&id| self.tokens[id as usize].iter().position(|&b| !inset(b)).map_or(i16::MAX, |p| p.min(i16::MAX as usize) as i16))
-            .collect();
         let t = Arc::new(LoopTable { set, full, suffixes: Trie::new(partial.into_iter()), last_bad, first_bad });
         if let Ok(mut m) = self.loop_tables.lock() {
             if m.len() > 64 {
@@ -241,7 +245,7 @@ impl Vocabulary {
         }
         if dfa.accept[state as usize] {
             for &e in &self.eos {
-                out[e as usize / 64] |= 1u64 << (e % 64);
+                set_bit(out, e);
             }
         }
         // A state looping on most bytes (string bodies): precomputed table plus one walk of
@@ -260,8 +264,8 @@ impl Vocabulary {
     /// Sets the bit of every token of `trie` whose bytes lead from `q0` to a live state. With
     /// `loops` (only for the vocabulary's own trie, whose token order `last_bad` follows), a
     /// subtree entered in a looping state is decided token by token from the table.
-    #[allow(clippy::too_many_arguments)]
     /// `skip_root`: bytes whose subtrees below the root are not walked.
+    #[allow(clippy::too_many_arguments)]
     fn walk_plain(&self, trie: &Trie, dfa: &Dfa, q0: u32, loops: Option<&[Option<Arc<LoopTable>>]>, known: Option<&Known>, skip_root: Option<&[u64; 4]>, out: &mut [u64], stack: &mut Vec<(u32, u32)>) {
         let step = |q0: u32, bytes: &[u8]| -> bool {
             let mut q = q0;
@@ -309,13 +313,13 @@ impl Vocabulary {
                             step(t, &self.tokens[id as usize][d as usize..])
                         };
                         if ok {
-                            out[id as usize / 64] |= 1u64 << (id % 64);
+                            set_bit(out, id);
                         }
                     }
                     continue;
                 }
                 for &id in &trie.tok_ids[ft as usize..(ft + nt) as usize] {
-                    out[id as usize / 64] |= 1u64 << (id % 64);
+                    set_bit(out, id);
                 }
                 if trie.node_edges[child as usize].1 > 0 {
                     stack.push((child, t));
@@ -339,7 +343,7 @@ impl Vocabulary {
         }
         if dfa.accept[state as usize] {
             for &e in &self.eos {
-                out[e as usize / 64] |= 1u64 << (e % 64);
+                set_bit(out, e);
             }
         }
         // A plain state looping on most bytes (string bodies): the precomputed table plus one
@@ -354,7 +358,7 @@ impl Vocabulary {
             }
             _ => self.walk_calls(&self.trie, dfa, calls, state, Some(loops), known, None, out, unc),
         }
-        unc.retain(|&id| out[id as usize / 64] >> (id % 64) & 1 == 0);
+        unc.retain(|&id| !bit(out, id));
         unc.sort_unstable();
         unc.dedup();
     }
@@ -365,7 +369,6 @@ impl Vocabulary {
     /// set, the caller drops those).
     #[allow(clippy::too_many_arguments)]
     fn walk_calls(&self, trie: &Trie, dfa: &Dfa, calls: &Calls, q0: u32, loops: Option<&[Option<Arc<LoopTable>>]>, known: Option<&Known>, skip_root: Option<&[u64; 4]>, out: &mut [u64], unc: &mut Vec<u32>) {
-        let set = |out: &mut [u64], id: u32| out[id as usize / 64] |= 1u64 << (id % 64);
         // Trie nodes below which every token may go on past a return (decided at run time).
         let mut unc_nodes: Vec<u32> = Vec::new();
         // Looping states entered from the root with every token of some first bytes.
@@ -403,32 +406,29 @@ impl Vocabulary {
                                 // Every token starting with b: `t`'s mask decides, word by word
                                 // (its run-time list after the walk, once per state).
                                 self.or_first_byte(out, m, b);
-                                match root_unc.iter_mut().find(|(q, _)| *q == t) {
-                                    Some((_, bytes)) => bytes[b as usize / 64] |= 1u64 << (b % 64),
-                                    None => {
-                                        let mut bytes = [0u64; 4];
-                                        bytes[b as usize / 64] |= 1u64 << (b % 64);
-                                        root_unc.push((t, bytes));
-                                    }
-                                }
+                                let i = root_unc.iter().position(|(q, _)| *q == t).unwrap_or_else(|| {
+                                    root_unc.push((t, [0u64; 4]));
+                                    root_unc.len() - 1
+                                });
+                                set_bit(&mut root_unc[i].1, b as u32);
                                 continue;
                             }
                             for pos in ft as usize..end {
                                 let id = trie.tok_ids[pos];
                                 if table.last_bad[pos] < d {
-                                    set(out, id);
+                                    set_bit(out, id);
                                     continue;
                                 }
                                 if let (Some((m, u)), true) = (tm, table.first_bad[pos] >= d) {
                                     if bit(m, id) {
-                                        set(out, id);
+                                        set_bit(out, id);
                                     } else if u.binary_search(&id).is_ok() {
                                         unc.push(id);
                                     }
                                     continue;
                                 }
                                 match calls.walk(dfa, t, &c.stack, &self.tokens[id as usize][d as usize..]) {
-                                    1 => set(out, id),
+                                    1 => set_bit(out, id),
                                     2 => unc.push(id),
                                     _ => {}
                                 }
@@ -438,7 +438,7 @@ impl Vocabulary {
                         _ => {}
                     }
                     for &id in &trie.tok_ids[ft as usize..(ft + nt) as usize] {
-                        set(out, id);
+                        set_bit(out, id);
                     }
                     if trie.node_edges[child as usize].1 > 0 {
                         work.push((child, Config { q: t, stack: c.stack.clone() }));
