@@ -234,6 +234,12 @@ pub trait Backend: Send {
     fn alloc(&self, len: usize) -> Self::Buf;
     /// Copy `len` values from the start of `buf` to the host.
     fn read(&self, buf: &Self::Buf, len: usize) -> Vec<f32>;
+    /// Move the first `len` values of `buf` to the host: afterwards `out[..len]` holds them (`out`
+    /// may be longer) and `buf` keeps its length, its contents unspecified. The default copies
+    /// ([`Backend::read`]); a host backend swaps the two buffers instead.
+    fn read_into(&self, buf: &mut Self::Buf, len: usize, out: &mut Vec<f32>) {
+        *out = self.read(buf, len);
+    }
     /// Copy host values to the start of `buf`.
     fn write(&self, buf: &mut Self::Buf, data: &[f32]);
     /// Report a device failure since the backend was opened (GPU backends queue work

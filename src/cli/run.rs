@@ -340,18 +340,19 @@ pub fn bench(a: BenchArgs, process_start: Instant) -> Result<(), CliError> {
         .map_err(|e| CliError::Engine(e.to_string()))?;
     let prompt: Vec<u32> = base.iter().copied().cycle().take(a.prompt_tokens).collect();
     let (mut pre, mut dec, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
+    let mut out = crate::engine::Logits::default(); // reused by every step, as the server does
     for _ in 0..a.reps {
         let seq = l.engine.new_seq().map_err(|e| CliError::Engine(e.to_string()))?;
         let t = Instant::now();
-        let mut logits = prefill(&mut l.engine, seq, &prompt, 512)?;
+        let logits = prefill(&mut l.engine, seq, &prompt, 512)?;
         let mut tok = crate::sampling::greedy(&logits).unwrap_or(0);
         let dt = t.elapsed().as_secs_f64();
         ttft.push(dt);
         pre.push(a.prompt_tokens as f64 / dt);
         let t = Instant::now();
         for _ in 0..a.gen_tokens {
-            logits = l.engine.forward(&[(seq, &[tok])]).map_err(|e| CliError::Engine(e.to_string()))?.pop().unwrap_or_default();
-            tok = crate::sampling::greedy(&logits).unwrap_or(0);
+            l.engine.forward_into(&[(seq, &[tok])], &mut out).map_err(|e| CliError::Engine(e.to_string()))?;
+            tok = crate::sampling::greedy(out.row(0)).unwrap_or(0);
         }
         dec.push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
         l.engine.free_seq(seq);
@@ -369,8 +370,9 @@ pub fn bench(a: BenchArgs, process_start: Instant) -> Result<(), CliError> {
         let t = Instant::now();
         for _ in 0..steps {
             let batch: Vec<(u32, &[u32])> = seqs.iter().zip(toks.iter()).map(|(s, t)| (*s, std::slice::from_ref(t))).collect();
-            let outs = l.engine.forward(&batch).map_err(|e| CliError::Engine(e.to_string()))?;
-            toks = outs.iter().map(|lg| crate::sampling::greedy(lg).unwrap_or(0)).collect();
+            l.engine.forward_into(&batch, &mut out).map_err(|e| CliError::Engine(e.to_string()))?;
+            toks.clear();
+            toks.extend(out.rows().map(|lg| crate::sampling::greedy(lg).unwrap_or(0)));
         }
         batched.push((b, (b * steps) as f64 / t.elapsed().as_secs_f64()));
         for s in seqs {

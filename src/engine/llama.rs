@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use super::kv_cache::SeqCache;
-use super::{EngineError, EngineOptions, SeqId};
+use super::{EngineError, EngineOptions, Logits, SeqId};
 use crate::backend::{AttnSeg, AttnShape, Backend, RopeParams, RopeTable, WeightId};
 use crate::model::ModelConfig;
 
@@ -180,9 +180,11 @@ impl<B: Backend> Llama<B> {
             return Err(EngineError::BadBatch(format!("{} tokens in one hidden-state step (at most {MAX_ROWS})", tokens.len())));
         }
         let mut hidden = Vec::with_capacity(self.c.n_layers);
-        let mut logits = self.forward_micro(&[(seq, tokens)], Some(&mut hidden));
+        let mut logits = Vec::new();
+        self.forward_micro(&[(seq, tokens)], Some(&mut hidden), &mut logits);
         self.b.check()?;
-        Ok((logits.pop().unwrap_or_default(), hidden))
+        logits.truncate(self.c.vocab_size);
+        Ok((logits, hidden))
     }
 
     pub fn seq_len(&self, seq: SeqId) -> usize {
@@ -198,11 +200,21 @@ impl<B: Backend> Llama<B> {
         Ok(())
     }
 
-    /// See [`super::Engine::forward`].
-    pub fn forward(&mut self, batch: &[(SeqId, &[u32])]) -> Result<Vec<Vec<f32>>, EngineError> {
+    /// See [`super::Engine::forward_into`].
+    pub fn forward_into(&mut self, batch: &[(SeqId, &[u32])], out: &mut Logits) -> Result<(), EngineError> {
         self.validate(batch)?;
+        let vocab = self.c.vocab_size;
+        if batch.iter().map(|(_, t)| t.len()).sum::<usize>() <= MAX_ROWS {
+            // One micro-batch (every decode step): its logits buffer becomes `out`'s.
+            self.forward_micro(batch, None, &mut out.data);
+            self.b.check()?;
+            out.shape(batch.len(), vocab);
+            return Ok(());
+        }
         // Split into micro-batches of at most MAX_ROWS rows; entry pieces keep their order.
-        let mut logits = vec![Vec::new(); batch.len()];
+        out.shape(batch.len(), vocab);
+        out.rows = 0; // until every entry has its row
+        let mut part = Vec::new();
         let mut pending: Vec<(usize, usize)> = batch.iter().enumerate().map(|(i, _)| (i, 0)).collect(); // (entry, offset)
         while !pending.is_empty() {
             let mut rows = 0;
@@ -218,16 +230,17 @@ impl<B: Backend> Llama<B> {
                 rows += take;
             }
             let mb: Vec<(SeqId, &[u32])> = pieces.iter().map(|&(e, s, t)| (batch[e].0, &batch[e].1[s..t])).collect();
-            let out = self.forward_micro(&mb, None);
+            self.forward_micro(&mb, None, &mut part);
             self.b.check()?;
-            for (&(e, _, end), l) in pieces.iter().zip(out) {
+            for (j, &(e, _, end)) in pieces.iter().enumerate() {
                 if end == batch[e].1.len() {
-                    logits[e] = l;
+                    out.data[e * vocab..(e + 1) * vocab].copy_from_slice(&part[j * vocab..(j + 1) * vocab]);
                 }
             }
             pending.retain(|&(e, off)| off < batch[e].1.len());
         }
-        Ok(logits)
+        out.rows = batch.len();
+        Ok(())
     }
 
     /// Everything `forward` checks before touching any state: on error nothing is appended.
@@ -280,7 +293,8 @@ impl<B: Backend> Llama<B> {
 
     /// One validated micro-batch (each sequence at most once, total rows ≤ MAX_ROWS).
     /// With `capture`, also push each layer's output at the (single) sequence's last row.
-    fn forward_micro(&mut self, batch: &[(SeqId, &[u32])], mut capture: Option<&mut Vec<Vec<f32>>>) -> Vec<Vec<f32>> {
+    /// Afterwards `logits[..batch.len() · vocab]` holds each entry's logits (it may be longer).
+    fn forward_micro(&mut self, batch: &[(SeqId, &[u32])], mut capture: Option<&mut Vec<Vec<f32>>>, logits: &mut Vec<f32>) {
         let t_rows: usize = batch.iter().map(|(_, t)| t.len()).sum();
         self.ensure_state(t_rows, batch.len());
         let Some(st) = self.st.as_mut() else { unreachable!("ensure_state just set it") };
@@ -350,12 +364,11 @@ impl<B: Backend> Llama<B> {
         b.gather_rows(&st.x, dim, &last_rows, &mut st.last); // last (B, dim)
         b.rms_norm(&st.last, n_seqs, self.out_norm, c.rms_norm_eps, &mut st.last_n); // last_n (B, dim)
         b.matmul(&st.last_n, n_seqs, &mut [(self.output, &mut st.logits)]); // logits (B, vocab)
-        let all = b.read(&st.logits, n_seqs * c.vocab_size);
+        b.read_into(&mut st.logits, n_seqs * c.vocab_size, logits);
 
         for ((&(seq, toks), mut cache), _) in batch.iter().zip(caches).zip(&seg_rows) {
             cache.len += toks.len();
             self.seqs.insert(seq, cache);
         }
-        all.chunks_exact(c.vocab_size).map(|r| r.to_vec()).collect()
     }
 }

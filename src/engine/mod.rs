@@ -227,11 +227,11 @@ impl Engine {
     /// Feed `ids` to one sequence in chunks of at most `chunk` tokens; returns the logits after
     /// the last one (empty for no ids).
     pub fn prefill(&mut self, seq: SeqId, ids: &[u32], chunk: usize) -> Result<Vec<f32>, EngineError> {
-        let mut last = Vec::new();
+        let mut out = Logits::default();
         for c in ids.chunks(chunk.max(1)) {
-            last = self.forward(&[(seq, c)])?.pop().unwrap_or_default();
+            self.forward_into(&[(seq, c)], &mut out)?;
         }
-        Ok(last)
+        Ok(if out.is_empty() { Vec::new() } else { out.row(0).to_vec() })
     }
 
     /// One sequence's forward step that also returns the residual stream at its last token after
@@ -260,16 +260,77 @@ impl Engine {
     /// One forward step over several sequences at once: each entry appends its tokens (a prefill
     /// chunk or one decode token) and gets the logits after its last token (`vocab_size` f32).
     /// One pass over the weights serves the whole batch. On error nothing was appended.
+    /// Loops that step many times use [`Engine::forward_into`], which allocates nothing per step.
     pub fn forward(&mut self, batch: &[(SeqId, &[u32])]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let mut out = Logits::default();
+        self.forward_into(batch, &mut out)?;
+        Ok(out.rows().map(<[f32]>::to_vec).collect())
+    }
+
+    /// [`Engine::forward`] into `out`, whose buffer is reused from step to step (on the CPU the
+    /// step's logits buffer is swapped in, not copied). Afterwards `out.row(i)` holds entry `i`'s
+    /// logits; on error `out` is empty.
+    pub fn forward_into(&mut self, batch: &[(SeqId, &[u32])], out: &mut Logits) -> Result<(), EngineError> {
+        out.rows = 0;
         match &mut self.loaded {
             Loaded::Cpu(m) => {
                 let pool = &self.pool;
                 // Run the whole step on a pool worker so each op's parallel region starts without a
                 // cross-thread hand-off.
-                pool.install(|| m.forward(batch))
+                pool.install(|| m.forward_into(batch, out))
             }
             #[allow(unreachable_patterns)]
-            other => with_model!(other, m => m.forward(batch)),
+            other => with_model!(other, m => m.forward_into(batch, out)),
         }
+    }
+
+    /// Run `f` on the engine's worker pool (CPU backend: the compute threads, idle between
+    /// steps; GPU backends: a small host pool), so per-sequence host work such as sampling can be
+    /// spread over them with rayon.
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+}
+
+/// The logits of one forward step: a row of `vocab` values per batch entry, in one buffer that
+/// [`Engine::forward_into`] reuses from step to step.
+#[derive(Debug, Clone, Default)]
+pub struct Logits {
+    /// At least `rows · vocab` values (the backend's buffer may be longer).
+    data: Vec<f32>,
+    vocab: usize,
+    rows: usize,
+}
+
+impl Logits {
+    /// Rows (batch entries) of the last step.
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Entry `i`'s logits. Panics if `i >= len()`, like slice indexing.
+    pub fn row(&self, i: usize) -> &[f32] {
+        assert!(i < self.rows, "logits row {i} of {}", self.rows);
+        &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+
+    pub fn rows(&self) -> std::slice::ChunksExact<'_, f32> {
+        self.data[..self.rows * self.vocab].chunks_exact(self.vocab.max(1))
+    }
+
+    pub fn rows_mut(&mut self) -> std::slice::ChunksExactMut<'_, f32> {
+        self.data[..self.rows * self.vocab].chunks_exact_mut(self.vocab.max(1))
+    }
+
+    /// Room for `rows` rows of `vocab` (contents unspecified), keeping a longer buffer.
+    fn shape(&mut self, rows: usize, vocab: usize) {
+        if self.data.len() < rows * vocab {
+            self.data.resize(rows * vocab, 0.0);
+        }
+        (self.rows, self.vocab) = (rows, vocab);
     }
 }

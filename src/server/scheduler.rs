@@ -21,10 +21,11 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TryS
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rayon::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
-use crate::engine::{Engine, SeqId};
+use crate::engine::{Engine, Logits, SeqId};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::StreamDecoder;
 
@@ -207,6 +208,8 @@ struct Loop {
     eog: HashSet<u32>,
     max_context: usize,
     active: Vec<Seq>,
+    /// The step's logits, one buffer reused by every step.
+    logits: Logits,
     /// What this engine last added to the shared active-sequences gauge.
     reported_active: usize,
 }
@@ -217,7 +220,7 @@ impl Loop {
         let mut eog: HashSet<u32> = cfg.eog_token_ids.iter().copied().collect();
         eog.insert(cfg.eos_token_id);
         let max_context = engine.max_context();
-        Loop { engine, opts, metrics, cancel_all, rx, eog, max_context, active: Vec::new(), reported_active: 0 }
+        Loop { engine, opts, metrics, cancel_all, rx, eog, max_context, active: Vec::new(), reported_active: 0, logits: Logits::default() }
     }
 
     fn run(&mut self, beat: &Scheduler) {
@@ -353,87 +356,101 @@ impl Loop {
         let batch: Vec<(SeqId, &[u32])> = plan.iter().map(|(i, t, _)| (self.active[*i].id, t.as_slice())).collect();
         let n_tokens: usize = plan.iter().map(|p| p.1.len()).sum();
         self.metrics.step(plan.len(), n_tokens);
-        let logits = match self.engine.forward(&batch) {
-            Ok(l) => l,
-            Err(e) => {
-                let msg = e.to_string();
-                let mut failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
-                failed.sort_unstable();
-                for i in failed.into_iter().rev() {
-                    let s = self.active.remove(i);
-                    let _ = s.req.events.send(Event::Error(GenError::Engine(msg.clone())));
-                    self.engine.free_seq(s.id);
-                }
-                return;
+        if let Err(e) = self.engine.forward_into(&batch, &mut self.logits) {
+            let msg = e.to_string();
+            let mut failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
+            failed.sort_unstable();
+            for i in failed.into_iter().rev() {
+                let s = self.active.remove(i);
+                let _ = s.req.events.send(Event::Error(GenError::Engine(msg.clone())));
+                self.engine.free_seq(s.id);
             }
-        };
-        let mut finished: Vec<usize> = Vec::new();
-        for ((i, toks, sample), mut lg) in plan.into_iter().zip(logits) {
-            let s = &mut self.active[i];
-            if let Phase::Prefill(pos) = s.phase {
-                if !sample {
-                    s.phase = Phase::Prefill(pos + toks.len());
-                    continue;
-                }
-            }
-            let now = Instant::now();
-            if let Some(c) = s.req.constraints.as_mut() {
-                if c.apply(&mut lg).is_err() {
-                    finish(s, StopReason::Policy, None, &self.metrics);
-                    finished.push(i);
-                    continue;
-                }
-            }
-            let Some(tok) = s.sampler.sample(&mut lg, &s.history, None) else {
-                finish(s, StopReason::EndTurn, None, &self.metrics);
-                finished.push(i);
-                continue;
-            };
-            match s.last_token_at {
-                None => {
-                    let t = now.duration_since(s.req.admitted);
-                    s.ttft = Some(t);
-                    self.metrics.ttft(t.as_secs_f64());
-                }
-                Some(prev) => self.metrics.inter_token(now.duration_since(prev).as_secs_f64()),
-            }
-            s.last_token_at = Some(now);
-            if self.eog.contains(&tok) {
-                finish(s, StopReason::EndTurn, None, &self.metrics);
-                finished.push(i);
-                continue;
-            }
-            if let Some(c) = s.req.constraints.as_mut() {
-                if !c.advance(tok) {
-                    finish(s, StopReason::Policy, None, &self.metrics);
-                    finished.push(i);
-                    continue;
-                }
-            }
-            s.generated += 1;
-            s.history.push(tok);
-            let piece = s.req.decoder.push(tok);
-            let (text, hit) = s.stops.push(&piece);
-            if !send_text(s, text) {
-                // Client gone: free at once.
-                finished.push(i);
-                continue;
-            }
-            if let Some(stop) = hit {
-                finish(s, StopReason::StopSequence, Some(stop), &self.metrics);
-                finished.push(i);
-            } else if s.generated >= s.req.max_tokens || s.history.len() >= self.max_context {
-                finish(s, StopReason::MaxTokens, None, &self.metrics);
-                finished.push(i);
-            } else {
-                s.phase = Phase::Decode(tok);
-            }
+            return;
         }
+        // Per-sequence work after the step (masks, sampling, detokenizing, stop strings, events)
+        // runs on the engine's pool, whose compute threads would otherwise wait for it.
+        let mut slots: Vec<Option<&mut Seq>> = self.active.iter_mut().map(Some).collect();
+        let work: Vec<(usize, &mut Seq, usize, bool, &mut [f32])> = plan
+            .iter()
+            .zip(self.logits.rows_mut())
+            .filter_map(|((i, toks, sample), lg)| Some((*i, slots[*i].take()?, toks.len(), *sample, lg)))
+            .collect();
+        let ctx = After { eog: &self.eog, metrics: &self.metrics, max_context: self.max_context };
+        let mut finished: Vec<usize> = self.engine.install(|| {
+            work.into_par_iter().filter_map(|(i, s, n, sample, lg)| ctx.seq(s, n, sample, lg).then_some(i)).collect()
+        });
         finished.sort_unstable();
         finished.dedup();
         for i in finished.into_iter().rev() {
             let s = self.active.remove(i);
             self.engine.free_seq(s.id);
+        }
+    }
+}
+
+/// What the per-sequence work after a step reads (shared by the pool's threads).
+struct After<'a> {
+    eog: &'a HashSet<u32>,
+    metrics: &'a Metrics,
+    max_context: usize,
+}
+
+impl After<'_> {
+    /// Consume one sequence's logits after a step that fed it `n` tokens (`sample`: they end
+    /// where a token is drawn). `true` when the sequence is finished.
+    fn seq(&self, s: &mut Seq, n: usize, sample: bool, lg: &mut [f32]) -> bool {
+        if let Phase::Prefill(pos) = s.phase {
+            if !sample {
+                s.phase = Phase::Prefill(pos + n);
+                return false;
+            }
+        }
+        let now = Instant::now();
+        if let Some(c) = s.req.constraints.as_mut() {
+            if c.apply(lg).is_err() {
+                finish(s, StopReason::Policy, None, self.metrics);
+                return true;
+            }
+        }
+        let Some(tok) = s.sampler.sample(lg, &s.history, None) else {
+            finish(s, StopReason::EndTurn, None, self.metrics);
+            return true;
+        };
+        match s.last_token_at {
+            None => {
+                let t = now.duration_since(s.req.admitted);
+                s.ttft = Some(t);
+                self.metrics.ttft(t.as_secs_f64());
+            }
+            Some(prev) => self.metrics.inter_token(now.duration_since(prev).as_secs_f64()),
+        }
+        s.last_token_at = Some(now);
+        if self.eog.contains(&tok) {
+            finish(s, StopReason::EndTurn, None, self.metrics);
+            return true;
+        }
+        if let Some(c) = s.req.constraints.as_mut() {
+            if !c.advance(tok) {
+                finish(s, StopReason::Policy, None, self.metrics);
+                return true;
+            }
+        }
+        s.generated += 1;
+        s.history.push(tok);
+        let piece = s.req.decoder.push(tok);
+        let (text, hit) = s.stops.push(&piece);
+        if !send_text(s, text) {
+            return true; // client gone: free at once
+        }
+        if let Some(stop) = hit {
+            finish(s, StopReason::StopSequence, Some(stop), self.metrics);
+            true
+        } else if s.generated >= s.req.max_tokens || s.history.len() >= self.max_context {
+            finish(s, StopReason::MaxTokens, None, self.metrics);
+            true
+        } else {
+            s.phase = Phase::Decode(tok);
+            false
         }
     }
 }

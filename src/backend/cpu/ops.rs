@@ -7,11 +7,20 @@ use super::CpuKv;
 use crate::backend::{AttnSeg, AttnShape, RopeTable};
 
 /// `out = x / sqrt(mean(x²) + eps) * w` per row (`w.len()` columns). As ggml: the sum of squares is
-/// accumulated in f64, the scale applied before the weight.
+/// accumulated in f64 (in eight lanes, so the order differs from ggml's serial sum), the scale
+/// applied before the weight.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let cols = w.len();
     for (xr, or) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
-        let sum: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
+        // Eight f64 partial sums (the serial sum's add latency, not its arithmetic, bounded it).
+        let mut acc = [0.0f64; 8];
+        let mut ch = xr.chunks_exact(8);
+        for c in &mut ch {
+            for (a, &v) in acc.iter_mut().zip(c) {
+                *a += (v * v) as f64;
+            }
+        }
+        let sum = ch.remainder().iter().fold(acc.iter().sum::<f64>(), |s, &v| s + (v * v) as f64);
         let mean = (sum / cols as f64) as f32;
         let scale = 1.0 / (mean + eps).sqrt();
         for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
@@ -47,7 +56,7 @@ pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, cache: &[f32], n_dim
 }
 
 /// Causal GQA attention over each segment's KV cache. Work items are (segment, head, block of
-/// queries), run on `pool`; each writes its own staging block, scattered into `out` afterwards.
+/// queries), run on `pool`; each writes its own rows' head slices of `out`.
 ///
 /// As llama.cpp with its default f16 cache: K and V hold f16-rounded values, the query is rounded
 /// to f16 before `q·k`; scores are scaled by `1/sqrt(head_dim)`, softmax in f32,
@@ -67,23 +76,36 @@ pub fn attention(pool: &rayon::ThreadPool, k: &Kernels, layer: usize, q: &[f32],
             }
         }
     }
-    let results: Vec<Vec<f32>> = pool.install(|| {
-        tasks
-            .par_iter()
-            .map(|&(si, h, i0, i1)| {
-                let s = &segs[si];
-                let slot = layer * n_kv_heads + h / group;
-                let (kt, vc) = (&s.kv.k[slot], &s.kv.v[slot]); // (tiles, hd, 16), (positions, hd)
-                let mut res = vec![0.0f32; (i1 - i0) * hd]; // (queries, hd)
-                let mut scores = vec![0.0f32; (s.pos0 + i1).div_ceil(16) * 16]; // (keys rounded to tiles)
-                let mut qh = vec![0.0f32; hd];
-                for i in i0..i1 {
+    // Each task writes its queries' head slices of `out` (disjoint pieces handed out up front).
+    let mut pieces: Vec<Option<&mut [f32]>> = out.chunks_exact_mut(hd).map(Some).collect(); // (row · n_heads + head)
+    let work: Vec<((usize, usize, usize, usize), Vec<&mut [f32]>)> = tasks
+        .iter()
+        .map(|&(si, h, i0, i1)| {
+            let row0 = segs[si].row0;
+            let dst = (i0..i1).filter_map(|i| pieces.get_mut((row0 + i) * n_heads + h).and_then(Option::take)).collect();
+            ((si, h, i0, i1), dst)
+        })
+        .collect();
+    pool.install(|| {
+        work.into_par_iter().for_each(|((si, h, i0, i1), mut dst)| {
+            let s = &segs[si];
+            let slot = layer * n_kv_heads + h / group;
+            let (kt, vc) = (&s.kv.k[slot], &s.kv.v[slot]); // (tiles, hd, 16), (positions, hd)
+            ATTN_SCRATCH.with(|scr| {
+                let mut scr = scr.borrow_mut();
+                let (qh, scores) = &mut *scr;
+                qh.resize(hd, 0.0);
+                let need = (s.pos0 + i1).div_ceil(16) * 16; // keys rounded to tiles
+                if scores.len() < need {
+                    scores.resize(need, 0.0);
+                }
+                for (i, o) in (i0..i1).zip(dst.iter_mut()) {
                     let row = s.row0 + i;
                     qh.copy_from_slice(&q[row * q_dim + h * hd..row * q_dim + (h + 1) * hd]);
-                    (k.round_f16)(&mut qh);
+                    (k.round_f16)(qh);
                     let n_keys = s.pos0 + i + 1; // causal: keys 0..=pos
                     let tiles = n_keys.div_ceil(16);
-                    (k.scores)(&qh, &kt[..tiles * 16 * hd], &mut scores[..tiles * 16]);
+                    (k.scores)(qh, &kt[..tiles * 16 * hd], &mut scores[..tiles * 16]);
                     let sc = &mut scores[..n_keys];
                     let mut max = f32::NEG_INFINITY;
                     for v in sc.iter_mut() {
@@ -95,19 +117,17 @@ pub fn attention(pool: &rayon::ThreadPool, k: &Kernels, layer: usize, q: &[f32],
                         *v *= inv;
                     }
                     (k.round_f16)(sc);
-                    (k.pv)(sc, &vc[..n_keys * hd], &mut res[(i - i0) * hd..(i - i0 + 1) * hd]);
+                    o.fill(0.0); // pv accumulates
+                    (k.pv)(sc, &vc[..n_keys * hd], o);
                 }
-                res
-            })
-            .collect()
+            });
+        });
     });
-    for (&(si, h, i0, i1), res) in tasks.iter().zip(&results) {
-        let s = &segs[si];
-        for i in i0..i1 {
-            let row = s.row0 + i;
-            out[row * q_dim + h * hd..row * q_dim + (h + 1) * hd].copy_from_slice(&res[(i - i0) * hd..(i - i0 + 1) * hd]);
-        }
-    }
+}
+
+thread_local! {
+    /// A worker's attention scratch: the rounded query of one head and its scores.
+    static ATTN_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 #[cfg(test)]
