@@ -2,6 +2,7 @@
 #![allow(unsafe_code)]
 
 fn main() {
+    applianced::model::use_one_malloc_arena();
     // SAFETY: restoring the default SIGPIPE action before any thread starts, so that writing to a
     // closed pipe (`applianced inspect x.zlb | head`) ends the process quietly like other Unix
     // tools instead of panicking in println!.

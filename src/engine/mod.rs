@@ -153,6 +153,7 @@ impl Engine {
                 let backend = CpuBackend::open(&root.join(WEIGHTS_PATH), opts.threads)?;
                 let pool = backend.pool();
                 let model = llama::Llama::new(backend, cfg.clone(), opts)?;
+                crate::model::release_freed_heap(); // the repack's scratch
                 Ok(Engine { cfg, loaded: Loaded::Cpu(Box::new(model)), pool })
             }
             #[cfg(feature = "cuda")]

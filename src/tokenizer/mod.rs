@@ -232,10 +232,13 @@ impl Tokenizer {
     /// Load a `tokenizer.json`.
     pub fn load(path: &Path) -> Result<Tokenizer, TokenizerError> {
         let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io { path: path.into(), source })?;
-        Self::from_json(&text).map_err(|e| match e {
+        let t = Self::from_json(&text).map_err(|e| match e {
             TokenizerError::Convert(msg) => TokenizerError::Format { path: path.into(), msg },
             e => e,
-        })
+        });
+        drop(text);
+        crate::model::release_freed_heap(); // the parse's transient JSON trees
+        t
     }
 
     /// Build from `tokenizer.json` text.

@@ -203,6 +203,20 @@ fn matmul_rows(k: &Kernels, view: &TensorView<'_>, info: &WeightInfo, panels: Op
     }
 }
 
+/// Lengthen a KV cache row to `need` values (`hd` per position). Capacity grows by an eighth, at
+/// least 32 positions, instead of doubling: a cache holds at most 1/8 (or 32 positions) more than
+/// it uses, and growing to `L` positions copies about 8·L positions in all.
+fn grow_kv(v: &mut Vec<u16>, need: usize, hd: usize) {
+    if v.len() >= need {
+        return;
+    }
+    if v.capacity() < need {
+        let target = need.max(v.capacity() + (v.capacity() / 8).max(32 * hd));
+        v.reserve_exact(target - v.len());
+    }
+    v.resize(need, 0);
+}
+
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Kv = CpuKv;
@@ -405,13 +419,9 @@ impl Backend for CpuBackend {
         for h in 0..nkv {
             let slot = layer * nkv + h;
             let kc = &mut kv.k[slot];
-            if kc.len() < end.div_ceil(16) * 16 * hd {
-                kc.resize(end.div_ceil(16) * 16 * hd, 0);
-            }
+            grow_kv(kc, end.div_ceil(16) * 16 * hd, hd);
             let vc = &mut kv.v[slot];
-            if vc.len() < end * hd {
-                vc.resize(end * hd, 0);
-            }
+            grow_kv(vc, end * hd, hd);
             for i in 0..n {
                 let p = pos0 + i;
                 let src_k = &kr[i * kv_dim + h * hd..i * kv_dim + (h + 1) * hd];
