@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Benchmark `applianced serve` on the default model: aggregate generated tok/s at 1/4/16 concurrent
-# streaming clients, TTFT p50/p99, inter-token latency, and per-request overhead (round trips of
-# /healthz and count_tokens). Builds the default bundle with a throwaway key in a temp dir.
+# streaming clients, TTFT p50/p99, inter-token latency, per-request overhead (round trips of
+# /healthz and count_tokens) and, for applianced, the server's own work per request outside the
+# engine, read from its /metrics histogram (applianced_request_overhead_seconds) around each level.
+# Builds the default bundle with a throwaway key in a temp dir.
 #
 # With --peers, one run measures several servers on the same GGUF, interleaved: for each repetition
 # and each client level, each peer in turn is started alone (at top priority in its own session, see
@@ -201,6 +203,15 @@ for p in peers:
     ct = ct if ct != "n/a" else "n/a (no count_tokens endpoint)"
     print(f"{p} per-request overhead, p50 round trip: {o[0]['health_path']} {cell([x['health_p50_ms'] for x in o], 3)} ms, "
           f"count_tokens {ct}{' ms' if not ct.startswith('n/a') else ''}")
+so = [(l["clients"], l["server_overhead"]) for r in runs if r["peer"] == "applianced" for l in r["levels"] if l.get("server_overhead")]
+if so:
+    parts = []
+    for n in levels:
+        v = [o for c, o in so if c == n]
+        if v:
+            parts.append(f"{n} client(s) p50 {cell([o['p50_us'] for o in v])} µs, mean {cell([o['mean_us'] for o in v])} µs")
+    print("applianced server overhead per request, measured inside the server (arrival to submission, "
+          "event serialization, audit record; /metrics histogram): " + "; ".join(parts))
 errs = [l["first_error"] for r in runs for l in r["levels"] if l.get("first_error")]
 if errs: print(f"first error: {errs[0]}")
 PY

@@ -40,6 +40,7 @@ impl Histogram {
 
 const LATENCY_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 const ITL_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+const OVERHEAD_BUCKETS: &[f64] = &[0.000025, 0.00005, 0.000075, 0.0001, 0.00015, 0.0002, 0.0003, 0.0005, 0.001, 0.0025, 0.005, 0.01];
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
 #[derive(Debug)]
@@ -54,6 +55,7 @@ struct Inner {
     ttft: Histogram,
     itl: Histogram,
     request_duration: Histogram,
+    overhead: Histogram,
     batch_size: Histogram,
     batch_tokens: Histogram,
     steps: u64,
@@ -94,6 +96,7 @@ impl Default for Metrics {
                 ttft: Histogram::new(LATENCY_BUCKETS),
                 itl: Histogram::new(ITL_BUCKETS),
                 request_duration: Histogram::new(LATENCY_BUCKETS),
+                overhead: Histogram::new(OVERHEAD_BUCKETS),
                 batch_size: Histogram::new(BATCH_BUCKETS),
                 batch_tokens: Histogram::new(&[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0]),
                 steps: 0,
@@ -157,6 +160,11 @@ impl Metrics {
     pub fn connections_add(&self, d: i64) {
         self.with(|m| m.open_connections += d);
     }
+    /// One generation request's server-side work outside the engine (see
+    /// `applianced_request_overhead_seconds`).
+    pub fn overhead(&self, s: f64) {
+        self.with(|m| m.overhead.observe(s));
+    }
     pub fn ttft(&self, s: f64) {
         self.with(|m| m.ttft.observe(s));
     }
@@ -185,6 +193,8 @@ impl Metrics {
         }
         head(&mut o, "applianced_request_duration_seconds", "histogram", "Time from request to the end of its response.");
         m.request_duration.render(&mut o, "applianced_request_duration_seconds");
+        head(&mut o, "applianced_request_overhead_seconds", "histogram", "Server work per completed generation request outside the engine: from the request's arrival to its submission to the scheduler (body, JSON parse, checks, template, tokenize), plus building every response event or body, plus the audit record.");
+        m.overhead.render(&mut o, "applianced_request_overhead_seconds");
         head(&mut o, "applianced_prompt_tokens_total", "counter", "Prompt tokens processed.");
         let _ = writeln!(o, "applianced_prompt_tokens_total {}", m.tokens_in);
         head(&mut o, "applianced_generated_tokens_total", "counter", "Tokens generated.");

@@ -108,6 +108,8 @@ pub(crate) struct Record {
     pub prompt: Option<String>,
     pub response: Option<String>,
     pub error: Option<String>,
+    /// Server work on this request outside the engine so far (see `Metrics::overhead`).
+    pub overhead: Duration,
 }
 
 impl Record {
@@ -130,6 +132,7 @@ impl Record {
             prompt: None,
             response: None,
             error: None,
+            overhead: Duration::ZERO,
         }
     }
 
@@ -647,7 +650,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         steering: preset.as_ref().and_then(|p| state.policy.steering(p)),
     };
     match state.sched.submit(gr) {
-        Ok(()) => {}
+        Ok(()) => rec.overhead = rec.started.elapsed(),
         Err(SubmitError::Full) => {
             return rec.fail(flavor, ApiError::new(429, format!("the request queue is full ({} waiting); retry later", lim.queue_size)).retry(1))
         }
@@ -672,6 +675,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         }
     };
     drop(guard);
+    let t_out = Instant::now();
     let f = match outcome {
         Ok(f) => f,
         Err(e) => return rec.fail(flavor, gen_error(e)),
@@ -698,7 +702,9 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
             "usage": {"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens},
         }),
     };
-    json_response(200, &body)
+    let r = json_response(200, &body);
+    state.metrics.overhead((rec.overhead + t_out.elapsed()).as_secs_f64());
+    r
 }
 
 fn gen_error(e: GenError) -> ApiError {
@@ -725,6 +731,7 @@ struct Streamer {
 
 impl Streamer {
     fn new(rx: UnboundedReceiver<Event>, rec: Record, flavor: Flavor, model: String, input_tokens: usize, include_usage: bool, guard: InflightGuard) -> Streamer {
+        let t0 = Instant::now();
         let mut s = Streamer {
             rx,
             rec,
@@ -752,6 +759,7 @@ impl Streamer {
                 s.data(&c);
             }
         }
+        s.rec.overhead += t0.elapsed();
         s
     }
 
@@ -825,7 +833,9 @@ impl Streamer {
             if self.done {
                 return None;
             }
-            match self.rx.recv().await {
+            let event = self.rx.recv().await;
+            let t0 = Instant::now();
+            match event {
                 Some(Event::Text(t)) => {
                     self.text.push_str(&t);
                     match self.flavor {
@@ -835,10 +845,14 @@ impl Streamer {
                             self.data(&c);
                         }
                     }
+                    self.rec.overhead += t0.elapsed();
                 }
                 Some(Event::Done(f)) => {
                     self.done = true;
                     self.finish_ok(f);
+                    if self.rec.status == 200 {
+                        self.rec.state.metrics.overhead((self.rec.overhead + t0.elapsed()).as_secs_f64());
+                    }
                 }
                 other => {
                     self.done = true;

@@ -157,6 +157,44 @@ def overhead(sock, peer, n=50):
             "count_tokens_p50_ms": round(pct(count, 50) * 1000, 3)}
 
 
+def overhead_histogram(sock):
+    """applianced's own `applianced_request_overhead_seconds` histogram: {le: count}, sum, count."""
+    c = UDSConnection(sock)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    buckets, total, count = {}, 0.0, 0
+    for line in text.splitlines():
+        if line.startswith("applianced_request_overhead_seconds_bucket"):
+            le = line.split('le="')[1].split('"')[0]
+            buckets[float("inf") if le == "+Inf" else float(le)] = int(line.split()[-1])
+        elif line.startswith("applianced_request_overhead_seconds_sum"):
+            total = float(line.split()[-1])
+        elif line.startswith("applianced_request_overhead_seconds_count"):
+            count = int(line.split()[-1])
+    return buckets, total, count
+
+
+def overhead_between(before, after):
+    """Median (linear within the bucket, as Prometheus' histogram_quantile) and mean, in µs, of the
+    requests observed between two scrapes."""
+    (b0, s0, n0), (b1, s1, n1) = before, after
+    n = n1 - n0
+    if n <= 0:
+        return None
+    bounds = sorted(b1)
+    rank, prev_le, prev_c = n / 2, 0.0, 0
+    for le in bounds:
+        c = b1[le] - b0.get(le, 0)
+        if c >= rank:
+            if le == float("inf"):
+                return {"p50_us": round(prev_le * 1e6, 1), "mean_us": round((s1 - s0) / n * 1e6, 1), "requests": n}
+            p50 = prev_le + (le - prev_le) * (rank - prev_c) / max(1, c - prev_c)
+            return {"p50_us": round(p50 * 1e6, 1), "mean_us": round((s1 - s0) / n * 1e6, 1), "requests": n}
+        prev_le, prev_c = le, c
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("socket")
@@ -177,17 +215,24 @@ def main():
         print(f"warm-up request failed: {w['status']} {w['error']}", file=sys.stderr)
         return 1
     for n in [int(x) for x in a.clients.split(",")]:
-        out["levels"].append(level(a.socket, n, a.requests_per_client, a.prompt, a.max_tokens, extra))
+        before = overhead_histogram(a.socket) if a.peer == "applianced" else None
+        lv = level(a.socket, n, a.requests_per_client, a.prompt, a.max_tokens, extra)
+        # Measured inside the server: its work per request outside the engine (parse, checks,
+        # template, tokenize, every event's serialization, the audit record).
+        lv["server_overhead"] = overhead_between(before, overhead_histogram(a.socket)) if before else None
+        out["levels"].append(lv)
     if a.json:
         print(json.dumps(out))
         return
     o = out["overhead"]
     ct = f"{o['count_tokens_p50_ms']} ms" if o["count_tokens_p50_ms"] is not None else "n/a (no such endpoint)"
     print(f"{a.peer} per-request overhead: {o['health_path']} {o['health_p50_ms']} ms, count_tokens {ct} (p50 round trip)")
-    print(f"{'clients':>7} {'reqs':>5} {'err':>4} {'tokens':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8}")
+    print(f"{'clients':>7} {'reqs':>5} {'err':>4} {'tokens':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'overhead p50':>12}")
     for l in out["levels"]:
+        so = l.get("server_overhead")
         print(f"{l['clients']:>7} {l['requests']:>5} {l['errors']:>4} {l['generated_tokens']:>7} {l['tok_per_s']:>8} "
-              f"{l['ttft_p50_ms']:>7}ms {l['ttft_p99_ms']:>7}ms {l['itl_p50_ms']:>6}ms"
+              f"{l['ttft_p50_ms']:>7}ms {l['ttft_p99_ms']:>7}ms {l['itl_p50_ms']:>6}ms "
+              f"{(str(so['p50_us']) + 'us') if so else 'n/a':>12}"
               + ("" if l["token_source"] == "usage" else f"  (tokens from: {l['token_source']})"))
 
 
