@@ -525,9 +525,53 @@ pub fn sse(event: Option<&str>, data: &Value) -> String {
     }
 }
 
+/// A server-sent event whose JSON is fixed but for one string: rendered once with a marker in
+/// that string's place and split there, so each event of a stream costs one string escape and two
+/// copies instead of building and serializing a JSON tree. Output is byte for byte what [`sse`]
+/// gives for the same value.
+#[derive(Debug, Clone, Default)]
+pub struct SseTemplate {
+    prefix: String,
+    suffix: String,
+}
+
+impl SseTemplate {
+    const MARK: &'static str = "\u{1}applianced-text\u{1}";
+
+    /// `build(text)` must return the event's JSON with `text` as one of its strings.
+    pub fn new(event: Option<&str>, build: impl Fn(&str) -> Value) -> SseTemplate {
+        let whole = sse(event, &build(Self::MARK));
+        let mark = serde_json::to_string(Self::MARK).unwrap_or_default();
+        match whole.find(&mark) {
+            Some(at) => SseTemplate { prefix: whole[..at].to_string(), suffix: whole[at + mark.len()..].to_string() },
+            None => unreachable!("the marker string is in the value build() returned"),
+        }
+    }
+
+    pub fn render(&self, text: &str) -> String {
+        let quoted = serde_json::to_string(text).unwrap_or_default();
+        let mut out = String::with_capacity(self.prefix.len() + quoted.len() + self.suffix.len());
+        out.push_str(&self.prefix);
+        out.push_str(&quoted);
+        out.push_str(&self.suffix);
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sse_template_matches_a_serialized_tree() {
+        let build = |t: &str| serde_json::json!({"id": "msg_1", "choices": [{"index": 0, "delta": {"content": t}, "finish_reason": null}], "n": 3});
+        let tpl = SseTemplate::new(Some("content_block_delta"), build);
+        for t in ["", "plain", "quote \" back\\slash", "line\nbreak\ttab", "\u{1}\u{1f}ctl", "héllo 🌍", "</script>"] {
+            assert_eq!(tpl.render(t), sse(Some("content_block_delta"), &build(t)), "{t:?}");
+        }
+        let tpl = SseTemplate::new(None, build);
+        assert_eq!(tpl.render("x\"y"), sse(None, &build("x\"y")));
+    }
 
     fn obj(s: &str) -> Map<String, Value> {
         parse_object(s.as_bytes()).unwrap()

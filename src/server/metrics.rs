@@ -193,7 +193,7 @@ impl Metrics {
         }
         head(&mut o, "applianced_request_duration_seconds", "histogram", "Time from request to the end of its response.");
         m.request_duration.render(&mut o, "applianced_request_duration_seconds");
-        head(&mut o, "applianced_request_overhead_seconds", "histogram", "Server work per completed generation request outside the engine: from the request's arrival to its submission to the scheduler (body, JSON parse, checks, template, tokenize), plus building every response event or body, plus the audit record.");
+        head(&mut o, "applianced_request_overhead_seconds", "histogram", "Server work per completed generation request outside the engine, in CPU time of the threads doing it: JSON parse, checks, template and tokenize up to the submission to the scheduler, plus building every response event or the body, plus the audit record (its fsync wait is not CPU time).");
         m.overhead.render(&mut o, "applianced_request_overhead_seconds");
         head(&mut o, "applianced_prompt_tokens_total", "counter", "Prompt tokens processed.");
         let _ = writeln!(o, "applianced_prompt_tokens_total {}", m.tokens_in);

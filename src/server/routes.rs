@@ -42,6 +42,26 @@ fn random_id(prefix: &str) -> String {
     format!("{prefix}{}", hex::encode(b))
 }
 
+/// CPU time the calling thread has used. The server's work on a request is measured in it, so the
+/// figure is the work itself, not also the time a handler waited for a core the engine's threads
+/// held (two cores, two compute threads: wall time would mostly measure that wait).
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    #[allow(unsafe_code)]
+    // SAFETY: clock_gettime writes one timespec that we own.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec.clamp(0, 999_999_999) as u32)
+}
+
+/// Thread CPU time spent since `t0` (a [`thread_cpu`] reading on this thread, with no `.await`
+/// in between: a task may resume on another thread).
+fn cpu_since(t0: Duration) -> Duration {
+    thread_cpu().saturating_sub(t0)
+}
+
 fn response(status: u16, content_type: &str, body: impl Into<Body>) -> Response<Body> {
     let mut r = Response::new(body.into());
     *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
@@ -108,7 +128,8 @@ pub(crate) struct Record {
     pub prompt: Option<String>,
     pub response: Option<String>,
     pub error: Option<String>,
-    /// Server work on this request outside the engine so far (see `Metrics::overhead`).
+    /// Server work (thread CPU time) on this request outside the engine so far (see
+    /// `Metrics::overhead`).
     pub overhead: Duration,
 }
 
@@ -493,6 +514,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         Ok(b) => b,
         Err(e) => return rec.fail(flavor, e),
     };
+    let mut cpu0 = thread_cpu(); // request work from here to submission (see Metrics::overhead)
     let parsed = api::parse_object(&body).and_then(|o| match flavor {
         Flavor::Anthropic => api::parse_anthropic(&o, counting),
         Flavor::OpenAi => api::parse_openai(&o),
@@ -544,10 +566,20 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     let st = state.clone();
     let creq = Arc::new(creq);
     let c2 = creq.clone();
-    let built = tokio::task::spawn_blocking(move || build_prompt(&st, &c2, flavor)).await;
+    rec.overhead += cpu_since(cpu0);
+    let built = tokio::task::spawn_blocking(move || {
+        let c = thread_cpu();
+        let r = build_prompt(&st, &c2, flavor);
+        (r, cpu_since(c)) // template and tokenize: counted too
+    })
+    .await;
+    cpu0 = thread_cpu();
     let (prompt_text, tokens) = match built {
-        Ok(Ok(p)) => p,
-        Ok(Err(e)) => return rec.fail(flavor, e),
+        Ok((Ok(p), used)) => {
+            rec.overhead += used;
+            p
+        }
+        Ok((Err(e), _)) => return rec.fail(flavor, e),
         Err(e) => return rec.fail(flavor, ApiError::new(500, format!("prompt builder failed: {e}"))),
     };
     rec.input_tokens = tokens.len();
@@ -603,13 +635,15 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     let adhoc = match creq.schema.clone() {
         None => None,
         Some(schema) => {
+            // The compile (cached per schema) runs on a blocking thread and is not counted.
+            rec.overhead += cpu_since(cpu0);
             let st = state.clone();
             let compiled = tokio::task::spawn_blocking(move || {
                 let mut cache = st.schemas.lock().unwrap_or_else(|p| p.into_inner());
                 cache.get_or_compile(&schema, &Default::default())
             })
             .await;
-            match compiled {
+            let compiled = match compiled {
                 Ok(Ok(c)) => Some(c),
                 Ok(Err(e)) => {
                     let param = match flavor {
@@ -619,7 +653,9 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
                     return rec.fail(flavor, ApiError::unsupported(param, e.to_string()));
                 }
                 Err(e) => return rec.fail(flavor, ApiError::new(500, format!("schema compiler failed: {e}"))),
-            }
+            };
+            cpu0 = thread_cpu();
+            compiled
         }
     };
     let vocab = state.model_cfg.vocab_size;
@@ -650,7 +686,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         steering: preset.as_ref().and_then(|p| state.policy.steering(p)),
     };
     match state.sched.submit(gr) {
-        Ok(()) => rec.overhead = rec.started.elapsed(),
+        Ok(()) => rec.overhead += cpu_since(cpu0),
         Err(SubmitError::Full) => {
             return rec.fail(flavor, ApiError::new(429, format!("the request queue is full ({} waiting); retry later", lim.queue_size)).retry(1))
         }
@@ -675,7 +711,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         }
     };
     drop(guard);
-    let t_out = Instant::now();
+    let t_out = thread_cpu();
     let f = match outcome {
         Ok(f) => f,
         Err(e) => return rec.fail(flavor, gen_error(e)),
@@ -703,7 +739,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         }),
     };
     let r = json_response(200, &body);
-    state.metrics.overhead((rec.overhead + t_out.elapsed()).as_secs_f64());
+    state.metrics.overhead((rec.overhead + cpu_since(t_out)).as_secs_f64());
     r
 }
 
@@ -724,6 +760,8 @@ struct Streamer {
     input_tokens: usize,
     include_usage: bool,
     text: String,
+    /// The text-delta event of this stream, rendered once (per event: escape the text, copy).
+    delta: api::SseTemplate,
     queue: VecDeque<Bytes>,
     done: bool,
     _guard: InflightGuard,
@@ -731,7 +769,7 @@ struct Streamer {
 
 impl Streamer {
     fn new(rx: UnboundedReceiver<Event>, rec: Record, flavor: Flavor, model: String, input_tokens: usize, include_usage: bool, guard: InflightGuard) -> Streamer {
-        let t0 = Instant::now();
+        let t0 = thread_cpu();
         let mut s = Streamer {
             rx,
             rec,
@@ -741,9 +779,16 @@ impl Streamer {
             input_tokens,
             include_usage,
             text: String::new(),
+            delta: api::SseTemplate::default(), // set below: the OpenAI chunk needs the fields
             queue: VecDeque::new(),
             done: false,
             _guard: guard,
+        };
+        s.delta = match flavor {
+            Flavor::Anthropic => api::SseTemplate::new(Some("content_block_delta"), |t| {
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}})
+            }),
+            Flavor::OpenAi => api::SseTemplate::new(None, |t| s.chunk(json!({"content": t}), Value::Null)),
         };
         match flavor {
             Flavor::Anthropic => {
@@ -759,7 +804,7 @@ impl Streamer {
                 s.data(&c);
             }
         }
-        s.rec.overhead += t0.elapsed();
+        s.rec.overhead += cpu_since(t0);
         s
     }
 
@@ -834,24 +879,18 @@ impl Streamer {
                 return None;
             }
             let event = self.rx.recv().await;
-            let t0 = Instant::now();
+            let t0 = thread_cpu();
             match event {
                 Some(Event::Text(t)) => {
                     self.text.push_str(&t);
-                    match self.flavor {
-                        Flavor::Anthropic => self.event("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}})),
-                        Flavor::OpenAi => {
-                            let c = self.chunk(json!({"content": t}), Value::Null);
-                            self.data(&c);
-                        }
-                    }
-                    self.rec.overhead += t0.elapsed();
+                    self.queue.push_back(Bytes::from(self.delta.render(&t)));
+                    self.rec.overhead += cpu_since(t0);
                 }
                 Some(Event::Done(f)) => {
                     self.done = true;
                     self.finish_ok(f);
                     if self.rec.status == 200 {
-                        self.rec.state.metrics.overhead((self.rec.overhead + t0.elapsed()).as_secs_f64());
+                        self.rec.state.metrics.overhead((self.rec.overhead + cpu_since(t0)).as_secs_f64());
                     }
                 }
                 other => {
