@@ -210,7 +210,7 @@ if so:
         v = [o for c, o in so if c == n]
         if v:
             parts.append(f"{n} client(s) p50 {cell([o['p50_us'] for o in v])} µs, mean {cell([o['mean_us'] for o in v])} µs")
-    print("applianced server overhead per request, measured inside the server (arrival to submission, "
+    print("applianced server overhead per request, thread CPU time measured inside the server (parse, template, tokenize, "
           "event serialization, audit record; /metrics histogram): " + "; ".join(parts))
 errs = [l["first_error"] for r in runs for l in r["levels"] if l.get("first_error")]
 if errs: print(f"first error: {errs[0]}")
