@@ -170,3 +170,56 @@ fn chat_template_unknown_role_is_an_error() {
     let t = ChatTemplate::Chatml { default_system: None };
     assert!(t.render(&[ChatMessage::new("wizard", "x")], true).is_err());
 }
+
+/// The fast path (ASCII text, byte-level BPE) gives the `tokenizers` crate's ids on the real
+/// vocabulary: every case of the reference, every line and paragraph of this repository's docs,
+/// and generated text mixing words, digits, whitespace runs, punctuation, contractions and
+/// control-token text, with and without parsing special tokens.
+#[test]
+fn fast_path_matches_the_tokenizers_crate_on_the_real_vocabulary() {
+    let (root, refdir) = require_model!();
+    let tok = Tokenizer::load(&root.join(TOKENIZER_PATH)).unwrap();
+    assert!(tok.has_fast_path(), "the default model's tokenizer takes the fast path");
+    let mut texts: Vec<String> = Vec::new();
+    let data: Value = serde_json::from_str(&std::fs::read_to_string(refdir.join("tokenization.json")).unwrap()).unwrap();
+    for c in data["cases"].as_array().unwrap() {
+        if let Some(t) = c["text"].as_str() {
+            texts.push(t.to_string());
+        }
+    }
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for doc in ["README.md", "FORMAT.md", "docs/server.md", "docs/STATUS.md"] {
+        let Ok(s) = std::fs::read_to_string(here.join(doc)) else { continue };
+        texts.extend(s.split("\n\n").map(str::to_string));
+        texts.extend(s.lines().map(str::to_string));
+    }
+    let words = [
+        "the", " the", "The", "lighthouse", " keeper", "'s", "'re", "'ve", "'ll", "'d", "'m", "'t", "'x", " '", "  ", "   ", "\n", "\n\n", "\t",
+        " \n", "\r\n", "0", "12", " 345", "3.14", "1,000", "!", "?!", " ...", "--", "==", "{\"a\": 1}", "<|im_start|>", "<|im_end|>",
+        "<|endoftext|>", "<|im", "|>", "user", "assistant", "\u{b}", "\u{c}", "x", "Hello", "WORLD", "camelCase", "snake_case", "$", "#",
+    ];
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..3000 {
+        let mut t = String::new();
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        for _ in 0..(s % 24) {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            t.push_str(words[(s >> 32) as usize % words.len()]);
+        }
+        texts.push(t);
+    }
+    let mut fast = 0;
+    for t in &texts {
+        for special in [true, false] {
+            assert_eq!(tok.encode(t, special).unwrap(), tok.encode_general(t, special).unwrap(), "{t:?} special={special}");
+        }
+        fast += tok.takes_fast_path(t) as usize;
+    }
+    assert!(fast > 3000, "most texts take the fast path ({fast} of {})", texts.len());
+    let prompt = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nWrite a short story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n";
+    assert!(tok.takes_fast_path(prompt));
+}

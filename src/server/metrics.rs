@@ -40,7 +40,7 @@ impl Histogram {
 
 const LATENCY_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 const ITL_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
-const OVERHEAD_BUCKETS: &[f64] = &[0.000025, 0.00005, 0.000075, 0.0001, 0.00015, 0.0002, 0.0003, 0.0005, 0.001, 0.0025, 0.005, 0.01];
+const OVERHEAD_BUCKETS: &[f64] = &[0.000025, 0.00005, 0.000075, 0.0001, 0.00015, 0.0002, 0.00025, 0.0003, 0.0004, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.01];
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
 #[derive(Debug)]
@@ -56,6 +56,7 @@ struct Inner {
     itl: Histogram,
     request_duration: Histogram,
     overhead: Histogram,
+    audit_write: Histogram,
     batch_size: Histogram,
     batch_tokens: Histogram,
     steps: u64,
@@ -97,6 +98,7 @@ impl Default for Metrics {
                 itl: Histogram::new(ITL_BUCKETS),
                 request_duration: Histogram::new(LATENCY_BUCKETS),
                 overhead: Histogram::new(OVERHEAD_BUCKETS),
+                audit_write: Histogram::new(OVERHEAD_BUCKETS),
                 batch_size: Histogram::new(BATCH_BUCKETS),
                 batch_tokens: Histogram::new(&[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0]),
                 steps: 0,
@@ -165,6 +167,10 @@ impl Metrics {
     pub fn overhead(&self, s: f64) {
         self.with(|m| m.overhead.observe(s));
     }
+    /// One generation request's audit append (see `applianced_audit_write_seconds`).
+    pub fn audit_write(&self, s: f64) {
+        self.with(|m| m.audit_write.observe(s));
+    }
     pub fn ttft(&self, s: f64) {
         self.with(|m| m.ttft.observe(s));
     }
@@ -193,8 +199,10 @@ impl Metrics {
         }
         head(&mut o, "applianced_request_duration_seconds", "histogram", "Time from request to the end of its response.");
         m.request_duration.render(&mut o, "applianced_request_duration_seconds");
-        head(&mut o, "applianced_request_overhead_seconds", "histogram", "Server work per completed generation request outside the engine, in CPU time of the threads doing it: JSON parse, checks, template and tokenize up to the submission to the scheduler, plus building every response event or the body, plus the audit record (its fsync wait is not CPU time).");
+        head(&mut o, "applianced_request_overhead_seconds", "histogram", "Server work per completed generation request outside the engine, in CPU time of the threads doing it: JSON parse, checks, template and tokenize up to the submission to the scheduler, building every response event or the body, and the audit record's fields; the audit append itself is applianced_audit_write_seconds.");
         m.overhead.render(&mut o, "applianced_request_overhead_seconds");
+        head(&mut o, "applianced_audit_write_seconds", "histogram", "CPU time of appending one generation request's audit record: serialize, hash, lock, write and (fsync = \"always\") fdatasync; the wait for the disk is not CPU time.");
+        m.audit_write.render(&mut o, "applianced_audit_write_seconds");
         head(&mut o, "applianced_prompt_tokens_total", "counter", "Prompt tokens processed.");
         let _ = writeln!(o, "applianced_prompt_tokens_total {}", m.tokens_in);
         head(&mut o, "applianced_generated_tokens_total", "counter", "Tokens generated.");

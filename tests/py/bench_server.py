@@ -157,20 +157,21 @@ def overhead(sock, peer, n=50):
             "count_tokens_p50_ms": round(pct(count, 50) * 1000, 3)}
 
 
-def overhead_histogram(sock):
-    """applianced's own `applianced_request_overhead_seconds` histogram: {le: count}, sum, count."""
+def overhead_histogram(sock, name="applianced_request_overhead_seconds"):
+    """One of applianced's own histograms (default `applianced_request_overhead_seconds`):
+    {le: count}, sum, count."""
     c = UDSConnection(sock)
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
     c.close()
     buckets, total, count = {}, 0.0, 0
     for line in text.splitlines():
-        if line.startswith("applianced_request_overhead_seconds_bucket"):
+        if line.startswith(name + "_bucket"):
             le = line.split('le="')[1].split('"')[0]
             buckets[float("inf") if le == "+Inf" else float(le)] = int(line.split()[-1])
-        elif line.startswith("applianced_request_overhead_seconds_sum"):
+        elif line.startswith(name + "_sum"):
             total = float(line.split()[-1])
-        elif line.startswith("applianced_request_overhead_seconds_count"):
+        elif line.startswith(name + "_count"):
             count = int(line.split()[-1])
     return buckets, total, count
 
@@ -215,11 +216,15 @@ def main():
         print(f"warm-up request failed: {w['status']} {w['error']}", file=sys.stderr)
         return 1
     for n in [int(x) for x in a.clients.split(",")]:
+        audit = "applianced_audit_write_seconds"
         before = overhead_histogram(a.socket) if a.peer == "applianced" else None
+        before_audit = overhead_histogram(a.socket, audit) if a.peer == "applianced" else None
         lv = level(a.socket, n, a.requests_per_client, a.prompt, a.max_tokens, extra)
         # Measured inside the server: its work per request outside the engine (parse, checks,
-        # template, tokenize, every event's serialization, the audit record).
+        # template, tokenize, every event's serialization, the audit record's fields), and apart
+        # from it the audit append (serialize, hash, lock, write, fdatasync).
         lv["server_overhead"] = overhead_between(before, overhead_histogram(a.socket)) if before else None
+        lv["audit_write"] = overhead_between(before_audit, overhead_histogram(a.socket, audit)) if before_audit else None
         out["levels"].append(lv)
     if a.json:
         print(json.dumps(out))
@@ -227,12 +232,13 @@ def main():
     o = out["overhead"]
     ct = f"{o['count_tokens_p50_ms']} ms" if o["count_tokens_p50_ms"] is not None else "n/a (no such endpoint)"
     print(f"{a.peer} per-request overhead: {o['health_path']} {o['health_p50_ms']} ms, count_tokens {ct} (p50 round trip)")
-    print(f"{'clients':>7} {'reqs':>5} {'err':>4} {'tokens':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'overhead p50':>12}")
+    print(f"{'clients':>7} {'reqs':>5} {'err':>4} {'tokens':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'overhead p50':>12} {'audit p50':>10}")
     for l in out["levels"]:
         so = l.get("server_overhead")
         print(f"{l['clients']:>7} {l['requests']:>5} {l['errors']:>4} {l['generated_tokens']:>7} {l['tok_per_s']:>8} "
               f"{l['ttft_p50_ms']:>7}ms {l['ttft_p99_ms']:>7}ms {l['itl_p50_ms']:>6}ms "
-              f"{(str(so['p50_us']) + 'us') if so else 'n/a':>12}"
+              f"{(str(so['p50_us']) + 'us') if so else 'n/a':>12} "
+              f"{(str(l['audit_write']['p50_us']) + 'us') if l.get('audit_write') else 'n/a':>10}"
               + ("" if l["token_source"] == "usage" else f"  (tokens from: {l['token_source']})"))
 
 
