@@ -203,23 +203,19 @@ for p in peers:
     ct = ct if ct != "n/a" else "n/a (no count_tokens endpoint)"
     print(f"{p} per-request overhead, p50 round trip: {o[0]['health_path']} {cell([x['health_p50_ms'] for x in o], 3)} ms, "
           f"count_tokens {ct}{' ms' if not ct.startswith('n/a') else ''}")
-so = [(l["clients"], l["server_overhead"]) for r in runs if r["peer"] == "applianced" for l in r["levels"] if l.get("server_overhead")]
-if so:
+def inside(key, title):
+    """One line per histogram the bench read from applianced's /metrics around each level."""
+    got = [(l["clients"], l[key]) for r in runs if r["peer"] == "applianced" for l in r["levels"] if l.get(key)]
     parts = []
     for n in levels:
-        v = [o for c, o in so if c == n]
+        v = [o for c, o in got if c == n]
         if v:
             parts.append(f"{n} client(s) p50 {cell([o['p50_us'] for o in v])} µs, mean {cell([o['mean_us'] for o in v])} µs")
-    print("applianced server overhead per request, thread CPU time measured inside the server (parse, template, tokenize, "
-          "event serialization, the audit record's fields; /metrics histogram): " + "; ".join(parts))
-au = [(l["clients"], l["audit_write"]) for r in runs if r["peer"] == "applianced" for l in r["levels"] if l.get("audit_write")]
-if au:
-    parts = []
-    for n in levels:
-        v = [o for c, o in au if c == n]
-        if v:
-            parts.append(f"{n} client(s) p50 {cell([o['p50_us'] for o in v])} µs, mean {cell([o['mean_us'] for o in v])} µs")
-    print("applianced audit append per request, thread CPU time (serialize, hash, lock, write, fdatasync): " + "; ".join(parts))
+    if parts:
+        print(title + "; ".join(parts))
+inside("server_overhead", "applianced server overhead per request, thread CPU time measured inside the server (parse, template, "
+       "tokenize, event serialization, the audit record's fields; /metrics histogram): ")
+inside("audit_write", "applianced audit append per request, thread CPU time (serialize, hash, lock, write, fdatasync): ")
 errs = [l["first_error"] for r in runs for l in r["levels"] if l.get("first_error")]
 if errs: print(f"first error: {errs[0]}")
 PY

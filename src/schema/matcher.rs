@@ -5,8 +5,11 @@
 //! each with the JSON-path patterns it still matches). Inside an array whose path matches a
 //! `uniqueItems` location, it remembers the canonical text of every completed item (strings as
 //! written, which is canonical; numbers without trailing fraction zeros) and removes from the mask
-//! the tokens that would complete a duplicate. Enforcing uniqueness wherever *some* schema branch
-//! asks for it only ever removes texts, so it cannot let an invalid document through.
+//! the tokens that would complete a duplicate, directly or through the only continuation the
+//! automaton leaves (the rest of the one enum member a prefix leaves). Enforcing uniqueness
+//! wherever *some* schema branch asks for it only ever removes texts, so it cannot let an invalid
+//! document through. Not looked ahead: a comma after every member of a finite item set has been
+//! used (the next item then has no allowed token; the answer ends with `no_allowed_token`).
 
 use std::collections::HashSet;
 use std::sync::Arc as Rc;
@@ -303,20 +306,31 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
             return;
         }
         let vocab = self.schema.vocabulary();
-        let pats = &self.schema.unique;
         if let (Some(top), true) = (self.tracker.unique_top(), self.tracker.in_str && !self.tracker.buf_is_key) {
             // A string item in progress: tokens spelling the rest of an earlier item (closing
             // quote included) complete a duplicate; so does everything below them in the trie.
             let x = &self.tracker.buf;
+            let mut partial: Vec<u32> = Vec::new();
             for p in top.items.iter() {
                 if p.len() > x.len() && p.starts_with(x) {
-                    if let Some(node) = vocab.find(&p[x.len()..]) {
+                    let rem = &p[x.len()..];
+                    if let Some(node) = vocab.find(rem) {
                         for &id in vocab.subtree_tokens(node) {
                             if let Some(w) = out.get_mut(id as usize / 64) {
                                 *w &= !(1u64 << (id % 64));
                             }
                         }
                     }
+                    // Tokens spelling a proper prefix of the rest: the item is then a duplicate
+                    // if the automaton can only finish it the earlier item's way (the last
+                    // member of an enum, say), checked below with the forced continuation.
+                    partial.extend((1..rem.len()).filter_map(|l| vocab.find(&rem[..l])).flat_map(|n| vocab.exact_tokens(n).iter().copied()));
+                }
+            }
+            for id in partial {
+                let allowed = out.get(id as usize / 64).is_some_and(|w| w >> (id % 64) & 1 == 1);
+                if allowed && self.forced_duplicate(id) {
+                    out[id as usize / 64] &= !(1u64 << (id % 64));
                 }
             }
         }
@@ -332,30 +346,39 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
                 if bytes.is_empty() || (self.tracker.in_str && !bytes.contains(&b'"')) {
                     continue; // EOS, or the string goes on: nothing completes
                 }
-                let mut q = self.schema.cfgs_advance(&self.cfgs, bytes);
-                if q.is_empty() {
-                    continue;
-                }
-                // An item completes only at a quote, a bracket or a comma (in the token or in a
-                // forced continuation); other tokens leave the next choice free.
-                if !bytes.iter().any(|b| matches!(b, b'"' | b'}' | b']' | b',')) && self.schema.cfgs_forced(&q).is_none() {
-                    continue;
-                }
-                let mut t = self.tracker.clone();
-                let mut dup = bytes.iter().any(|&b| t.step(b, pats).is_err());
-                for _ in 0..64 {
-                    if dup || self.schema.cfgs_accepting(&q) {
-                        break;
-                    }
-                    let Some((b, next)) = self.schema.cfgs_forced(&q) else { break };
-                    dup = t.step(b, pats).is_err();
-                    q = next;
-                }
-                if dup {
+                if self.forced_duplicate(id) {
                     out[w] &= !(1u64 << (id % 64));
                 }
             }
         }
+    }
+
+    /// Whether taking `token` makes the item in progress a duplicate: completed by the token
+    /// itself or by the only continuation the automaton leaves after it (a closing quote that can
+    /// only be followed by `}`, the rest of the one enum member a prefix leaves).
+    fn forced_duplicate(&self, token: u32) -> bool {
+        let bytes = self.schema.vocabulary().token_bytes(token);
+        let mut q = self.schema.cfgs_advance(&self.cfgs, bytes);
+        if q.is_empty() {
+            return false;
+        }
+        // An item completes only at a quote, a bracket or a comma (in the token or in a forced
+        // continuation); other tokens leave the next choice free.
+        if !bytes.iter().any(|b| matches!(b, b'"' | b'}' | b']' | b',')) && self.schema.cfgs_forced(&q).is_none() {
+            return false;
+        }
+        let pats = &self.schema.unique;
+        let mut t = self.tracker.clone();
+        let mut dup = bytes.iter().any(|&b| t.step(b, pats).is_err());
+        for _ in 0..64 {
+            if dup || self.schema.cfgs_accepting(&q) {
+                break;
+            }
+            let Some((b, next)) = self.schema.cfgs_forced(&q) else { break };
+            dup = t.step(b, pats).is_err();
+            q = next;
+        }
+        dup
     }
 
     /// Advances by `token`; `false` (and no change) if the token is not allowed. EOS is accepted

@@ -1290,6 +1290,52 @@ mod unique_tests {
     use serde_json::json;
 
     #[test]
+    fn unique_enum_items_never_corner_the_answer() {
+        // With "ab-major" taken, "ab-m" may only go on as "ab-minor": a byte that leads to the
+        // taken member (whose only ending is its closing quote) is masked before it is taken,
+        // so a greedy walk never reaches a state with nothing allowed.
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let s = json!({"type": "array", "items": {"type": "string", "enum": ["ab-major", "ab-minor", "ab-patch"]}, "uniqueItems": true, "minItems": 1, "maxItems": 2});
+        let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
+        let mut m = Matcher::new(&c);
+        let mut buf = vec![0u64; c.mask_words()];
+        for b in br#"["ab-major","ab-m"#.iter() {
+            assert!(m.advance(*b as u32));
+        }
+        m.allowed(&mut buf);
+        let allowed = |buf: &[u64], b: u8| buf[b as usize / 64] >> (b % 64) & 1 == 1;
+        assert!(!allowed(&buf, b'a'), "'a' can only end as the duplicate \"ab-major\"");
+        assert!(allowed(&buf, b'i'));
+        // Greedy walks (lowest allowed token first, and highest) finish with valid, unique items.
+        // (maxItems: a comma after every member has been used is not looked ahead; see the
+        // module docs of matcher.rs.)
+        for highest in [false, true] {
+            let mut m = Matcher::new(&c);
+            let mut text = Vec::new();
+            for b in br#"["ab-major","#.iter() {
+                assert!(m.advance(*b as u32));
+                text.push(*b);
+            }
+            for _ in 0..200 {
+                if m.is_accepting() {
+                    break;
+                }
+                m.allowed(&mut buf);
+                let mut ids = (0..v.len() as u32 - 1).filter(|&id| buf[id as usize / 64] >> (id % 64) & 1 == 1);
+                let id = if highest { ids.last() } else { ids.next() };
+                let id = id.unwrap_or_else(|| panic!("nothing allowed after {:?}", String::from_utf8_lossy(&text)));
+                assert!(m.advance(id));
+                text.extend_from_slice(&v[id as usize]);
+            }
+            let val: Value = serde_json::from_slice(&text).expect("valid JSON");
+            let items = val.as_array().unwrap();
+            let set: std::collections::HashSet<_> = items.iter().map(|x| x.to_string()).collect();
+            assert_eq!(set.len(), items.len(), "unique: {}", String::from_utf8_lossy(&text));
+        }
+    }
+
+    #[test]
     fn unique_items_at_run_time() {
         let v = tests::byte_vocab();
         let eos = (v.len() - 1) as u32;

@@ -163,6 +163,12 @@ impl Vocabulary {
         self.trie.subtree(node)
     }
 
+    /// The tokens spelled exactly by `node`.
+    pub(crate) fn exact_tokens(&self, node: u32) -> &[u32] {
+        let t = &self.trie;
+        t.node_tok.get(node as usize).map_or(&[], |&(first, count)| &t.tok_ids[first as usize..(first + count) as usize])
+    }
+
 
     /// The bytes of token `id` (empty for special tokens and out-of-range ids).
     pub fn token_bytes(&self, id: u32) -> &[u8] {
