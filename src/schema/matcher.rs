@@ -5,11 +5,15 @@
 //! each with the JSON-path patterns it still matches). Inside an array whose path matches a
 //! `uniqueItems` location, it remembers the canonical text of every completed item (strings as
 //! written, which is canonical; numbers without trailing fraction zeros) and removes from the mask
-//! the tokens that would complete a duplicate, directly or through the only continuation the
-//! automaton leaves (the rest of the one enum member a prefix leaves). Enforcing uniqueness
-//! wherever *some* schema branch asks for it only ever removes texts, so it cannot let an invalid
-//! document through. Not looked ahead: a comma after every member of a finite item set has been
-//! used (the next item then has no allowed token; the answer ends with `no_allowed_token`).
+//! the tokens after which the array cannot end without a duplicate: when the array is the
+//! innermost container, a bounded depth-first search over the automaton's bytes looks for a way
+//! to a new item and the array's end (so a prefix whose every ending is a taken enum member, or a
+//! comma after every member of a finite set is used, is masked before it corners the answer);
+//! when an item is itself a container, the tokens that complete a duplicate directly or through
+//! the only continuation the automaton leaves. Enforcing uniqueness wherever *some* schema branch
+//! asks for it only ever removes texts, so it cannot let an invalid document through; a search
+//! that runs out of budget leaves the token allowed (the answer may then still end with
+//! `no_allowed_token`, never with a duplicate).
 
 use std::collections::HashSet;
 use std::sync::Arc as Rc;
@@ -17,6 +21,16 @@ use std::sync::Arc as Rc;
 use super::lower::PStep;
 use super::calls::Config;
 use super::{CompiledSchema, StateId};
+
+/// Automaton steps the dead-end search may take for one mask (all tokens together), and for
+/// one token.
+const LOOK_BUDGET: u32 = 8_192;
+const LOOK_TOKEN_BUDGET: u32 = 1_024;
+/// Allowed tokens above which a mask is a free string's: tokens that stay inside it are not
+/// searched where items are containers.
+const WIDE_MASK: u32 = 512;
+/// Bytes the dead-end search looks ahead at most.
+const LOOK_DEPTH: u32 = 160;
 
 #[derive(Clone, Debug)]
 struct Frame {
@@ -226,10 +240,21 @@ impl Tracker {
         Ok(())
     }
 
-    /// Completed items of the innermost array, when it is a unique array with any.
-    fn unique_top(&self) -> Option<&Frame> {
-        self.stack.last().filter(|f| f.is_arr && f.unique && !f.items.is_empty())
+    /// A copy without the text kept for container items (for a look-ahead that completes none).
+    fn without_text(&self) -> Tracker {
+        Tracker {
+            stack: self.stack.clone(),
+            in_str: self.in_str,
+            esc: self.esc,
+            scalar: self.scalar,
+            buf: self.buf.clone(),
+            buf_is_key: self.buf_is_key,
+            text: Vec::new(),
+            base: self.pos,
+            pos: self.pos,
+        }
     }
+
 }
 
 /// Stateful matcher for one generation: the automaton state plus what a finite automaton cannot
@@ -298,19 +323,36 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
     /// Writes the allowed-token bitset into `out` (at least `schema.mask_words()` words).
     pub fn allowed(&mut self, out: &mut [u64]) {
         self.schema.cfgs_allowed(&self.cfgs, out);
-        let n = self.schema.mask_words().min(out.len());
         if !self.track {
             return;
         }
-        if !self.tracker.stack.iter().any(|f| f.is_arr && f.unique && !f.items.is_empty()) {
-            return;
-        }
+        // The innermost unique array with completed items: the search's goal is its end.
+        let Some(k) = self.tracker.stack.iter().rposition(|f| f.is_arr && f.unique && !f.items.is_empty()) else { return };
+        self.mask_dead_ends(out, k + 1);
+    }
+
+    /// Masks every token after which the unique array at stack depth `d` cannot end without a
+    /// duplicate: the token completes one, or the automaton leaves no way from it to new items
+    /// and the array's end (a prefix whose every ending is a taken member, a comma after every
+    /// member of a finite set is used), found by a bounded depth-first search over the
+    /// automaton's bytes. A search that runs out of budget leaves the token allowed unless it
+    /// completes a duplicate by itself or through the only continuation the automaton leaves.
+    fn mask_dead_ends(&self, out: &mut [u64], d: usize) {
+        let n = self.schema.mask_words().min(out.len());
         let vocab = self.schema.vocabulary();
-        if let (Some(top), true) = (self.tracker.unique_top(), self.tracker.in_str && !self.tracker.buf_is_key) {
+        let t = &self.tracker;
+        // The common case, a string or number item of the only unique array with items: a token
+        // that only goes on with a string (or opens one) that no earlier item begins with can
+        // always end as a new item, and is not searched.
+        let simple = d == t.stack.len() && !t.stack[..d - 1].iter().any(|f| f.unique);
+        let top = &t.stack[d - 1];
+        let in_item_str = simple && t.in_str && !t.buf_is_key;
+        let mut candidates: Vec<u32> = Vec::new();
+        if in_item_str {
             // A string item in progress: tokens spelling the rest of an earlier item (closing
-            // quote included) complete a duplicate; so does everything below them in the trie.
-            let x = &self.tracker.buf;
-            let mut partial: Vec<u32> = Vec::new();
+            // quote included) complete a duplicate, and so does everything below them in the trie.
+            // Tokens spelling a proper prefix of such a rest are searched.
+            let x = &t.buf;
             for p in top.items.iter() {
                 if p.len() > x.len() && p.starts_with(x) {
                     let rem = &p[x.len()..];
@@ -321,35 +363,131 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
                             }
                         }
                     }
-                    // Tokens spelling a proper prefix of the rest: the item is then a duplicate
-                    // if the automaton can only finish it the earlier item's way (the last
-                    // member of an enum, say), checked below with the forced continuation.
-                    partial.extend((1..rem.len()).filter_map(|l| vocab.find(&rem[..l])).flat_map(|n| vocab.exact_tokens(n).iter().copied()));
-                }
-            }
-            for id in partial {
-                let allowed = out.get(id as usize / 64).is_some_and(|w| w >> (id % 64) & 1 == 1);
-                if allowed && self.forced_duplicate(id) {
-                    out[id as usize / 64] &= !(1u64 << (id % 64));
+                    candidates.extend((1..rem.len()).filter_map(|l| vocab.find(&rem[..l])).flat_map(|n| vocab.exact_tokens(n).iter().copied()));
                 }
             }
         }
-        // Tokens after which the item in progress is a duplicate: completed by the token itself,
-        // or by the only continuation the automaton leaves after it (a closing quote that can
-        // only be followed by `}` would otherwise paint the answer into a corner).
+        let wide = out[..n].iter().map(|w| w.count_ones()).sum::<u32>() > WIDE_MASK;
         for w in 0..n {
             let mut bits = out[w];
             while bits != 0 {
                 let id = (w * 64) as u32 + bits.trailing_zeros();
                 bits &= bits - 1;
                 let bytes = vocab.token_bytes(id);
-                if bytes.is_empty() || (self.tracker.in_str && !bytes.contains(&b'"')) {
-                    continue; // EOS, or the string goes on: nothing completes
+                if bytes.is_empty() {
+                    continue; // EOS
                 }
-                if self.forced_duplicate(id) {
-                    out[w] &= !(1u64 << (id % 64));
+                let searched = if !simple {
+                    // Inside a free string (a wide mask) a token that does not end the string
+                    // leaves the rest free.
+                    !(t.in_str && wide) || bytes.contains(&b'"')
+                } else if in_item_str {
+                    bytes.contains(&b'"')
+                } else if !t.in_str && bytes[0] == b'"' && !bytes[1..].iter().any(|b| matches!(b, b'"' | b'\\')) {
+                    top.items.iter().any(|p| p.len() > bytes.len() && p.starts_with(bytes))
+                } else {
+                    true
+                };
+                if searched {
+                    candidates.push(id);
                 }
             }
+        }
+        candidates.sort_unstable();
+        candidates.dedup();
+        let mut budget = LOOK_BUDGET;
+        for id in candidates {
+            let allowed = out.get(id as usize / 64).is_some_and(|w| w >> (id % 64) & 1 == 1);
+            if allowed && self.dead_end(id, d, &mut budget) {
+                out[id as usize / 64] &= !(1u64 << (id % 64));
+            }
+        }
+    }
+
+    /// Whether `token` leaves the unique array at stack depth `d` no way to end without a
+    /// duplicate item: `true` when shown, `false` when a way is found; when the search runs out
+    /// of `budget` (automaton steps, shared by one mask), whether the token completes a
+    /// duplicate through the only continuation the automaton leaves.
+    fn dead_end(&self, token: u32, d: usize, budget: &mut u32) -> bool {
+        let bytes = self.schema.vocabulary().token_bytes(token);
+        let q = self.schema.cfgs_advance(&self.cfgs, bytes);
+        if q.is_empty() {
+            return false;
+        }
+        // The search needs the text kept for container items only when one can complete:
+        // an item of the array that is a container, or the array itself inside another unique
+        // array.
+        let containers = self.tracker.stack.len() > d || self.tracker.stack[..d - 1].iter().any(|f| f.unique);
+        let mut t = if containers { self.tracker.clone() } else { self.tracker.without_text() };
+        if bytes.iter().any(|&b| t.step(b, &self.schema.unique).is_err()) {
+            return true;
+        }
+        // Most tokens leave a way out along the automaton's shortest completion.
+        if let Some(rest) = self.schema.cfgs_completion_walk(&q) {
+            let mut u = t.clone();
+            for &b in &rest {
+                if u.step(b, &self.schema.unique).is_err() {
+                    break;
+                }
+                if u.stack.len() < d {
+                    return false;
+                }
+            }
+        }
+        let last_ws = bytes.last().is_some_and(|b| b.is_ascii_whitespace());
+        let mut mine = (*budget).min(LOOK_TOKEN_BUDGET);
+        let found = self.escape(&q, &t, d, 0, last_ws, &mut mine);
+        *budget -= (*budget).min(LOOK_TOKEN_BUDGET) - mine;
+        match found {
+            Some(found) => !found,
+            None => self.forced_duplicate(token),
+        }
+    }
+
+    /// Depth-first search for bytes, allowed by the automaton and making no duplicate, that close
+    /// the unique array at stack depth `d`: `Some(true)` found, `Some(false)` none exists,
+    /// `None` undecided (budget or depth).
+    fn escape(&self, q: &[Config], t: &Tracker, d: usize, depth: u32, last_ws: bool, budget: &mut u32) -> Option<bool> {
+        if t.stack.len() < d {
+            return Some(true);
+        }
+        if depth >= LOOK_DEPTH || *budget == 0 {
+            return None;
+        }
+        *budget -= 1;
+        let set = self.schema.cfgs_bytes(q);
+        let has = |b: u8| set[b as usize / 64] >> (b % 64) & 1 == 1;
+        let order = [b']', b'"', b','].into_iter().chain((0..=255u8).filter(|b| !matches!(b, b']' | b'"' | b',')));
+        let mut undecided = false;
+        for b in order {
+            if !has(b) {
+                continue;
+            }
+            let ws = !t.in_str && b.is_ascii_whitespace();
+            if ws && last_ws {
+                continue; // a run of whitespace is one byte of it as far as items go
+            }
+            let q2 = self.schema.cfgs_advance(q, &[b]);
+            if q2.is_empty() {
+                continue;
+            }
+            let mut t2 = t.clone();
+            if t2.step(b, &self.schema.unique).is_err() {
+                continue;
+            }
+            match self.escape(&q2, &t2, d, depth + 1, ws, budget) {
+                Some(true) => return Some(true),
+                Some(false) => {}
+                None => undecided = true,
+            }
+            if *budget == 0 {
+                return None;
+            }
+        }
+        if undecided {
+            None
+        } else {
+            Some(false)
         }
     }
 

@@ -732,6 +732,49 @@ impl CompiledSchema {
             .min()
     }
 
+    /// A shortest completion of a run, walked down the distance table (one lookup per byte class
+    /// a step, no search: for per-token checks). `None` when dead.
+    pub(crate) fn cfgs_completion_walk(&self, cfgs: &[Config]) -> Option<Vec<u8>> {
+        if self.calls.is_some() {
+            return self.cfgs_completion(cfgs);
+        }
+        let dist = &self.distances().0;
+        let mut q = cfgs.iter().map(|c| c.q).filter(|&q| q != DEAD).min_by_key(|&q| dist.get(q as usize).copied().unwrap_or(u32::MAX))?;
+        let mut left = *dist.get(q as usize)?;
+        if left == u32::MAX {
+            return None;
+        }
+        let mut out = Vec::with_capacity(left as usize);
+        while left > 0 {
+            let (b, t) = (0..=255u8).map(|b| (b, self.dfa.next(q, b))).find(|&(_, t)| t != DEAD && dist[t as usize] == left - 1)?;
+            out.push(b);
+            q = t;
+            left -= 1;
+        }
+        Some(out)
+    }
+
+    /// The bytes a run may read next, as a 256-bit set (a superset where calls are involved:
+    /// check each with [`CompiledSchema::cfgs_advance`]).
+    pub(crate) fn cfgs_bytes(&self, cfgs: &[Config]) -> [u64; 4] {
+        let mut set = [0u64; 4];
+        let mut add = |q: u32| {
+            if q == DEAD {
+                return;
+            }
+            for b in 0..=255u8 {
+                if self.dfa.next(q, b) != DEAD {
+                    set[b as usize / 64] |= 1u64 << (b % 64);
+                }
+            }
+        };
+        match &self.calls {
+            Some(c) => c.closure(cfgs).iter().for_each(|c| add(c.q)),
+            None => cfgs.iter().for_each(|c| add(c.q)),
+        }
+        set
+    }
+
     /// The only byte a run allows and the run after it; `None` when there are several (or none).
     pub(crate) fn cfgs_forced(&self, cfgs: &[Config]) -> Option<(u8, Vec<Config>)> {
         let Some(calls) = &self.calls else {
@@ -1296,7 +1339,7 @@ mod unique_tests {
         // so a greedy walk never reaches a state with nothing allowed.
         let v = tests::byte_vocab();
         let eos = (v.len() - 1) as u32;
-        let s = json!({"type": "array", "items": {"type": "string", "enum": ["ab-major", "ab-minor", "ab-patch"]}, "uniqueItems": true, "minItems": 1, "maxItems": 2});
+        let s = json!({"type": "array", "items": {"type": "string", "enum": ["ab-major", "ab-minor", "ab-patch"]}, "uniqueItems": true, "minItems": 1});
         let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
         let mut m = Matcher::new(&c);
         let mut buf = vec![0u64; c.mask_words()];
@@ -1307,9 +1350,8 @@ mod unique_tests {
         let allowed = |buf: &[u64], b: u8| buf[b as usize / 64] >> (b % 64) & 1 == 1;
         assert!(!allowed(&buf, b'a'), "'a' can only end as the duplicate \"ab-major\"");
         assert!(allowed(&buf, b'i'));
-        // Greedy walks (lowest allowed token first, and highest) finish with valid, unique items.
-        // (maxItems: a comma after every member has been used is not looked ahead; see the
-        // module docs of matcher.rs.)
+        // Greedy walks (lowest allowed token first, and highest) finish with valid, unique items,
+        // also where a comma would ask for a fourth member.
         for highest in [false, true] {
             let mut m = Matcher::new(&c);
             let mut text = Vec::new();
@@ -1332,6 +1374,66 @@ mod unique_tests {
             let items = val.as_array().unwrap();
             let set: std::collections::HashSet<_> = items.iter().map(|x| x.to_string()).collect();
             assert_eq!(set.len(), items.len(), "unique: {}", String::from_utf8_lossy(&text));
+        }
+    }
+
+    #[test]
+    fn unique_items_never_corner_a_random_walk() {
+        // Random walks over allowed tokens (single bytes and multi-byte tokens that spell parts
+        // of the members) must end in a valid document with unique items, never with nothing
+        // allowed: prefixes that branch into several taken members, a comma after every member
+        // has been used (maxItems above the set's size), number members, members inside objects.
+        let mut v = tests::byte_vocab();
+        v.pop();
+        for s in ["\"ver", "sion-", "semver-m", "major\"", "minor\"", "-patch\"", "\",", "\"]", "\", ", "\"ab-m", "aj", "in", "1,", "2]", ", \""] {
+            v.push(s.as_bytes().to_vec());
+        }
+        v.push(Vec::new()); // EOS
+        let eos = (v.len() - 1) as u32;
+        let members = json!(["version-semver-major", "version-semver-minor", "version-semver-patch", "version-other"]);
+        let schemas = [
+            json!({"type": "array", "items": {"type": "string", "enum": members}, "uniqueItems": true, "maxItems": 9}),
+            json!({"type": "array", "items": {"enum": ["ab-major", "ab-minor", "ab-mid", "ab"]}, "uniqueItems": true, "minItems": 1}),
+            json!({"type": "array", "items": {"type": "integer", "enum": [1, 2, 12, 21]}, "uniqueItems": true}),
+            json!({"type": "object", "properties": {"u": {"type": "array", "items": {"enum": ["x", "xy", "xyz"]}, "uniqueItems": true}}, "required": ["u"], "additionalProperties": false}),
+            json!({"type": "array", "items": {"type": "array", "items": {"enum": ["p", "q"]}, "uniqueItems": true, "maxItems": 3}, "uniqueItems": true, "maxItems": 3}),
+        ];
+        let mut rnd = tests::xorshift(0x9e37_79b9_7f4a_7c15);
+        let mut buf = Vec::new();
+        for s in &schemas {
+            let c = CompiledSchema::compile(s, &v, &[eos], &CompileOptions::default()).unwrap();
+            buf.resize(c.mask_words(), 0);
+            for walk in 0..200 {
+                let mut m = Matcher::new(&c);
+                let mut text = Vec::new();
+                for _ in 0..400 {
+                    m.allowed(&mut buf);
+                    let ids: Vec<u32> = (0..v.len() as u32).filter(|&id| buf[id as usize / 64] >> (id % 64) & 1 == 1).collect();
+                    assert!(!ids.is_empty(), "schema {s}, walk {walk}: nothing allowed after {:?}", String::from_utf8_lossy(&text));
+                    // Prefer going on over ending, so the walks reach the full sets.
+                    let go_on: Vec<u32> = ids.iter().copied().filter(|&id| id != eos).collect();
+                    let id = if go_on.is_empty() || rnd(8) == 0 && ids.contains(&eos) { eos } else { go_on[rnd(go_on.len() as u64) as usize] };
+                    if id == eos {
+                        break;
+                    }
+                    assert!(m.advance(id));
+                    text.extend_from_slice(&v[id as usize]);
+                }
+                assert!(m.is_accepting(), "schema {s}, walk {walk}: unfinished {:?}", String::from_utf8_lossy(&text));
+                let val: Value = serde_json::from_slice(&text).expect("valid JSON");
+                let mut arrays = vec![&val];
+                while let Some(x) = arrays.pop() {
+                    match x {
+                        Value::Array(items) => {
+                            let set: std::collections::HashSet<String> = items.iter().map(|x| x.to_string()).collect();
+                            assert_eq!(set.len(), items.len(), "schema {s}: duplicate in {}", String::from_utf8_lossy(&text));
+                            arrays.extend(items);
+                        }
+                        Value::Object(o) => arrays.extend(o.values()),
+                        _ => {}
+                    }
+                }
+            }
         }
     }
 
