@@ -18,6 +18,13 @@ pub type ScoresFn = fn(&[f32], &[u16], &mut [f32]);
 pub type ExpSumFn = fn(&mut [f32], f32) -> f32;
 /// `out (hd) += Σ_j p[j] · v[j·hd .. (j+1)·hd]` with `hd = out.len()`, `v` f16 bits.
 pub type PvFn = fn(&[f32], &[u16], &mut [f32]);
+/// [`ScoresFn`] for the `g` query heads that share one key head: `qs` is `(g, hd)`, `out` is
+/// `(g, stride)` with `stride >= 16 · tiles`; `out[h·stride + 16·t + l] = q_h · key(16·t + l)`.
+/// One pass over the keys serves every head (grouped-query attention).
+pub type ScoresGroupFn = fn(&[f32], usize, &[u16], &mut [f32], usize);
+/// [`PvFn`] for `g` heads sharing one value head: `p` is `(g, stride)` (the first `n` of each
+/// row used), `out` is `(g, hd)`; `out[h] += Σ_j p[h·stride + j] · v[j]` for `j < n`.
+pub type PvGroupFn = fn(&[f32], usize, usize, &[u16], &mut [f32]);
 /// `dst[i] = f16 bits of src[i]` (round to nearest even).
 pub type ToF16Fn = fn(&[f32], &mut [u16]);
 /// `g = silu(g) · u`.
@@ -45,6 +52,9 @@ pub struct Kernels {
     pub scores: ScoresFn,
     pub exp_sum: ExpSumFn,
     pub pv: PvFn,
+    /// Grouped variants of `scores` and `pv` (None: one call per head).
+    pub scores_group: Option<ScoresGroupFn>,
+    pub pv_group: Option<PvGroupFn>,
     pub silu_mul: SiluMulFn,
     pub round_f16: RoundF16Fn,
     pub to_f16: ToF16Fn,
@@ -67,9 +77,35 @@ impl Kernels {
             scores: scores_ref,
             exp_sum: exp_sum_ref,
             pv: pv_ref,
+            scores_group: None,
+            pv_group: None,
             silu_mul: silu_mul_ref,
             round_f16: round_f16_ref,
             to_f16: to_f16_ref,
+        }
+    }
+
+    /// Scores of `g` heads against one key head (see [`ScoresGroupFn`]).
+    pub fn scores_heads(&self, qs: &[f32], g: usize, kt: &[u16], out: &mut [f32], stride: usize) {
+        if let Some(f) = self.scores_group {
+            return f(qs, g, kt, out, stride);
+        }
+        let hd = qs.len() / g.max(1);
+        let tiles = kt.len() / (hd * 16).max(1);
+        for h in 0..g {
+            (self.scores)(&qs[h * hd..(h + 1) * hd], kt, &mut out[h * stride..h * stride + tiles * 16]);
+        }
+    }
+
+    /// `out[h] += p_h · V` for `g` heads sharing one value head (see [`PvGroupFn`]).
+    pub fn pv_heads(&self, p: &[f32], stride: usize, n: usize, v: &[u16], out: &mut [f32]) {
+        if let Some(f) = self.pv_group {
+            return f(p, stride, n, v, out);
+        }
+        let g = p.len() / stride.max(1);
+        let hd = out.len() / g.max(1);
+        for h in 0..g {
+            (self.pv)(&p[h * stride..h * stride + n], &v[..n * hd], &mut out[h * hd..(h + 1) * hd]);
         }
     }
 

@@ -34,6 +34,8 @@ pub fn detect() -> Option<Kernels> {
             scores: scores_512,
             exp_sum: exp_sum_512,
             pv: pv_512,
+            scores_group: Some(scores_group_512),
+            pv_group: Some(pv_group_512),
             silu_mul: silu_mul_512,
             round_f16: round_f16_512,
             to_f16: to_f16_512,
@@ -489,6 +491,51 @@ fn pv_512(p: &[f32], v: &[u16], out: &mut [f32]) {
     // SAFETY: as above.
     unsafe { pv_512_inner(p, v, out) }
 }
+fn scores_group_512(qs: &[f32], g: usize, kt: &[u16], out: &mut [f32], stride: usize) {
+    let hd = qs.len() / g.max(1);
+    let tiles = (kt.len() / (hd * 16).max(1)).min(stride / 16);
+    assert!(qs.len() >= g * hd && kt.len() >= tiles * hd * 16 && out.len() >= g.saturating_sub(1) * stride + tiles * 16);
+    let mut h = 0;
+    while h < g {
+        let (q, o) = (&qs[h * hd..], &mut out[h * stride..]);
+        // SAFETY: avx512f was detected (see scores_512); the bounds were checked above.
+        unsafe {
+            match g - h {
+                1 => scores_group_inner::<1>(q, hd, kt, tiles, o, stride),
+                2 => scores_group_inner::<2>(q, hd, kt, tiles, o, stride),
+                3 => scores_group_inner::<3>(q, hd, kt, tiles, o, stride),
+                _ => scores_group_inner::<4>(q, hd, kt, tiles, o, stride),
+            }
+        }
+        h += (g - h).min(4);
+    }
+}
+fn pv_group_512(p: &[f32], stride: usize, n: usize, v: &[u16], out: &mut [f32]) {
+    let g = p.len() / stride.max(1);
+    let hd = out.len() / g.max(1);
+    let n = n.min(stride).min(v.len() / hd.max(1));
+    if hd != 64 {
+        for h in 0..g {
+            pv_512(&p[h * stride..h * stride + n], &v[..n * hd], &mut out[h * hd..(h + 1) * hd]);
+        }
+        return;
+    }
+    assert!(p.len() >= g.saturating_sub(1) * stride + n && v.len() >= n * 64 && out.len() >= g * 64);
+    let mut h = 0;
+    while h < g {
+        let (ph, o) = (&p[h * stride..], &mut out[h * 64..]);
+        // SAFETY: as above.
+        unsafe {
+            match g - h {
+                1 => pv_group_inner::<1>(ph, stride, n, v, o),
+                2 => pv_group_inner::<2>(ph, stride, n, v, o),
+                3 => pv_group_inner::<3>(ph, stride, n, v, o),
+                _ => pv_group_inner::<4>(ph, stride, n, v, o),
+            }
+        }
+        h += (g - h).min(4);
+    }
+}
 fn silu_mul_512(g: &mut [f32], u: &[f32]) {
     // SAFETY: as above.
     unsafe { silu_mul_512_inner(g, u) }
@@ -549,6 +596,80 @@ unsafe fn scores_512_inner(q: &[f32], kt: &[u16], out: &mut [f32]) {
         // SAFETY: as above.
         unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(t * 16), acc) };
         t += 1;
+    }
+}
+
+/// `G` heads' scores over `tiles` key tiles, two tiles at a time: each key row is loaded and
+/// converted once for all heads. Per head and lane the sum runs over `d` in order with one fused
+/// multiply-add per step, as [`scores_512_inner`] does, so the results are the same bits.
+#[target_feature(enable = "avx512f")]
+unsafe fn scores_group_inner<const G: usize>(qs: &[f32], hd: usize, kt: &[u16], tiles: usize, out: &mut [f32], stride: usize) {
+    let mut t = 0;
+    while t + 2 <= tiles {
+        let mut acc = [[_mm512_setzero_ps(); 2]; G];
+        for d in 0..hd {
+            // SAFETY (all raw accesses): the caller checked kt holds `tiles` tiles of hd·16, qs G·hd
+            // floats and out (G-1)·stride + 16·tiles floats.
+            let k0 = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(kt.as_ptr().add((t * hd + d) * 16) as *const __m256i)) };
+            let k1 = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(kt.as_ptr().add(((t + 1) * hd + d) * 16) as *const __m256i)) };
+            for (h, a) in acc.iter_mut().enumerate() {
+                let q = _mm512_set1_ps(unsafe { *qs.get_unchecked(h * hd + d) });
+                a[0] = _mm512_fmadd_ps(q, k0, a[0]);
+                a[1] = _mm512_fmadd_ps(q, k1, a[1]);
+            }
+        }
+        for (h, a) in acc.iter().enumerate() {
+            unsafe {
+                _mm512_storeu_ps(out.as_mut_ptr().add(h * stride + t * 16), a[0]);
+                _mm512_storeu_ps(out.as_mut_ptr().add(h * stride + (t + 1) * 16), a[1]);
+            }
+        }
+        t += 2;
+    }
+    if t < tiles {
+        let mut acc = [_mm512_setzero_ps(); G];
+        for d in 0..hd {
+            let k0 = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(kt.as_ptr().add((t * hd + d) * 16) as *const __m256i)) };
+            for (h, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(_mm512_set1_ps(unsafe { *qs.get_unchecked(h * hd + d) }), k0, *a);
+            }
+        }
+        for (h, a) in acc.iter().enumerate() {
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(h * stride + t * 16), *a) };
+        }
+    }
+}
+
+/// `G` heads' `out_h (64) += Σ_j p_h[j] · v[j]`: each value row is loaded and converted once for
+/// all heads; even and odd positions accumulate apart and are added at the end, as in
+/// [`pv_512_inner`].
+#[target_feature(enable = "avx512f")]
+unsafe fn pv_group_inner<const G: usize>(p: &[f32], stride: usize, n: usize, v: &[u16], out: &mut [f32]) {
+    let mut acc = [[[_mm512_setzero_ps(); 4]; 2]; G];
+    let row = |j: usize| -> [__m512; 4] {
+        // SAFETY (all raw accesses): the caller checked v holds n rows of 64 and p (G-1)·stride + n
+        // floats, out G·64.
+        core::array::from_fn(|c| unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(v.as_ptr().add(j * 64 + c * 16) as *const __m256i)) })
+    };
+    let mut j = 0;
+    while j < n {
+        let par = j & 1;
+        let r = row(j);
+        for (h, a) in acc.iter_mut().enumerate() {
+            let pj = _mm512_set1_ps(unsafe { *p.get_unchecked(h * stride + j) });
+            for c in 0..4 {
+                a[par][c] = _mm512_fmadd_ps(pj, r[c], a[par][c]);
+            }
+        }
+        j += 1;
+    }
+    for (h, a) in acc.iter().enumerate() {
+        for c in 0..4 {
+            unsafe {
+                let o = _mm512_loadu_ps(out.as_ptr().add(h * 64 + c * 16));
+                _mm512_storeu_ps(out.as_mut_ptr().add(h * 64 + c * 16), _mm512_add_ps(o, _mm512_add_ps(a[0][c], a[1][c])));
+            }
+        }
     }
 }
 
@@ -699,6 +820,39 @@ mod tests {
             (k.quantize)(&mut b, &x, n, cols);
             assert_eq!(a.qs, b.qs, "n {n} cols {cols}");
             assert_eq!((a.d.clone(), a.s.clone(), a.qsum.clone()), (b.d.clone(), b.s.clone(), b.qsum.clone()));
+        }
+    }
+
+    /// The grouped kernels give each head exactly what one call per head gives.
+    #[test]
+    fn grouped_attention_kernels_equal_per_head_calls() {
+        let Some(k) = detect().filter(|k| k.name == "avx512vnni") else { return };
+        let per_head = Kernels { scores_group: None, pv_group: None, ..k };
+        let mut rng = Rng(11);
+        for hd in [64usize, 128] {
+            for g in 1..=5usize {
+                for tiles in [1usize, 2, 5] {
+                    let stride = tiles * 16 + 16;
+                    let qs: Vec<f32> = (0..g * hd).map(|_| rng.f()).collect();
+                    let ktf: Vec<f32> = (0..tiles * hd * 16).map(|_| rng.f()).collect();
+                    let mut kt = vec![0u16; ktf.len()];
+                    (k.to_f16)(&ktf, &mut kt);
+                    let (mut a, mut b) = (vec![0.0; g * stride], vec![0.0; g * stride]);
+                    k.scores_heads(&qs, g, &kt, &mut a, stride);
+                    per_head.scores_heads(&qs, g, &kt, &mut b, stride);
+                    assert_eq!(a, b, "scores hd {hd} g {g} tiles {tiles}");
+                    for n in [tiles * 16 - 3, tiles * 16] {
+                        let p: Vec<f32> = (0..g * stride).map(|_| rng.f()).collect();
+                        let vf: Vec<f32> = (0..n * hd).map(|_| rng.f()).collect();
+                        let mut v = vec![0u16; vf.len()];
+                        (k.to_f16)(&vf, &mut v);
+                        let (mut a, mut b) = (vec![0.25; g * hd], vec![0.25; g * hd]);
+                        k.pv_heads(&p, stride, n, &v, &mut a);
+                        per_head.pv_heads(&p, stride, n, &v, &mut b);
+                        assert_eq!(a, b, "pv hd {hd} g {g} n {n}");
+                    }
+                }
+            }
         }
     }
 
