@@ -172,6 +172,50 @@ fn batched_sequences_equal_separate() {
     assert_eq!(engine.seq_len(sa), a.len() + 1);
 }
 
+#[test]
+fn copied_prefix_equals_recomputed() {
+    let Some(gguf) = gguf() else { return };
+    let root = bundle(&gguf);
+    let mut engine = Engine::load(&root, &EngineOptions { threads: 2, max_seqs: 4, max_context: 0 }).expect("load");
+    let (prompts, _) = load_reference();
+    let a = &prompts[0].prompt_ids;
+    assert!(a.len() > 8, "reference prompt too short for the test");
+    let maxdiff = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
+    // alone: the whole prompt, then one decode step
+    let s = engine.new_seq().expect("seq");
+    let la = engine.forward(&[(s, a)]).expect("fwd").remove(0);
+    let la2 = engine.forward(&[(s, &[7])]).expect("fwd").remove(0);
+    engine.free_seq(s);
+    // a donor that prefilled a longer prompt with the same start (in two chunks), copied into a
+    // fresh sequence up to 3 tokens before the end; the rest computed there
+    let donor = engine.new_seq().expect("seq");
+    let longer: Vec<u32> = a.iter().copied().chain([11, 12, 13]).collect();
+    let _ = engine.forward(&[(donor, &longer[..5])]).expect("fwd");
+    let _ = engine.forward(&[(donor, &longer[5..])]).expect("fwd");
+    let s = engine.new_seq().expect("seq");
+    let n = a.len() - 3;
+    assert!(!engine.copy_prefix(donor, s, longer.len() + 1).expect("copy"), "more than the donor holds");
+    assert_eq!(engine.seq_len(s), 0);
+    assert!(engine.copy_prefix(donor, s, n).expect("copy"));
+    assert_eq!(engine.seq_len(s), n);
+    let lc = engine.forward(&[(s, &a[n..])]).expect("fwd").remove(0);
+    let lc2 = engine.forward(&[(s, &[7])]).expect("fwd").remove(0);
+    println!("copied prefix vs recomputed: {} {}", maxdiff(&lc, &la), maxdiff(&lc2, &la2));
+    assert!(maxdiff(&lc, &la) < 1e-3 && maxdiff(&lc2, &la2) < 1e-3);
+    assert_eq!(argmax(&lc), argmax(&la));
+    // the donor is untouched and can serve again; a copy replaces what the target held
+    assert_eq!(engine.seq_len(donor), longer.len());
+    assert!(engine.copy_prefix(donor, s, n).expect("copy"));
+    assert_eq!(engine.seq_len(s), n);
+    let lc3 = engine.forward(&[(s, &a[n..])]).expect("fwd").remove(0);
+    assert!(maxdiff(&lc3, &la) < 1e-3);
+    // unknown sequences are errors; different control vectors never share a cache
+    assert!(engine.copy_prefix(donor, 999, 4).is_err());
+    let n_layers = engine.config().n_layers;
+    engine.set_steering(s, Some(std::sync::Arc::new(applianced::engine::Steering::new(vec![None; n_layers])))).expect("steer");
+    assert!(!engine.copy_prefix(donor, s, 4).expect("copy"));
+}
+
 /// Throughput on the reference model: prefill of 512 tokens, and 128 single-token decode steps
 /// after a 4-token and after the 512-token prompt. On the shared machine run it at top priority
 /// (see /work/shared/BENCHMARKING.md):

@@ -305,6 +305,9 @@ fn e2e_apis_hostile_input_and_audit() {
     assert_eq!(r.status, 200, "{}", r.body);
     let c = r.json();
     assert_eq!(c["choices"][0]["message"]["content"].as_str().unwrap(), whole);
+    // The repeated prompts took their shared start from the prefix cache, and the greedy answers
+    // above are the same as the first one's, which computed everything.
+    assert!(s.metric("applianced_prompt_tokens_cached_total") > 0.0, "prefix cache unused");
     assert_eq!(c["usage"]["total_tokens"].as_u64().unwrap(), c["usage"]["prompt_tokens"].as_u64().unwrap() + c["usage"]["completion_tokens"].as_u64().unwrap());
     let r = s.post("/v1/chat/completions", &oa.replace("\"temperature\":0", "\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}"));
     let ev = sse_events(&r.body);
@@ -516,7 +519,7 @@ fn e2e_apis_hostile_input_and_audit() {
 #[test]
 fn e2e_queue_full_gives_429() {
     let b = need_model!();
-    let s = Server::start(b, "[limits]\nmax_concurrent = 1\nqueue_size = 1\n");
+    let s = Server::start(b, "[limits]\nmax_concurrent = 1\nqueue_size = 1\nprefix_cache_tokens = 0\n");
     let body = r#"{"max_tokens":64,"messages":[{"role":"user","content":"Tell me a story."}]}"#;
     let handles: Vec<_> = (0..6)
         .map(|_| {
@@ -536,6 +539,7 @@ fn e2e_queue_full_gives_429() {
     assert!(ok >= 1 && !full.is_empty() && ok + full.len() == 6, "{:?}", rs.iter().map(|r| r.status).collect::<Vec<_>>());
     assert!(full[0].headers.contains_key("retry-after"));
     assert_eq!(full[0].json()["error"]["type"], "rate_limit_exceeded");
+    assert_eq!(s.metric("applianced_prompt_tokens_cached_total"), 0.0, "prefix cache used while off");
     assert_eq!(s.post("/v1/chat/completions", body).status, 200);
 }
 

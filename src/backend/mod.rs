@@ -301,6 +301,11 @@ pub trait Backend: Send {
     fn kv_write(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, row0: usize, n: usize, pos0: usize);
     /// Drop positions from `len` on (keeps allocation).
     fn kv_truncate(&self, kv: &mut Self::Kv, len: usize);
+    /// Make `dst` hold positions `0..len` of `src` (whatever `dst` held is replaced); `false`
+    /// where the backend cannot (the caller then computes the positions instead).
+    fn kv_copy_prefix(&self, _src: &Self::Kv, _dst: &mut Self::Kv, _len: usize) -> bool {
+        false
+    }
     /// Causal grouped-query attention for every segment: `out (rows, n_heads*head_dim)`.
     fn attention(&self, layer: usize, q: &Self::Buf, segs: &[AttnSeg<'_, Self::Kv>], shape: AttnShape, out: &mut Self::Buf);
 }

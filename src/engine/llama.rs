@@ -200,6 +200,26 @@ impl<B: Backend> Llama<B> {
         Ok(())
     }
 
+    /// See [`super::Engine::copy_prefix`].
+    pub fn copy_prefix(&mut self, src: SeqId, dst: SeqId, len: usize) -> Result<bool, EngineError> {
+        if src == dst {
+            return Ok(false);
+        }
+        let s = self.seqs.get(&src).ok_or(EngineError::UnknownSeq(src))?;
+        let d = self.seqs.get(&dst).ok_or(EngineError::UnknownSeq(dst))?;
+        if len > s.len || !same_steering(&s.steer, &d.steer) {
+            return Ok(false);
+        }
+        let mut d = self.seqs.remove(&dst).ok_or(EngineError::UnknownSeq(dst))?;
+        let s = &self.seqs[&src];
+        let ok = self.b.kv_copy_prefix(&s.kv, &mut d.kv, len);
+        if ok {
+            d.len = len;
+        }
+        self.seqs.insert(dst, d);
+        Ok(ok)
+    }
+
     /// See [`super::Engine::forward_into`].
     pub fn forward_into(&mut self, batch: &[(SeqId, &[u32])], out: &mut Logits) -> Result<(), EngineError> {
         self.validate(batch)?;
@@ -370,5 +390,15 @@ impl<B: Backend> Llama<B> {
             cache.len += toks.len();
             self.seqs.insert(seq, cache);
         }
+    }
+}
+
+/// Whether two sequences add the same control vectors (the same preset's, or none): only then
+/// are their KV caches interchangeable.
+fn same_steering(a: &Option<std::sync::Arc<super::Steering>>, b: &Option<std::sync::Arc<super::Steering>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(x), Some(y)) => std::sync::Arc::ptr_eq(x, y),
+        _ => false,
     }
 }

@@ -253,6 +253,15 @@ impl Engine {
         with_model!(&self.loaded, m => m.seq_len(seq))
     }
 
+    /// Make `dst` hold the first `len` positions of `src`'s KV cache (replacing what it held),
+    /// so that a prompt sharing those tokens is fed only from `len` on: the shared prefix of
+    /// requests with the same system prompt is computed once. `Ok(false)` (nothing changed) where
+    /// it cannot: the backend has no copy (CUDA and WebGPU today), `len` is more than `src`
+    /// holds, or the two sequences have different control vectors (their caches differ).
+    pub fn copy_prefix(&mut self, src: SeqId, dst: SeqId, len: usize) -> Result<bool, EngineError> {
+        with_model!(&mut self.loaded, m => m.copy_prefix(src, dst, len))
+    }
+
     /// Forget everything after the first `len` tokens of a sequence (e.g. to reuse a shared prefix).
     pub fn truncate_seq(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
         with_model!(&mut self.loaded, m => m.truncate_seq(seq, len))

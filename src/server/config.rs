@@ -92,6 +92,10 @@ pub struct LimitsConfig {
     pub max_concurrent: usize,
     /// Prompt tokens prefilled per engine step, so running streams keep flowing.
     pub prefill_chunk: usize,
+    /// Longest prompt prefix kept for reuse (0 = off): the KV cache of the last prompt is kept in
+    /// one extra sequence, and a request whose prompt starts with the same tokens (a shared
+    /// system prompt, the chat template's preamble) copies it instead of recomputing them.
+    pub prefix_cache_tokens: usize,
     /// Open connections at once; more are closed on accept.
     pub max_connections: usize,
     /// Seconds a client has to send a request's headers (also closes idle keep-alive connections).
@@ -112,6 +116,7 @@ impl Default for LimitsConfig {
             queue_size: 64,
             max_concurrent: 8,
             prefill_chunk: 256,
+            prefix_cache_tokens: 1024,
             max_connections: 256,
             header_timeout_secs: 10,
             body_timeout_secs: 30,

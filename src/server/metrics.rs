@@ -47,6 +47,7 @@ const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 struct Inner {
     requests: BTreeMap<(String, u16), u64>,
     tokens_in: u64,
+    tokens_cached: u64,
     tokens_out: u64,
     refused_peers: u64,
     queue_depth: i64,
@@ -89,6 +90,7 @@ impl Default for Metrics {
             inner: Mutex::new(Inner {
                 requests: BTreeMap::new(),
                 tokens_in: 0,
+                tokens_cached: 0,
                 tokens_out: 0,
                 refused_peers: 0,
                 queue_depth: 0,
@@ -177,6 +179,10 @@ impl Metrics {
     pub fn inter_token(&self, s: f64) {
         self.with(|m| m.itl.observe(s));
     }
+    /// Prompt tokens taken from the prefix cache instead of computed.
+    pub fn prompt_cached(&self, n: usize) {
+        self.with(|m| m.tokens_cached += n as u64);
+    }
     pub fn step(&self, seqs: usize, tokens: usize) {
         self.with(|m| {
             m.steps += 1;
@@ -205,6 +211,8 @@ impl Metrics {
         m.audit_write.render(&mut o, "applianced_audit_write_seconds");
         head(&mut o, "applianced_prompt_tokens_total", "counter", "Prompt tokens processed.");
         let _ = writeln!(o, "applianced_prompt_tokens_total {}", m.tokens_in);
+        head(&mut o, "applianced_prompt_tokens_cached_total", "counter", "Prompt tokens whose KV cache was copied from the prefix cache (limits.prefix_cache_tokens) instead of computed; included in applianced_prompt_tokens_total.");
+        let _ = writeln!(o, "applianced_prompt_tokens_cached_total {}", m.tokens_cached);
         head(&mut o, "applianced_generated_tokens_total", "counter", "Tokens generated.");
         let _ = writeln!(o, "applianced_generated_tokens_total {}", m.tokens_out);
         head(&mut o, "applianced_refused_peers_total", "counter", "Requests refused by the peer-credential allowlist.");

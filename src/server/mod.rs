@@ -335,11 +335,12 @@ fn spawn_generation(c: &Common, vb: &VerifiedBundle) -> Result<(Generation, toki
     let schemas = std::sync::Mutex::new(crate::schema::SchemaCache::new(vocab, 256 << 20));
     let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();
     let cfg = &c.cfg;
-    let eopts = EngineOptions { threads: cfg.threads, max_seqs: cfg.limits.max_concurrent, max_context: cfg.limits.max_context };
+    // One more sequence than requests run at once: the prefix cache's.
+    let eopts = EngineOptions { threads: cfg.threads, max_seqs: cfg.limits.max_concurrent + 1, max_context: cfg.limits.max_context };
     let root = vb.root.clone();
     let backend: crate::backend::BackendPref = cfg.backend.as_deref().unwrap_or("auto").parse().map_err(ServerError::Load)?;
     let (sched, engine) = Scheduler::spawn(
-        SchedulerOptions { max_seqs: cfg.limits.max_concurrent, queue_size: cfg.limits.queue_size, prefill_chunk: cfg.limits.prefill_chunk },
+        SchedulerOptions { max_seqs: cfg.limits.max_concurrent, queue_size: cfg.limits.queue_size, prefill_chunk: cfg.limits.prefill_chunk, prefix_cache_tokens: cfg.limits.prefix_cache_tokens },
         c.metrics.clone(),
         Box::new(move || Engine::load_with(&root, &eopts, backend).map(|(e, _why)| e).map_err(|e| e.to_string())),
         Box::new(move |r| {

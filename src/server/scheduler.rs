@@ -104,6 +104,48 @@ pub struct SchedulerOptions {
     pub max_seqs: usize,
     pub queue_size: usize,
     pub prefill_chunk: usize,
+    /// Longest prompt prefix kept for reuse in one extra engine sequence (0 = off).
+    pub prefix_cache_tokens: usize,
+}
+
+/// Prompts shorter than this are not worth a cache entry or a copy.
+const MIN_PREFIX: usize = 8;
+
+/// The prefix cache: one engine sequence holding the KV of the last prompt's first tokens.
+struct Prefix {
+    seq: SeqId,
+    tokens: Vec<u32>,
+    steering: Option<Arc<crate::engine::Steering>>,
+}
+
+fn same_steering(a: &Option<Arc<crate::engine::Steering>>, b: &Option<Arc<crate::engine::Steering>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+        _ => false,
+    }
+}
+
+/// Prompt tokens of one sequence to feed in a step with `budget` left, `rest` still to feed.
+/// Never a chunk of one token out of a longer rest, nor a rest of one left behind: the engine
+/// takes its single-row (decode) attention path for a one-token chunk, whose rounding differs
+/// slightly from the prompt path's, and an answer must not depend on how the prompt happened to
+/// be split (by the other requests in the batch, or by the prefix cache). May exceed a budget
+/// under three by up to two tokens.
+fn prompt_chunk(budget: usize, rest: usize) -> usize {
+    let mut n = budget.min(rest);
+    if n == 0 || n == rest {
+        return n;
+    }
+    n = n.max(2);
+    if rest - n == 1 {
+        n = if n >= 3 { n - 1 } else { rest };
+    }
+    n
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// Handle to the engine thread.
@@ -212,6 +254,10 @@ struct Loop {
     logits: Logits,
     /// What this engine last added to the shared active-sequences gauge.
     reported_active: usize,
+    /// The prefix cache (`None` until a prompt fills it, or when it is off or the backend has no
+    /// KV copy).
+    prefix: Option<Prefix>,
+    prefix_on: bool,
 }
 
 impl Loop {
@@ -220,7 +266,8 @@ impl Loop {
         let mut eog: HashSet<u32> = cfg.eog_token_ids.iter().copied().collect();
         eog.insert(cfg.eos_token_id);
         let max_context = engine.max_context();
-        Loop { engine, opts, metrics, cancel_all, rx, eog, max_context, active: Vec::new(), reported_active: 0, logits: Logits::default() }
+        let prefix_on = opts.prefix_cache_tokens >= MIN_PREFIX;
+        Loop { engine, opts, metrics, cancel_all, rx, eog, max_context, active: Vec::new(), reported_active: 0, logits: Logits::default(), prefix: None, prefix_on }
     }
 
     fn run(&mut self, beat: &Scheduler) {
@@ -300,6 +347,7 @@ impl Loop {
             });
             match seq {
                 Ok(id) => {
+                    let start = self.reuse_prefix(id, &r);
                     let sampler = Sampler::new(r.params.clone());
                     let stops = StopMatcher::new(r.stop.clone());
                     self.active.push(Seq {
@@ -307,7 +355,7 @@ impl Loop {
                         history: r.prompt.clone(),
                         req: r,
                         sampler,
-                        phase: Phase::Prefill(0),
+                        phase: Phase::Prefill(start),
                         generated: 0,
                         stops,
                         last_token_at: None,
@@ -320,6 +368,56 @@ impl Loop {
             }
         }
         true
+    }
+
+    /// Copy the cached prefix a new sequence's prompt shares (at least two prompt tokens are
+    /// left to compute); returns the first position to prefill.
+    fn reuse_prefix(&mut self, id: SeqId, r: &GenRequest) -> usize {
+        let Some(p) = self.prefix.as_ref().filter(|p| same_steering(&p.steering, &r.steering)) else { return 0 };
+        // At least two prompt tokens are left to compute (see `prompt_chunk`).
+        let n = common_prefix(&p.tokens, &r.prompt).min(r.prompt.len().saturating_sub(2));
+        if n < MIN_PREFIX {
+            return 0;
+        }
+        match self.engine.copy_prefix(p.seq, id, n) {
+            Ok(true) => {
+                self.metrics.prompt_cached(n);
+                n
+            }
+            _ => 0,
+        }
+    }
+
+    /// After a step: keep the first prompt that completed in it as the cached prefix (unless
+    /// the cache already holds all of it).
+    fn keep_prefix(&mut self, prompt_done: Option<usize>) {
+        let Some(i) = prompt_done else { return };
+        let s = &self.active[i];
+        let n = s.req.prompt.len().min(self.opts.prefix_cache_tokens);
+        if n < MIN_PREFIX {
+            return;
+        }
+        if let Some(p) = &self.prefix {
+            if same_steering(&p.steering, &s.req.steering) && common_prefix(&p.tokens, &s.req.prompt[..n]) == n {
+                return;
+            }
+        }
+        let seq = match self.prefix.take() {
+            Some(p) => p.seq,
+            None => match self.engine.new_seq() {
+                Ok(seq) => seq,
+                Err(_) => return,
+            },
+        };
+        let s = &self.active[i];
+        let ok = self.engine.set_steering(seq, s.req.steering.clone()).is_ok() && matches!(self.engine.copy_prefix(s.id, seq, n), Ok(true));
+        if ok {
+            self.prefix = Some(Prefix { seq, tokens: s.req.prompt[..n].to_vec(), steering: s.req.steering.clone() });
+        } else {
+            // No KV copy on this backend: stop trying.
+            self.engine.free_seq(seq);
+            self.prefix_on = false;
+        }
     }
 
     fn drop_cancelled(&mut self) {
@@ -348,11 +446,13 @@ impl Loop {
                 break;
             }
             if let Phase::Prefill(pos) = s.phase {
-                let n = budget.min(s.req.prompt.len() - pos);
+                let n = prompt_chunk(budget, s.req.prompt.len() - pos);
                 plan.push((i, s.req.prompt[pos..pos + n].to_vec(), pos + n == s.req.prompt.len()));
-                budget -= n;
+                budget = budget.saturating_sub(n);
             }
         }
+        // A sequence whose prompt ends in this step: its KV then holds the whole prompt.
+        let prompt_done = plan.iter().find(|(i, _, end)| *end && matches!(self.active[*i].phase, Phase::Prefill(_))).map(|p| p.0).filter(|_| self.prefix_on);
         let batch: Vec<(SeqId, &[u32])> = plan.iter().map(|(i, t, _)| (self.active[*i].id, t.as_slice())).collect();
         let n_tokens: usize = plan.iter().map(|p| p.1.len()).sum();
         self.metrics.step(plan.len(), n_tokens);
@@ -367,6 +467,7 @@ impl Loop {
             }
             return;
         }
+        self.keep_prefix(prompt_done);
         // Per-sequence work after the step (masks, sampling, detokenizing, stop strings, events)
         // runs on the engine's pool, whose compute threads would otherwise wait for it.
         let mut slots: Vec<Option<&mut Seq>> = self.active.iter_mut().map(Some).collect();
@@ -561,6 +662,22 @@ mod tests {
         }
         out.push_str(&m.flush());
         (out, None)
+    }
+
+    #[test]
+    fn prompt_chunks_never_split_off_one_token() {
+        for rest in 1..40usize {
+            for budget in 0..40usize {
+                let n = prompt_chunk(budget, rest);
+                assert!(n <= rest && n <= budget.max(3), "budget {budget} rest {rest}: {n}");
+                if rest > 1 && n > 0 {
+                    assert!(n >= 2 && rest - n != 1, "budget {budget} rest {rest}: {n}");
+                }
+                if budget >= 2 {
+                    assert!(n > 0, "budget {budget} rest {rest}: no progress");
+                }
+            }
+        }
     }
 
     #[test]

@@ -444,6 +444,23 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn kv_copy_prefix(&self, src: &CpuKv, dst: &mut CpuKv, len: usize) -> bool {
+        if src.n_kv_heads != dst.n_kv_heads || src.head_dim != dst.head_dim || src.k.len() != dst.k.len() || len > src.len(0) {
+            return false;
+        }
+        let hd = src.head_dim;
+        for (d, s) in dst.k.iter_mut().zip(&src.k) {
+            let n = (len.div_ceil(16) * 16 * hd).min(s.len());
+            d.clear();
+            d.extend_from_slice(&s[..n]);
+        }
+        for (d, s) in dst.v.iter_mut().zip(&src.v) {
+            d.clear();
+            d.extend_from_slice(&s[..len * hd]);
+        }
+        true
+    }
+
     fn attention(&self, layer: usize, q: &Vec<f32>, segs: &[AttnSeg<'_, CpuKv>], shape: AttnShape, out: &mut Vec<f32>) {
         ops::attention(&self.pool, &self.kernels, layer, q, segs, shape, out);
     }
