@@ -17,12 +17,14 @@
 #        scripts/bench-server.sh --peers applianced,llama-server [--reps 3] [--threads 2] [--backend cpu]
 #                                [--slots 16] [--ctx-per-slot 1024] [--clients 1,4,16]
 #                                [--requests-per-client 4] [--max-tokens 64] [--json]
-#                                [--prompt TEXT] [--llama-cache-prompt]
+#                                [--prompt TEXT] [--same-prompt] [--no-prompt-cache]
+# Requests carry per-request prompts that share the template and the prompt (see
+# tests/py/bench_server.py); both servers' prompt caches are on unless --no-prompt-cache.
 # $APPLIANCED_BIN: use this applianced binary instead of `cargo build --release`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PEERS=; REPS=3; THREADS=2; BACKEND=cpu; SLOTS=16; CTX_PER_SLOT=1024
-CLIENTS=1,4,16; PER_CLIENT=4; MAX_TOKENS=64; JSON=; EXTRA=()
+CLIENTS=1,4,16; PER_CLIENT=4; MAX_TOKENS=64; JSON=; EXTRA=(); PREFIX_CACHE=1024
 while [ $# -gt 0 ]; do
   case "$1" in
     --peers) PEERS=$2; shift 2 ;;
@@ -36,7 +38,8 @@ while [ $# -gt 0 ]; do
     --max-tokens) MAX_TOKENS=$2; shift 2 ;;
     --json) JSON=1; shift ;;
     --prompt) EXTRA+=("$1" "$2"); shift 2 ;;
-    --llama-cache-prompt) EXTRA+=("$1"); shift ;;
+    --same-prompt) EXTRA+=("$1"); shift ;;
+    --no-prompt-cache) EXTRA+=("$1"); PREFIX_CACHE=0; shift ;;
     *) echo "error: unknown option $1 (see the usage at the top of $0)" >&2; exit 2 ;;
   esac
 done
@@ -74,6 +77,7 @@ cat > "$TMP/config.toml" <<CFG
 [limits]
 max_concurrent = $SLOTS
 queue_size = 64
+prefix_cache_tokens = $PREFIX_CACHE
 [audit]
 path = "$TMP/audit.jsonl"
 CFG

@@ -308,6 +308,8 @@ fn e2e_apis_hostile_input_and_audit() {
     // The repeated prompts took their shared start from the prefix cache, and the greedy answers
     // above are the same as the first one's, which computed everything.
     assert!(s.metric("applianced_prompt_tokens_cached_total") > 0.0, "prefix cache unused");
+    let cached = c["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached > 0 && cached + 2 <= c["usage"]["prompt_tokens"].as_u64().unwrap(), "{}", c["usage"]);
     assert_eq!(c["usage"]["total_tokens"].as_u64().unwrap(), c["usage"]["prompt_tokens"].as_u64().unwrap() + c["usage"]["completion_tokens"].as_u64().unwrap());
     let r = s.post("/v1/chat/completions", &oa.replace("\"temperature\":0", "\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}"));
     let ev = sse_events(&r.body);

@@ -752,7 +752,8 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
             "id": rec.id, "object": "chat.completion", "created": unix_now(), "model": model,
             "system_fingerprint": state.bundle.identity,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": Value::Null}, "logprobs": Value::Null, "finish_reason": api::openai_finish(f.reason)}],
-            "usage": {"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens},
+            "usage": {"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens,
+                      "prompt_tokens_details": {"cached_tokens": f.cached_tokens}},
         }),
     };
     let r = json_response(200, &body);
@@ -879,7 +880,8 @@ impl Streamer {
                     let n = self.input_tokens;
                     let mut u = self.chunk(json!({}), Value::Null);
                     u["choices"] = json!([]);
-                    u["usage"] = json!({"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens});
+                    u["usage"] = json!({"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens,
+                                        "prompt_tokens_details": {"cached_tokens": f.cached_tokens}});
                     self.data(&u);
                 }
                 self.queue.push_back(Bytes::from_static(b"data: [DONE]\n\n"));

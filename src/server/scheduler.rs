@@ -46,6 +46,8 @@ pub struct Finish {
     /// The stop sequence that matched (for `StopSequence`).
     pub stop_sequence: Option<String>,
     pub output_tokens: usize,
+    /// Prompt tokens taken from the prefix cache (included in the prompt's count).
+    pub cached_tokens: usize,
     /// Admission to first token.
     pub ttft: Option<Duration>,
 }
@@ -239,6 +241,8 @@ struct Seq {
     stops: StopMatcher,
     last_token_at: Option<Instant>,
     ttft: Option<Duration>,
+    /// Prompt tokens copied from the prefix cache.
+    cached: usize,
 }
 
 struct Loop {
@@ -360,6 +364,7 @@ impl Loop {
                         stops,
                         last_token_at: None,
                         ttft: None,
+                        cached: start,
                     });
                 }
                 Err(e) => {
@@ -590,7 +595,7 @@ fn finish_sent(s: &mut Seq, reason: StopReason, stop: Option<String>, metrics: &
     }
     let out = s.generated + s.req.extra_output_tokens;
     metrics.tokens(s.req.prompt.len() as u64, out as u64);
-    let _ = s.req.events.send(Event::Done(Finish { reason, stop_sequence: stop, output_tokens: out, ttft: s.ttft }));
+    let _ = s.req.events.send(Event::Done(Finish { reason, stop_sequence: stop, output_tokens: out, cached_tokens: s.cached, ttft: s.ttft }));
 }
 
 /// Finds stop sequences in streamed text, holding back any tail that may be the start of one.

@@ -3,7 +3,7 @@
 
 Usage: bench_server.py SOCKET [--peer applianced|llama-server] [--clients 1,4,16]
                               [--requests-per-client 4] [--max-tokens 64] [--prompt TEXT]
-                              [--llama-cache-prompt] [--json]
+                              [--same-prompt] [--no-prompt-cache] [--json]
 
 For each concurrency level, N client threads each send streamed OpenAI chat requests back to back
 (temperature 0.7, top_p 0.9 (the bundle preset's value, sent to both servers), a fixed seed per
@@ -15,9 +15,13 @@ overhead as p50 round trips that exclude the model: the health endpoint (/health
 /health for llama-server) and, for applianced only, count_tokens (JSON parsing, templating and
 tokenization; llama-server has no such endpoint, so it is reported as null).
 
-llama-server keeps each slot's prompt in its KV cache and, by default, reuses it for a request with
-the same prefix; since every request here sends the same prompt and applianced has no prefix cache,
-requests to llama-server carry "cache_prompt": false unless --llama-cache-prompt is given.
+Prompts: every request's user message is the prompt plus its own fixed-width tag
+(" (request 0103)"), so requests share the chat template's preamble and the prompt's words but
+not their whole text, as requests of one application do; --same-prompt sends the prompt alone.
+Both servers reuse a cached prompt prefix: llama-server each slot's last prompt ("cache_prompt",
+its default), applianced its prefix cache (limits.prefix_cache_tokens). --no-prompt-cache turns
+both off (llama-server: "cache_prompt": false; applianced: start it with prefix_cache_tokens = 0,
+which scripts/bench-server.sh does for this flag).
 """
 import argparse
 import http.client
@@ -110,7 +114,7 @@ def level(sock, clients, per_client, prompt, max_tokens, extra=None):
 
     def worker(i):
         for j in range(per_client):
-            r = one_request(sock, prompt, max_tokens, seed=i * 1000 + j, extra=extra)
+            r = one_request(sock, prompt(i, j), max_tokens, seed=i * 1000 + j, extra=extra)
             with lock:
                 results.append(r)
 
@@ -130,7 +134,7 @@ def level(sock, clients, per_client, prompt, max_tokens, extra=None):
         "clients": clients, "requests": len(results), "errors": len(results) - len(ok),
         "token_source": "+".join(sources) or None, "content_chunks": sum(r["chunks"] for r in ok),
         "prompt_tokens": sorted({r["prompt_tokens"] for r in ok if r["prompt_tokens"] is not None}),
-        # prompt tokens the server reports as served from its cache (llama-server; applianced: none)
+        # prompt tokens the server reports as served from its cache
         "cached_prompt_tokens": sum(r["cached_tokens"] or 0 for r in ok),
         "first_error": next((r["error"] for r in results if r["status"] != 200), None),
         "generated_tokens": toks, "wall_s": round(wall, 3), "tok_per_s": round(toks / wall, 1),
@@ -200,18 +204,23 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("socket")
     ap.add_argument("--peer", choices=["applianced", "llama-server"], default="applianced")
-    ap.add_argument("--llama-cache-prompt", action="store_true",
-                    help="let llama-server reuse the cached prompt of a slot (its default; off here)")
+    ap.add_argument("--no-prompt-cache", action="store_true",
+                    help="llama-server: send \"cache_prompt\": false (start applianced with prefix_cache_tokens = 0)")
+    ap.add_argument("--same-prompt", action="store_true",
+                    help="every request sends the prompt alone (default: prompt plus a per-request tag)")
     ap.add_argument("--clients", default="1,4,16")
     ap.add_argument("--requests-per-client", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt", default="Write a short story about a lighthouse keeper.")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    extra = {"cache_prompt": a.llama_cache_prompt} if a.peer == "llama-server" else None
+    extra = {"cache_prompt": not a.no_prompt_cache} if a.peer == "llama-server" else None
+
+    def prompt(i, j):
+        return a.prompt if a.same_prompt else f"{a.prompt} (request {i:02d}{j:02d})"
     out = {"peer": a.peer, "overhead": overhead(a.socket, a.peer), "levels": []}
     # warm-up
-    w = one_request(a.socket, a.prompt, 4, 0, extra)
+    w = one_request(a.socket, prompt(99, 99), 4, 0, extra)
     if w["status"] != 200:
         print(f"warm-up request failed: {w['status']} {w['error']}", file=sys.stderr)
         return 1
@@ -219,7 +228,7 @@ def main():
         audit = "applianced_audit_write_seconds"
         before = overhead_histogram(a.socket) if a.peer == "applianced" else None
         before_audit = overhead_histogram(a.socket, audit) if a.peer == "applianced" else None
-        lv = level(a.socket, n, a.requests_per_client, a.prompt, a.max_tokens, extra)
+        lv = level(a.socket, n, a.requests_per_client, prompt, a.max_tokens, extra)
         # Measured inside the server: its work per request outside the engine (parse, checks,
         # template, tokenize, every event's serialization, the audit record's fields), and apart
         # from it the audit append (serialize, hash, lock, write, fdatasync).
