@@ -9,7 +9,8 @@
 //!   both backends, outputs compared with a relative tolerance: max |gpu − cpu| ≤ tol · max(1,
 //!   max |cpu|). Tolerances: 0 for data movement and dequantization (bit-exact), 2e-5 for the
 //!   float ops, 1e-4 for matmuls and attention (f32 summation order only: the integer parts are
-//!   identical).
+//!   identical), 5e-4 for attention over a one-row segment (the CPU's decode path rounds the
+//!   softmax weights to f16 before normalizing them, the GPU after).
 //! - `model_parity`: with `APPLIANCED_TEST_BUNDLE_ROOT` (an unpacked bundle: model/config.json and
 //!   model/weights.safetensors), greedy decoding on both backends gives the same tokens, the
 //!   logits stay within `MODEL_LOGIT_TOL`, and one batched step with two sequences matches too.
@@ -254,7 +255,11 @@ fn scenarios<B: Backend>(b: &mut B) -> Vec<(String, Vec<f32>, f32)> {
             segs.push(AttnSeg { kv: &*kv_b, row0: rows.0, n_rows: rows.1, pos0: pos.1 });
         }
         b.attention(1, &qb, &segs, shape, &mut att);
-        (format!("attention {tag}"), b.read(&att, t * q_dim), 1e-4)
+        // A one-row segment takes the CPU's decode path, which rounds the softmax's unnormalized
+        // weights to f16 (the prompt path and the GPU round the normalized probabilities): up to
+        // one f16 step (2^-11 ≈ 4.9e-4) relative apart.
+        let tol = if rows.0 == 1 || rows.1 == 1 { 5e-4 } else { 1e-4 };
+        (format!("attention {tag}"), b.read(&att, t * q_dim), tol)
     };
     out.push(step(b, &mut kv_a, &mut kv_b, (5, 3), (0, 0), &mut rng, "prefill 5+3"));
     out.push(step(b, &mut kv_a, &mut kv_b, (1, 2), (5, 3), &mut rng, "decode 1+2"));
