@@ -192,7 +192,8 @@ pub struct Constraints {
 
 impl Constraints {
     pub fn new(schema: Option<Arc<CompiledSchema>>, safety: Option<Arc<SafetyMask>>, vocab: usize) -> Constraints {
-        let words = vocab.div_ceil(64).max(schema.as_ref().map(|s| s.mask_words()).unwrap_or(0));
+        // Inactive constraints (no schema, no safety mask) are never asked for a mask: no buffers.
+        let words = if schema.is_none() && safety.is_none() { 0 } else { vocab.div_ceil(64).max(schema.as_ref().map(|s| s.mask_words()).unwrap_or(0)) };
         let safety = safety.map(|m| {
             let s = m.start();
             (m, s)

@@ -13,6 +13,7 @@
 //!   413 body too large, 429 queue full (with `Retry-After`), 503 loading, draining or audit log
 //!   unwritable, 500 engine failure.
 
+use bytes::{BufMut as _, Bytes, BytesMut};
 use serde_json::{json, Map, Value};
 
 use crate::sampling::SamplingParams;
@@ -525,6 +526,24 @@ pub fn sse(event: Option<&str>, data: &Value) -> String {
     }
 }
 
+/// The fixed events of an Anthropic stream, as [`sse`] writes them (checked by a test).
+pub const CONTENT_BLOCK_START: &[u8] =
+    b"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n";
+pub const PING: &[u8] = b"event: ping\ndata: {\"type\":\"ping\"}\n\n";
+pub const CONTENT_BLOCK_STOP: &[u8] = b"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n";
+pub const MESSAGE_STOP: &[u8] = b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+/// The `message_start` event of an Anthropic stream, written directly (byte for byte what [`sse`]
+/// gives for the tree in the test below, without building it).
+pub fn anthropic_message_start(id: &str, model: &str, input_tokens: usize) -> String {
+    let q = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    format!(
+        "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":{},\"type\":\"message\",\"role\":\"assistant\",\"model\":{},\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{{\"input_tokens\":{input_tokens},\"output_tokens\":0}}}}}}\n\n",
+        q(id),
+        q(model)
+    )
+}
+
 /// A server-sent event whose JSON is fixed but for one string: rendered once with a marker in
 /// that string's place and split there, so each event of a stream costs one string escape and two
 /// copies instead of building and serializing a JSON tree. Output is byte for byte what [`sse`]
@@ -548,13 +567,27 @@ impl SseTemplate {
         }
     }
 
-    pub fn render(&self, text: &str) -> String {
-        let quoted = serde_json::to_string(text).unwrap_or_default();
-        let mut out = String::with_capacity(self.prefix.len() + quoted.len() + self.suffix.len());
-        out.push_str(&self.prefix);
-        out.push_str(&quoted);
-        out.push_str(&self.suffix);
-        out
+    /// The event for `text`, written at the end of `buf` and split off it: a stream renders all
+    /// its events into one growing buffer (no allocation per event but when the buffer's capacity
+    /// runs out; the frozen events share it by reference count until hyper has written them).
+    pub fn render_into(&self, text: &str, buf: &mut BytesMut) -> Bytes {
+        let need = self.prefix.len() + text.len() + 2 + self.suffix.len();
+        if buf.capacity() - buf.len() < need + text.len() / 2 {
+            buf.reserve((need * 2).max(Self::CHUNK));
+        }
+        buf.extend_from_slice(self.prefix.as_bytes());
+        // Writing into a BytesMut cannot fail; a str always serializes.
+        let _ = serde_json::to_writer((&mut *buf).writer(), text);
+        buf.extend_from_slice(self.suffix.as_bytes());
+        buf.split().freeze()
+    }
+
+    /// How much a stream's event buffer grows by when it runs out (a few dozen text deltas).
+    const CHUNK: usize = 8192;
+
+    /// [`render_into`](Self::render_into) into a buffer of its own.
+    pub fn render(&self, text: &str) -> Bytes {
+        self.render_into(text, &mut BytesMut::new())
     }
 }
 
@@ -569,8 +602,36 @@ mod tests {
         for t in ["", "plain", "quote \" back\\slash", "line\nbreak\ttab", "\u{1}\u{1f}ctl", "héllo 🌍", "</script>"] {
             assert_eq!(tpl.render(t), sse(Some("content_block_delta"), &build(t)), "{t:?}");
         }
+        // One shared buffer, grown past its first chunk: every event stays intact.
+        let mut buf = BytesMut::new();
+        let texts: Vec<String> = (0..600).map(|i| format!("tok{i} \"q\" é\n")).collect();
+        let events: Vec<Bytes> = texts.iter().map(|t| tpl.render_into(t, &mut buf)).collect();
+        for (t, e) in texts.iter().zip(&events) {
+            assert_eq!(e, sse(Some("content_block_delta"), &build(t)).as_bytes());
+        }
         let tpl = SseTemplate::new(None, build);
         assert_eq!(tpl.render("x\"y"), sse(None, &build("x\"y")));
+    }
+
+    #[test]
+    fn fixed_events_match_their_trees() {
+        for (id, model, n) in [("msg_01", "smollm2", 47), ("m\"x", "b:p\\é", 0)] {
+            let tree = serde_json::json!({"type": "message_start", "message": {
+                "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+                "stop_reason": null, "stop_sequence": null,
+                "usage": {"input_tokens": n, "output_tokens": 0}}});
+            assert_eq!(anthropic_message_start(id, model, n), sse(Some("message_start"), &tree));
+        }
+        use serde_json::json;
+        let fixed = [
+            (CONTENT_BLOCK_START, sse(Some("content_block_start"), &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}))),
+            (PING, sse(Some("ping"), &json!({"type": "ping"}))),
+            (CONTENT_BLOCK_STOP, sse(Some("content_block_stop"), &json!({"type": "content_block_stop", "index": 0}))),
+            (MESSAGE_STOP, sse(Some("message_stop"), &json!({"type": "message_stop"}))),
+        ];
+        for (bytes, tree) in fixed {
+            assert_eq!(std::str::from_utf8(bytes).unwrap(), tree);
+        }
     }
 
     fn obj(s: &str) -> Map<String, Value> {

@@ -419,6 +419,10 @@ async fn read_body(req: Request<Incoming>, max: usize, limit: Duration) -> Resul
     }
 }
 
+/// Conversations up to this many bytes of message text are templated and tokenized on the
+/// connection's own worker thread (tens of microseconds); longer ones on a blocking thread.
+const INLINE_PROMPT_BYTES: usize = 2048;
+
 /// The prompt text and its tokens.
 ///
 /// The chat template's own control tokens (`<|im_start|>`, ...) must become control ids, but the
@@ -580,23 +584,32 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
             m.content = state.policy.redact_input(preset.as_ref(), &m.content);
         }
     }
-    let st = state.clone();
     let creq = Arc::new(creq);
-    let c2 = creq.clone();
-    rec.overhead += cpu_since(cpu0);
-    let built = tokio::task::spawn_blocking(move || {
-        let c = thread_cpu();
-        let r = build_prompt(&st, &c2, flavor);
-        (r, cpu_since(c)) // template and tokenize: counted too
-    })
-    .await;
-    cpu0 = thread_cpu();
-    let (prompt_text, tokens) = match built {
-        Ok((Ok(p), used)) => {
+    // Template and tokenize (counted too): inline for a short conversation, where this thread's
+    // caches still hold the request, and on a blocking thread for a long one, whose tokenizing
+    // would hold up the other connections this worker serves.
+    let content_bytes: usize = creq.messages.iter().map(|m| m.content.len()).sum();
+    let built = if content_bytes <= INLINE_PROMPT_BYTES {
+        Ok(build_prompt(state, &creq, flavor))
+    } else {
+        rec.overhead += cpu_since(cpu0);
+        let st = state.clone();
+        let c2 = creq.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            let c = thread_cpu();
+            let r = build_prompt(&st, &c2, flavor);
+            (r, cpu_since(c))
+        })
+        .await;
+        cpu0 = thread_cpu();
+        r.map(|(r, used)| {
             rec.overhead += used;
-            p
-        }
-        Ok((Err(e), _)) => return rec.fail(flavor, e),
+            r
+        })
+    };
+    let (prompt_text, tokens) = match built {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => return rec.fail(flavor, e),
         Err(e) => return rec.fail(flavor, ApiError::new(500, format!("prompt builder failed: {e}"))),
     };
     rec.input_tokens = tokens.len();
@@ -779,7 +792,9 @@ struct Streamer {
     include_usage: bool,
     text: String,
     /// The text-delta event of this stream, rendered once (per event: escape the text, copy).
-    delta: api::SseTemplate,
+    delta: Arc<api::SseTemplate>,
+    /// Where the text deltas are rendered (see `SseTemplate::render_into`).
+    buf: BytesMut,
     queue: VecDeque<Bytes>,
     done: bool,
     _guard: InflightGuard,
@@ -796,26 +811,33 @@ impl Streamer {
             created: unix_now(),
             input_tokens,
             include_usage,
-            text: String::new(),
-            delta: api::SseTemplate::default(), // set below: the OpenAI chunk needs the fields
-            queue: VecDeque::new(),
+            text: String::with_capacity(512),
+            delta: Arc::default(), // set below: the OpenAI chunk needs the fields
+            buf: BytesMut::new(),
+            queue: VecDeque::with_capacity(8),
             done: false,
             _guard: guard,
         };
         s.delta = match flavor {
-            Flavor::Anthropic => api::SseTemplate::new(Some("content_block_delta"), |t| {
-                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}})
-            }),
-            Flavor::OpenAi => api::SseTemplate::new(None, |t| s.chunk(json!({"content": t}), Value::Null)),
+            Flavor::Anthropic => {
+                // The same for every stream: built once.
+                static DELTA: std::sync::OnceLock<Arc<api::SseTemplate>> = std::sync::OnceLock::new();
+                DELTA
+                    .get_or_init(|| {
+                        Arc::new(api::SseTemplate::new(Some("content_block_delta"), |t| {
+                            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}})
+                        }))
+                    })
+                    .clone()
+            }
+            Flavor::OpenAi => Arc::new(api::SseTemplate::new(None, |t| s.chunk(json!({"content": t}), Value::Null))),
         };
         match flavor {
             Flavor::Anthropic => {
-                s.event("message_start", json!({"type": "message_start", "message": {
-                    "id": s.rec.id, "type": "message", "role": "assistant", "model": s.model, "content": [],
-                    "stop_reason": Value::Null, "stop_sequence": Value::Null,
-                    "usage": {"input_tokens": input_tokens, "output_tokens": 0}}}));
-                s.event("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}));
-                s.event("ping", json!({"type": "ping"}));
+                let start = api::anthropic_message_start(&s.rec.id, &s.model, input_tokens);
+                s.queue.push_back(Bytes::from(start));
+                s.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_START));
+                s.queue.push_back(Bytes::from_static(api::PING));
             }
             Flavor::OpenAi => {
                 let c = s.chunk(json!({"role": "assistant", "content": ""}), Value::Null);
@@ -862,16 +884,17 @@ impl Streamer {
         self.rec.ttft = f.ttft;
         self.rec.response = Some(std::mem::take(&mut self.text));
         self.rec.status = 200;
-        if let Err(e) = self.rec.finish() {
-            return self.error(&e);
-        }
+        // The closing events are rendered before the audit append, while this thread's caches
+        // still hold the stream's state (the append may sleep in fdatasync), and dropped for an
+        // error event when the append fails.
+        let queued = self.queue.len();
         match self.flavor {
             Flavor::Anthropic => {
-                self.event("content_block_stop", json!({"type": "content_block_stop", "index": 0}));
+                self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_STOP));
                 self.event("message_delta", json!({"type": "message_delta",
                     "delta": {"stop_reason": api::anthropic_stop(f.reason), "stop_sequence": f.stop_sequence},
                     "usage": {"input_tokens": self.input_tokens, "output_tokens": f.output_tokens}}));
-                self.event("message_stop", json!({"type": "message_stop"}));
+                self.queue.push_back(Bytes::from_static(api::MESSAGE_STOP));
             }
             Flavor::OpenAi => {
                 let c = self.chunk(json!({}), api::openai_finish(f.reason).into());
@@ -886,6 +909,10 @@ impl Streamer {
                 }
                 self.queue.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
             }
+        }
+        if let Err(e) = self.rec.finish() {
+            self.queue.truncate(queued);
+            self.error(&e);
         }
     }
 
@@ -905,9 +932,10 @@ impl Streamer {
                 // the span can only make the figure larger.
                 let t0 = Instant::now();
                 self.text.push_str(t);
-                self.queue.push_back(Bytes::from(self.delta.render(t)));
+                // The queue is empty here (it is drained before each receive): send it at once.
+                let b = self.delta.render_into(t, &mut self.buf);
                 self.rec.overhead += t0.elapsed();
-                continue;
+                return Some(b);
             }
             let t0 = thread_cpu();
             match event {
