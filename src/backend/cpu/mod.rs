@@ -1,6 +1,7 @@
 //! The CPU backend: weights read from the bundle's memory map, activations in `Vec<f32>`, a
-//! private rayon pool (persistent threads; one parallel region per op, work split along output
-//! rows), dot kernels picked once at start-up by runtime CPU feature detection ([`kernels`]).
+//! compute [`team`] (persistent threads spinning between regions; one parallel region per op,
+//! work split along output rows), a private rayon pool for whole steps and load-time work, dot
+//! kernels picked once at start-up by runtime CPU feature detection ([`kernels`]).
 //!
 //! Where the kernel set has a panel kernel (AVX-512 VNNI), Q4_0, Q4_1 and Q8_0 weights are
 //! repacked at load into 16-row [`panel`]s (in parallel, about 40 ms for the default model on two
@@ -15,6 +16,7 @@ pub mod kernels;
 pub(crate) mod ops;
 pub mod panel;
 pub mod quant;
+pub mod team;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "aarch64")]
@@ -22,8 +24,6 @@ mod neon;
 
 use std::cell::RefCell;
 use std::path::Path;
-
-use rayon::prelude::*;
 
 use super::{AttnSeg, AttnShape, Backend, BackendError, RopeTable, WeightId, WeightInfo};
 use crate::model::{TensorType, TensorView, Weights};
@@ -78,6 +78,9 @@ pub struct CpuBackend {
     weights: Weights,
     registered: Vec<Registered>,
     pool: std::sync::Arc<rayon::ThreadPool>,
+    /// Runs the ops' parallel regions (see [`team`]); the rayon pool runs whole steps and
+    /// load-time work.
+    team: team::Team,
     threads: usize,
     kernels: Kernels,
     scratch: RefCell<Scratch>,
@@ -93,7 +96,9 @@ impl CpuBackend {
             .thread_name(|i| format!("applianced-cpu-{i}"))
             .build()
             .map_err(|e| BackendError::Setup(format!("cannot start {threads} CPU threads: {e}")))?;
+        let team = team::Team::new(threads, "applianced-team").map_err(|e| BackendError::Setup(format!("cannot start {threads} CPU threads: {e}")))?;
         Ok(CpuBackend {
+            team,
             weights,
             registered: Vec::new(),
             pool: std::sync::Arc::new(pool),
@@ -323,26 +328,32 @@ impl Backend for CpuBackend {
             }
         }
         let k = &self.kernels;
-        self.pool.install(|| {
-            tasks.into_par_iter().for_each(|(i, r0, mut dst)| {
-                let (view, info, panels) = &views[i];
-                if let [only] = &mut dst[..] {
-                    return matmul_rows(k, view, info, *panels, x, q8, 1, r0, only);
+        let task = |(i, r0, mut dst): (usize, usize, Vec<&mut [f32]>)| {
+            let (view, info, panels) = &views[i];
+            if let [only] = &mut dst[..] {
+                return matmul_rows(k, view, info, *panels, x, q8, 1, r0, only);
+            }
+            let len = dst[0].len();
+            STAGE.with(|st| {
+                let mut st = st.borrow_mut();
+                if st.len() < n * len {
+                    st.resize(n * len, 0.0);
                 }
-                let len = dst[0].len();
-                STAGE.with(|st| {
-                    let mut st = st.borrow_mut();
-                    if st.len() < n * len {
-                        st.resize(n * len, 0.0);
-                    }
-                    let st = &mut st[..n * len];
-                    matmul_rows(k, view, info, *panels, x, q8, n, r0, st);
-                    for (d, s) in dst.iter_mut().zip(st.chunks_exact(len)) {
-                        d.copy_from_slice(s);
-                    }
-                });
+                let st = &mut st[..n * len];
+                matmul_rows(k, view, info, *panels, x, q8, n, r0, st);
+                for (d, s) in dst.iter_mut().zip(st.chunks_exact(len)) {
+                    d.copy_from_slice(s);
+                }
             });
-        });
+        };
+        // A step of one or a few tokens: one contiguous share of the row blocks per thread (its
+        // tasks are small, and a claim costs a cache-line transfer); a prompt's larger blocks are
+        // handed out one by one, which evens out the threads' finish times.
+        if n < 4 {
+            self.team.for_each_split(tasks, task);
+        } else {
+            self.team.for_each(tasks, task);
+        }
     }
 
     fn add_bias(&self, x: &mut Vec<f32>, n: usize, b: WeightId) {
@@ -391,7 +402,7 @@ impl Backend for CpuBackend {
         let k = &self.kernels;
         if len >= 8192 {
             // prefill-sized: split across the pool
-            self.pool.install(|| g.par_chunks_mut(4096).zip(u.par_chunks(4096)).for_each(|(g, u)| (k.silu_mul)(g, u)));
+            self.team.for_each(g.chunks_mut(4096).zip(u.chunks(4096)).collect(), |(g, u)| (k.silu_mul)(g, u));
         } else {
             (k.silu_mul)(g, u);
         }
@@ -462,6 +473,6 @@ impl Backend for CpuBackend {
     }
 
     fn attention(&self, layer: usize, q: &Vec<f32>, segs: &[AttnSeg<'_, CpuKv>], shape: AttnShape, out: &mut Vec<f32>) {
-        ops::attention(&self.pool, &self.kernels, layer, q, segs, shape, out);
+        ops::attention(&self.team, &self.kernels, layer, q, segs, shape, out);
     }
 }

@@ -1,7 +1,5 @@
 //! Element-wise and attention ops of the CPU backend, written to match ggml-cpu's arithmetic.
 
-use rayon::prelude::*;
-
 use super::kernels::Kernels;
 use super::CpuKv;
 use crate::backend::{AttnSeg, AttnShape, RopeTable};
@@ -55,7 +53,7 @@ pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, cache: &[f32], n_dim
     }
 }
 
-/// Causal GQA attention over each segment's KV cache, run on `pool`; each work item writes its
+/// Causal GQA attention over each segment's KV cache, run on `team`; each work item writes its
 /// own rows' head slices of `out`.
 ///
 /// As llama.cpp with its default f16 cache: K and V hold f16-rounded values, the query is rounded
@@ -72,7 +70,7 @@ pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, cache: &[f32], n_dim
 /// `exp(s - m_chunk)` are rounded to f16, the output divided by the merged sum at the end. The
 /// chunking depends on the context length only, so a sequence's result does not depend on what
 /// else is in the batch.
-pub fn attention(pool: &rayon::ThreadPool, k: &Kernels, layer: usize, q: &[f32], segs: &[AttnSeg<'_, CpuKv>], shape: AttnShape, out: &mut [f32]) {
+pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32], segs: &[AttnSeg<'_, CpuKv>], shape: AttnShape, out: &mut [f32]) {
     let AttnShape { n_heads, n_kv_heads, head_dim: hd } = shape;
     let group = n_heads / n_kv_heads.max(1);
     let q_dim = n_heads * hd;
@@ -111,108 +109,106 @@ pub fn attention(pool: &rayon::ThreadPool, k: &Kernels, layer: usize, q: &[f32],
         }
     }
     let groups = &groups;
-    pool.install(|| {
-        tasks.into_par_iter().for_each(|task| {
-            ATTN_SCRATCH.with(|scr| {
-                let mut scr = scr.borrow_mut();
-                let [qh, scores, acc] = &mut *scr;
-                match task {
-                    Task::Rows { si, h, i0, i1, mut dst } => {
-                        let s = &segs[si];
-                        let slot = layer * n_kv_heads + h / group;
-                        let (kt, vc) = (&s.kv.k[slot], &s.kv.v[slot]); // (tiles, hd, 16), (positions, hd)
-                        qh.resize(hd, 0.0);
-                        let need = (s.pos0 + i1).div_ceil(16) * 16; // keys rounded to tiles
-                        if scores.len() < need {
-                            scores.resize(need, 0.0);
-                        }
-                        for (i, o) in (i0..i1).zip(dst.iter_mut()) {
-                            let row = s.row0 + i;
-                            qh.copy_from_slice(&q[row * q_dim + h * hd..row * q_dim + (h + 1) * hd]);
-                            (k.round_f16)(qh);
-                            let n_keys = s.pos0 + i + 1; // causal: keys 0..=pos
-                            let tiles = n_keys.div_ceil(16);
-                            (k.scores)(qh, &kt[..tiles * 16 * hd], &mut scores[..tiles * 16]);
-                            let sc = &mut scores[..n_keys];
-                            let mut max = f32::NEG_INFINITY;
-                            for v in sc.iter_mut() {
-                                *v *= scale;
-                                max = max.max(*v);
-                            }
-                            let inv = 1.0 / (k.exp_sum)(sc, max);
-                            for v in sc.iter_mut() {
-                                *v *= inv;
-                            }
-                            (k.round_f16)(sc);
-                            o.fill(0.0); // pv accumulates
-                            (k.pv)(sc, &vc[..n_keys * hd], o);
-                        }
+    team.for_each(tasks, |task| {
+        ATTN_SCRATCH.with(|scr| {
+            let mut scr = scr.borrow_mut();
+            let [qh, scores, acc] = &mut *scr;
+            match task {
+                Task::Rows { si, h, i0, i1, mut dst } => {
+                    let s = &segs[si];
+                    let slot = layer * n_kv_heads + h / group;
+                    let (kt, vc) = (&s.kv.k[slot], &s.kv.v[slot]); // (tiles, hd, 16), (positions, hd)
+                    qh.resize(hd, 0.0);
+                    let need = (s.pos0 + i1).div_ceil(16) * 16; // keys rounded to tiles
+                    if scores.len() < need {
+                        scores.resize(need, 0.0);
                     }
-                    Task::Chunk { gi, c } => {
-                        let gr = &groups[gi];
-                        let s = &segs[gr.si];
-                        let slot = layer * n_kv_heads + gr.kvh;
-                        let (kt, vc) = (&s.kv.k[slot], &s.kv.v[slot]);
-                        let (k0, k1) = (c * KEY_CHUNK, ((c + 1) * KEY_CHUNK).min(gr.n_keys));
-                        let nk = k1 - k0;
-                        let stride = nk.div_ceil(16) * 16;
-                        qh.resize(group * hd, 0.0);
-                        scores.resize(scores.len().max(group * stride), 0.0);
-                        acc.resize(group * (2 + hd), 0.0); // [max, sum] per head, then (group, hd) outputs
-                        let h0 = gr.kvh * group;
-                        qh.copy_from_slice(&q[s.row0 * q_dim + h0 * hd..s.row0 * q_dim + (h0 + group) * hd]);
+                    for (i, o) in (i0..i1).zip(dst.iter_mut()) {
+                        let row = s.row0 + i;
+                        qh.copy_from_slice(&q[row * q_dim + h * hd..row * q_dim + (h + 1) * hd]);
                         (k.round_f16)(qh);
-                        let sc = &mut scores[..group * stride];
-                        k.scores_heads(qh, group, &kt[k0 * hd..(k0 + stride) * hd], sc, stride); // k0 is a whole tile
-                        let (stats, o) = acc.split_at_mut(group * 2);
-                        for (h, st) in stats.chunks_exact_mut(2).enumerate() {
-                            let sh = &mut sc[h * stride..h * stride + nk];
-                            let mut max = f32::NEG_INFINITY;
-                            for v in sh.iter_mut() {
-                                *v *= scale;
-                                max = max.max(*v);
-                            }
-                            st[0] = max;
-                            st[1] = (k.exp_sum)(sh, max);
-                            (k.round_f16)(sh);
+                        let n_keys = s.pos0 + i + 1; // causal: keys 0..=pos
+                        let tiles = n_keys.div_ceil(16);
+                        (k.scores)(qh, &kt[..tiles * 16 * hd], &mut scores[..tiles * 16]);
+                        let sc = &mut scores[..n_keys];
+                        let mut max = f32::NEG_INFINITY;
+                        for v in sc.iter_mut() {
+                            *v *= scale;
+                            max = max.max(*v);
                         }
+                        let inv = 1.0 / (k.exp_sum)(sc, max);
+                        for v in sc.iter_mut() {
+                            *v *= inv;
+                        }
+                        (k.round_f16)(sc);
                         o.fill(0.0); // pv accumulates
-                        k.pv_heads(sc, stride, nk, &vc[k0 * hd..k1 * hd], o);
-                        if gr.chunks == 1 {
-                            let mut dst = gr.dst.lock().unwrap_or_else(|p| p.into_inner());
-                            for ((d, st), oh) in dst.iter_mut().zip(stats.chunks_exact(2)).zip(o.chunks_exact(hd)) {
-                                let inv = 1.0 / st[1];
-                                for (x, &a) in d.iter_mut().zip(oh) {
-                                    *x = a * inv;
-                                }
+                        (k.pv)(sc, &vc[..n_keys * hd], o);
+                    }
+                }
+                Task::Chunk { gi, c } => {
+                    let gr = &groups[gi];
+                    let s = &segs[gr.si];
+                    let slot = layer * n_kv_heads + gr.kvh;
+                    let (kt, vc) = (&s.kv.k[slot], &s.kv.v[slot]);
+                    let (k0, k1) = (c * KEY_CHUNK, ((c + 1) * KEY_CHUNK).min(gr.n_keys));
+                    let nk = k1 - k0;
+                    let stride = nk.div_ceil(16) * 16;
+                    qh.resize(group * hd, 0.0);
+                    scores.resize(scores.len().max(group * stride), 0.0);
+                    acc.resize(group * (2 + hd), 0.0); // [max, sum] per head, then (group, hd) outputs
+                    let h0 = gr.kvh * group;
+                    qh.copy_from_slice(&q[s.row0 * q_dim + h0 * hd..s.row0 * q_dim + (h0 + group) * hd]);
+                    (k.round_f16)(qh);
+                    let sc = &mut scores[..group * stride];
+                    k.scores_heads(qh, group, &kt[k0 * hd..(k0 + stride) * hd], sc, stride); // k0 is a whole tile
+                    let (stats, o) = acc.split_at_mut(group * 2);
+                    for (h, st) in stats.chunks_exact_mut(2).enumerate() {
+                        let sh = &mut sc[h * stride..h * stride + nk];
+                        let mut max = f32::NEG_INFINITY;
+                        for v in sh.iter_mut() {
+                            *v *= scale;
+                            max = max.max(*v);
+                        }
+                        st[0] = max;
+                        st[1] = (k.exp_sum)(sh, max);
+                        (k.round_f16)(sh);
+                    }
+                    o.fill(0.0); // pv accumulates
+                    k.pv_heads(sc, stride, nk, &vc[k0 * hd..k1 * hd], o);
+                    if gr.chunks == 1 {
+                        let mut dst = gr.dst.lock().unwrap_or_else(|p| p.into_inner());
+                        for ((d, st), oh) in dst.iter_mut().zip(stats.chunks_exact(2)).zip(o.chunks_exact(hd)) {
+                            let inv = 1.0 / st[1];
+                            for (x, &a) in d.iter_mut().zip(oh) {
+                                *x = a * inv;
                             }
-                        } else {
-                            let rec = group * (2 + hd);
-                            gr.partials.lock().unwrap_or_else(|p| p.into_inner())[c * rec..(c + 1) * rec].copy_from_slice(acc);
-                            if gr.remaining.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
-                                // The group's last chunk: merge the partial softmaxes.
-                                let part = gr.partials.lock().unwrap_or_else(|p| p.into_inner());
-                                let mut dst = gr.dst.lock().unwrap_or_else(|p| p.into_inner());
-                                for (h, d) in dst.iter_mut().enumerate() {
-                                    let m = (0..gr.chunks).map(|c| part[c * rec + 2 * h]).fold(f32::NEG_INFINITY, f32::max);
-                                    let mut sum = 0.0f32;
-                                    d.fill(0.0);
-                                    for c in 0..gr.chunks {
-                                        let w = (part[c * rec + 2 * h] - m).exp();
-                                        sum += w * part[c * rec + 2 * h + 1];
-                                        let oh = &part[c * rec + 2 * group + h * hd..c * rec + 2 * group + (h + 1) * hd];
-                                        for (x, &a) in d.iter_mut().zip(oh) {
-                                            *x += w * a;
-                                        }
+                        }
+                    } else {
+                        let rec = group * (2 + hd);
+                        gr.partials.lock().unwrap_or_else(|p| p.into_inner())[c * rec..(c + 1) * rec].copy_from_slice(acc);
+                        if gr.remaining.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+                            // The group's last chunk: merge the partial softmaxes.
+                            let part = gr.partials.lock().unwrap_or_else(|p| p.into_inner());
+                            let mut dst = gr.dst.lock().unwrap_or_else(|p| p.into_inner());
+                            for (h, d) in dst.iter_mut().enumerate() {
+                                let m = (0..gr.chunks).map(|c| part[c * rec + 2 * h]).fold(f32::NEG_INFINITY, f32::max);
+                                let mut sum = 0.0f32;
+                                d.fill(0.0);
+                                for c in 0..gr.chunks {
+                                    let w = (part[c * rec + 2 * h] - m).exp();
+                                    sum += w * part[c * rec + 2 * h + 1];
+                                    let oh = &part[c * rec + 2 * group + h * hd..c * rec + 2 * group + (h + 1) * hd];
+                                    for (x, &a) in d.iter_mut().zip(oh) {
+                                        *x += w * a;
                                     }
-                                    let inv = 1.0 / sum;
-                                    d.iter_mut().for_each(|x| *x *= inv);
                                 }
+                                let inv = 1.0 / sum;
+                                d.iter_mut().for_each(|x| *x *= inv);
                             }
                         }
                     }
                 }
-            });
+            }
         });
     });
 }
@@ -284,7 +280,7 @@ mod tests {
     #[test]
     fn decode_attention_matches_plain_softmax_and_the_prompt_path() {
         let (n_heads, n_kv, hd) = (9usize, 3usize, 64usize);
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let pool = super::super::team::Team::new(2, "test").unwrap();
         let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd };
         for (n_keys, kernels) in [(1usize, Kernels::detect()), (37, Kernels::detect()), (700, Kernels::detect()), (700, Kernels::reference()), (513, Kernels::detect())] {
             let (kv, kf, vf) = random_kv(n_keys, n_kv, hd, n_keys as u64 + 7);
