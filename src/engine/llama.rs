@@ -207,7 +207,7 @@ impl<B: Backend> Llama<B> {
         }
         let s = self.seqs.get(&src).ok_or(EngineError::UnknownSeq(src))?;
         let d = self.seqs.get(&dst).ok_or(EngineError::UnknownSeq(dst))?;
-        if len > s.len || !same_steering(&s.steer, &d.steer) {
+        if len > s.len || !super::same_steering(&s.steer, &d.steer) {
             return Ok(false);
         }
         let mut d = self.seqs.remove(&dst).ok_or(EngineError::UnknownSeq(dst))?;
@@ -393,12 +393,3 @@ impl<B: Backend> Llama<B> {
     }
 }
 
-/// Whether two sequences add the same control vectors (the same preset's, or none): only then
-/// are their KV caches interchangeable.
-fn same_steering(a: &Option<std::sync::Arc<super::Steering>>, b: &Option<std::sync::Arc<super::Steering>>) -> bool {
-    match (a, b) {
-        (None, None) => true,
-        (Some(x), Some(y)) => std::sync::Arc::ptr_eq(x, y),
-        _ => false,
-    }
-}

@@ -119,6 +119,16 @@ macro_rules! with_model {
     };
 }
 
+/// Whether two sequences add the same control vectors (the same preset's, or none): only then
+/// are their KV caches interchangeable.
+pub fn same_steering(a: &Option<std::sync::Arc<Steering>>, b: &Option<std::sync::Arc<Steering>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(x), Some(y)) => std::sync::Arc::ptr_eq(x, y),
+        _ => false,
+    }
+}
+
 /// A loaded model plus its sequences.
 pub struct Engine {
     cfg: ModelConfig,

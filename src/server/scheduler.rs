@@ -25,7 +25,7 @@ use rayon::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
-use crate::engine::{Engine, Logits, SeqId};
+use crate::engine::{same_steering, Engine, Logits, SeqId};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::StreamDecoder;
 
@@ -118,14 +118,6 @@ struct Prefix {
     seq: SeqId,
     tokens: Vec<u32>,
     steering: Option<Arc<crate::engine::Steering>>,
-}
-
-fn same_steering(a: &Option<Arc<crate::engine::Steering>>, b: &Option<Arc<crate::engine::Steering>>) -> bool {
-    match (a, b) {
-        (None, None) => true,
-        (Some(x), Some(y)) => Arc::ptr_eq(x, y),
-        _ => false,
-    }
 }
 
 /// Prompt tokens of one sequence to feed in a step with `budget` left, `rest` still to feed.
