@@ -370,7 +370,8 @@ impl Loop {
     /// Copy the cached prefix a new sequence's prompt shares (at least two prompt tokens are
     /// left to compute); returns the first position to prefill.
     fn reuse_prefix(&mut self, id: SeqId, r: &GenRequest) -> usize {
-        let Some(p) = self.prefix.as_ref().filter(|p| same_steering(&p.steering, &r.steering)) else { return 0 };
+        // `copy_prefix` itself refuses (Ok(false)) a cache with other control vectors than `id`'s.
+        let Some(p) = self.prefix.as_ref() else { return 0 };
         // At least two prompt tokens are left to compute (see `prompt_chunk`).
         let n = common_prefix(&p.tokens, &r.prompt).min(r.prompt.len().saturating_sub(2));
         if n < MIN_PREFIX {
