@@ -295,8 +295,8 @@ impl Engine {
         match &mut self.loaded {
             Loaded::Cpu(m) => {
                 let pool = &self.pool;
-                // Run the whole step on a pool worker so each op's parallel region starts without a
-                // cross-thread hand-off.
+                // Run the whole step on a pool worker (the ops' regions run on the backend's team;
+                // measured: a little faster than the calling thread, twelfth session).
                 pool.install(|| m.forward_into(batch, out))
             }
             #[allow(unreachable_patterns)]
