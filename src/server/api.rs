@@ -585,7 +585,8 @@ impl SseTemplate {
     /// How much a stream's event buffer grows by when it runs out (a few dozen text deltas).
     const CHUNK: usize = 8192;
 
-    /// [`render_into`](Self::render_into) into a buffer of its own.
+    /// [`render_into`](Self::render_into) into a buffer of its own (the tests' one-shot form).
+    #[cfg(test)]
     pub fn render(&self, text: &str) -> Bytes {
         self.render_into(text, &mut BytesMut::new())
     }

@@ -48,8 +48,8 @@ struct Shared {
 }
 
 impl Shared {
-    /// Claim and run tasks of the region in `word`'s epoch until none is left; false when the word
-    /// is not open (a region being replaced).
+    /// Claim and run tasks of the open region until none is left; returns at once while the word
+    /// is closed (a region being replaced).
     fn work(&self) {
         loop {
             let w = self.word.load(SeqCst);
@@ -152,12 +152,10 @@ impl Team {
         let s = &*self.shared;
         let epoch = (s.word.load(SeqCst) >> 32).wrapping_add(1) & 0xffff_ffff;
         s.word.store(epoch << 32 | CLOSED, SeqCst);
-        let job: Job<'_> = f;
         // SAFETY: only the lifetime is erased; the pointer is only followed under a claim of a
         // task of this epoch, and this function returns only when every such task is done.
         #[allow(unsafe_code)]
-        let job_static: Job<'static> = unsafe { std::mem::transmute::<Job<'_>, Job<'static>>(job) };
-        let slot: Job<'static> = job_static;
+        let slot: Job<'static> = unsafe { std::mem::transmute::<Job<'_>, Job<'static>>(f) };
         s.job.store(&slot as *const Job<'static> as *mut Job<'static>, SeqCst);
         s.n.store(n, SeqCst);
         s.done.store(0, SeqCst);
