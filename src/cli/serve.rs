@@ -48,6 +48,21 @@ pub struct Args {
     pub log_requests: bool,
 }
 
+/// A server never dies of a signal a client or the disk can cause: `main` restores the default
+/// SIGPIPE action for the one-shot commands (`inspect x.zlb | head` ends quietly), but for `serve`
+/// a write to a socket whose peer has gone must be an `EPIPE` error on that one connection, not
+/// the end of the process and every request in flight. SIGXFSZ likewise: a file-size limit
+/// reached by the audit log is an `EFBIG` write error, handled like a full disk.
+#[allow(unsafe_code)]
+fn ignore_server_signals() {
+    // SAFETY: `signal` with SIG_IGN installs no handler code; the disposition is process-wide
+    // and changing it is async-signal-safe and thread-safe.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+}
+
 fn server_err(e: ServerError) -> CliError {
     CliError::Server(e.to_string())
 }
@@ -101,6 +116,7 @@ fn open_active(trust: &TrustArgs, store: &StoreArgs) -> Result<VerifiedBundle, C
 }
 
 pub fn exec(args: Args) -> Result<(), CliError> {
+    ignore_server_signals();
     let (cfg, bundle, trust, store) = resolve(&args)?;
     // The same source serves the start and every reload (SIGHUP): the trust store is read again
     // each time, so new keys and revocations apply on reload.
@@ -111,7 +127,12 @@ pub fn exec(args: Args) -> Result<(), CliError> {
         }
     };
     let vb = source()?;
-    let log: crate::server::Logger = Arc::new(|line: &str| eprintln!("applianced: {line}"));
+    // A log line that cannot be written (stderr closed: journald restarted, a closed pipe) is
+    // dropped; `eprintln!` would panic the thread that logs.
+    let log: crate::server::Logger = Arc::new(|line: &str| {
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), "applianced: {line}");
+    });
     let reload: BundleSource = Arc::new(move || source().map_err(|e| format!("{e} (exit code {})", e.exit_code())));
     serve(ServeOptions { bundle: vb, config: cfg, allow_activation: true, log, reload: Some(reload) }).map_err(server_err)
 }

@@ -165,6 +165,8 @@ pub(crate) struct Lowerer<'a> {
     /// Paths of arrays whose (scalar) items must be unique, enforced at run time.
     pub unique: Vec<Vec<PStep>>,
     refs_under: HashMap<Rc<str>, Rc<Vec<Rc<str>>>>,
+    /// Entries held in `refs_under` (bounded by [`MAX_REACH_ENTRIES`]).
+    reach_entries: usize,
     pattern_cache: HashMap<String, Rc<Dfa>>,
     /// Memo of [`Lowerer::determinize`] and [`Lowerer::encode`]: whole automata to their
     /// determinised, minimal form (see [`Lowerer::memoised`]).
@@ -182,6 +184,11 @@ pub(crate) struct Lowerer<'a> {
 pub(crate) const CALL: u8 = 0xFF;
 
 static FALSE: Value = Value::Bool(false);
+
+/// How deep [`Lowerer::reach`] follows references (one stack frame each).
+pub(crate) const MAX_REF_DEPTH: usize = 2048;
+/// How many reachable-target entries [`Lowerer::reach`] may memoise in one compilation.
+pub(crate) const MAX_REACH_ENTRIES: usize = 4_000_000;
 
 /// How many disjunction branches one compilation may explore.
 const BRANCH_BUDGET: usize = 20_000;
@@ -334,6 +341,7 @@ impl<'a> Lowerer<'a> {
             path: Vec::new(),
             unique: Vec::new(),
             refs_under: HashMap::default(),
+            reach_entries: 0,
             pattern_cache: HashMap::default(),
             det_memo: HashMap::default(),
             det_memo_words: 0,
@@ -381,7 +389,7 @@ impl<'a> Lowerer<'a> {
         if self.start.elapsed() > self.opts.max_compile_time {
             return Err(SchemaError::TooLarge {
                 pointer: ptr.to_string(),
-                what: "compile time".into(),
+                what: "compile time in ms".into(),
                 limit: self.opts.max_compile_time.as_millis() as usize,
             });
         }
@@ -460,31 +468,46 @@ impl<'a> Lowerer<'a> {
     }
 
     /// Every reference target (as pointer) reachable from the sub-schema at `ptr`.
-    fn reach(&mut self, sub: &Sub<'a>) -> Rc<Vec<Rc<str>>> {
+    ///
+    /// Bounded: the recursion (one level per reference followed) stops at [`MAX_REF_DEPTH`] and
+    /// the memoised sets at [`MAX_REACH_ENTRIES`] entries in all, both refused as too large, and
+    /// the compile deadline is checked on every call. A chain of `$ref`s (`d0 → d1 → … → dN`)
+    /// costs N levels and N²/2 entries, so a long chain is refused in milliseconds instead of
+    /// lowering for minutes (or overflowing the stack).
+    fn reach(&mut self, sub: &Sub<'a>, depth: usize) -> Result<Rc<Vec<Rc<str>>>, SchemaError> {
         if let Some(r) = self.refs_under.get(&sub.ptr) {
-            return r.clone();
+            return Ok(r.clone());
+        }
+        self.check_time(&sub.ptr)?;
+        if depth >= MAX_REF_DEPTH {
+            return Err(SchemaError::TooLarge { pointer: sub.ptr.to_string(), what: "`$ref` chain depth".into(), limit: MAX_REF_DEPTH });
         }
         // Placeholder against cycles.
         self.refs_under.insert(sub.ptr.clone(), Rc::new(Vec::new()));
         let mut direct: Vec<(String, Rc<str>)> = Vec::new();
         collect_refs(sub.v, &sub.base, &mut direct);
         let mut out: Vec<Rc<str>> = Vec::new();
+        let mut seen: std::collections::HashSet<Rc<str>> = std::collections::HashSet::new();
         for (r, base) in direct {
             if let Ok((v, t, nb)) = self.resolve(&r, &base, &sub.ptr) {
-                if !out.contains(&t) {
+                if seen.insert(t.clone()) {
                     out.push(t.clone());
                 }
-                let inner = self.reach(&Sub { v, ptr: t, base: nb });
+                let inner = self.reach(&Sub { v, ptr: t, base: nb }, depth + 1)?;
                 for x in inner.iter() {
-                    if !out.contains(x) {
+                    if seen.insert(x.clone()) {
                         out.push(x.clone());
                     }
                 }
             }
         }
+        self.reach_entries += out.len();
+        if self.reach_entries > MAX_REACH_ENTRIES {
+            return Err(SchemaError::TooLarge { pointer: sub.ptr.to_string(), what: "`$ref` reachability sets".into(), limit: MAX_REACH_ENTRIES });
+        }
         let out = Rc::new(out);
         self.refs_under.insert(sub.ptr.clone(), out.clone());
-        out
+        Ok(out)
     }
 
     pub fn lower_root(&mut self) -> Result<Dfa, SchemaError> {
@@ -504,9 +527,10 @@ impl<'a> Lowerer<'a> {
         let cacheable = members.iter().all(|m| !m.ptr.starts_with('!'));
         let key = if cacheable {
             let mut reach: Vec<Rc<str>> = Vec::new();
+            let mut seen: std::collections::HashSet<Rc<str>> = std::collections::HashSet::new();
             for m in &members {
-                for r in self.reach(m).iter() {
-                    if !reach.contains(r) {
+                for r in self.reach(m, 0)?.iter() {
+                    if seen.insert(r.clone()) {
                         reach.push(r.clone());
                     }
                 }
@@ -885,6 +909,9 @@ impl<'a> Lowerer<'a> {
         while qi < q.len() {
             let m = q[qi].clone();
             qi += 1;
+            if qi % 64 == 0 {
+                self.check_time(&m.ptr)?;
+            }
             if q.len() > 10_000 {
                 return Err(SchemaError::TooLarge { pointer: m.ptr.to_string(), what: "allOf/$ref expansion".into(), limit: 10_000 });
             }
@@ -2423,12 +2450,17 @@ fn effective_types(n: &Node) -> u8 {
 }
 
 fn collect_refs(v: &Value, base: &Rc<str>, out: &mut Vec<(String, Rc<str>)>) {
+    let mut seen: std::collections::HashSet<String> = out.iter().map(|(r, _)| r.clone()).collect();
+    collect_refs_into(v, base, out, &mut seen);
+}
+
+fn collect_refs_into(v: &Value, base: &Rc<str>, out: &mut Vec<(String, Rc<str>)>, seen: &mut std::collections::HashSet<String>) {
     match v {
         Value::Object(m) => {
             for key in ["$ref", "$recursiveRef"] {
                 if let Some(Value::String(r)) = m.get(key) {
                     let r = if key == "$ref" { r.clone() } else { "#".to_string() };
-                    if !out.iter().any(|(x, _)| *x == r) {
+                    if seen.insert(r.clone()) {
                         out.push((r, base.clone()));
                     }
                 }
@@ -2437,12 +2469,12 @@ fn collect_refs(v: &Value, base: &Rc<str>, out: &mut Vec<(String, Rc<str>)>) {
                 if matches!(k.as_str(), "enum" | "const" | "default" | "examples" | "example") {
                     continue;
                 }
-                collect_refs(c, base, out);
+                collect_refs_into(c, base, out, seen);
             }
         }
         Value::Array(a) => {
             for c in a {
-                collect_refs(c, base, out);
+                collect_refs_into(c, base, out, seen);
             }
         }
         _ => {}

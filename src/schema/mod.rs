@@ -15,6 +15,7 @@
 //! return states bounded by the call DAG).
 
 mod automata;
+mod cache;
 mod calls;
 pub mod corpus;
 mod lower;
@@ -23,13 +24,12 @@ mod numbers;
 mod strings;
 mod tokens;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
+pub use cache::{Lookup, SchemaCache};
 pub use matcher::Matcher;
 pub use tokens::Vocabulary;
 
@@ -130,8 +130,12 @@ pub struct CompileOptions {
     /// once as a sub-automaton and called where they appear (a pushdown automaton, see
     /// `docs/schemas.md`); 0 copies every value in place (one finite automaton).
     pub call_min_states: usize,
-    /// Wall-clock cap on the schema lowering.
+    /// Wall-clock cap on the whole compilation (lowering and token masks), checked inside their
+    /// loops: past it the compile stops with [`SchemaError::TooLarge`] naming "compile time".
     pub max_compile_time: Duration,
+    /// Cap on the bytes of distinct token masks (the bulk of a compiled schema's memory),
+    /// checked as masks are added.
+    pub max_mask_bytes: usize,
     /// When the schema is too large at `max_recursion` / `max_any_depth`, retry with both one
     /// lower, down to 1, then with `max_length_generated` / `max_items_generated` halved, down to
     /// 32 / 8, within the same `max_compile_time` (see [`SchemaStats::max_recursion`]). Every
@@ -158,6 +162,7 @@ impl Default for CompileOptions {
             max_states: 200_000,
             call_min_states: 256,
             max_compile_time: Duration::from_secs(10),
+            max_mask_bytes: 256 << 20,
             adaptive_nesting: true,
             enforce_formats: true,
             unknown_formats_are_errors: false,
@@ -311,6 +316,11 @@ impl CompiledSchema {
                         o.max_items_generated = (o.max_items_generated / 2).max(MIN_ITEMS_GENERATED).min(o.max_items_generated);
                     }
                 }
+                // A deadline error names the caller's limit, not what was left of it for the
+                // last attempt.
+                Err(SchemaError::TooLarge { pointer, what, .. }) if what.starts_with("compile time") => {
+                    return Err(SchemaError::TooLarge { pointer, what, limit: opts.max_compile_time.as_millis() as usize })
+                }
                 Err(e) => return Err(e),
             }
         };
@@ -383,6 +393,16 @@ impl CompiledSchema {
             let todo: Vec<u32> = states.iter().copied().filter(|&s| is_rep(s) == (pass == 0)).collect();
             let (looping, rest): (Vec<u32>, Vec<u32>) = todo.iter().partition(|&&s| loops[s as usize].is_some());
             for chunk in looping.chunks(CHUNK).chain(rest.chunks(CHUNK)) {
+                if t0.elapsed() > opts.max_compile_time {
+                    return Err(SchemaError::TooLarge {
+                        pointer: String::new(),
+                        what: "compile time in ms (token masks)".into(),
+                        limit: opts.max_compile_time.as_millis() as usize,
+                    });
+                }
+                if masks.len() * 8 > opts.max_mask_bytes {
+                    return Err(SchemaError::TooLarge { pointer: String::new(), what: "token mask bytes".into(), limit: opts.max_mask_bytes });
+                }
                 let known = tokens::Known { masks: &masks, words, state_mask: &state_mask, done: &done, state_unc: &state_unc, unc: &unc };
                 let computed: Vec<(Vec<u64>, u64, Vec<u32>)> = chunk
                     .par_iter()
@@ -1172,67 +1192,6 @@ impl<'b> Reader<'b> {
     }
 }
 
-/// Bounded LRU of compiled ad-hoc schemas for one vocabulary, keyed by the SHA-256 of the
-/// schema's compact JSON text (key order preserved: it is part of the output policy) and the
-/// compile options.
-pub struct SchemaCache {
-    vocab: Arc<Vocabulary>,
-    cap_bytes: usize,
-    used: usize,
-    tick: u64,
-    map: HashMap<[u8; 32], (Arc<CompiledSchema>, u64)>,
-}
-
-impl SchemaCache {
-    pub fn new(vocab: Arc<Vocabulary>, cap_bytes: usize) -> SchemaCache {
-        SchemaCache { vocab, cap_bytes, used: 0, tick: 0, map: HashMap::new() }
-    }
-
-    /// The cache key of a schema under `opts`.
-    pub fn key(schema: &Value, opts: &CompileOptions) -> [u8; 32] {
-        let mut h = Sha256::new();
-        h.update(serde_json::to_vec(schema).unwrap_or_default());
-        h.update(format!("{opts:?}").as_bytes());
-        h.finalize().into()
-    }
-
-    /// Returns the cached compilation or compiles (and caches) it.
-    pub fn get_or_compile(&mut self, schema: &Value, opts: &CompileOptions) -> Result<Arc<CompiledSchema>, SchemaError> {
-        let key = Self::key(schema, opts);
-        self.tick += 1;
-        if let Some((c, t)) = self.map.get_mut(&key) {
-            *t = self.tick;
-            return Ok(c.clone());
-        }
-        let c = Arc::new(CompiledSchema::compile_with(schema, &self.vocab, opts)?);
-        let size = c.stats.bytes;
-        if size <= self.cap_bytes {
-            while self.used + size > self.cap_bytes {
-                let Some(oldest) = self.map.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k) else { break };
-                if let Some((old, _)) = self.map.remove(&oldest) {
-                    self.used -= old.stats.bytes;
-                }
-            }
-            self.used += size;
-            self.map.insert(key, (c.clone(), self.tick));
-        }
-        Ok(c)
-    }
-
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
-
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.used
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1718,32 +1677,6 @@ mod mask_tests {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod cache_tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn lru_by_bytes() {
-        let v = tests::byte_vocab();
-        let eos = (v.len() - 1) as u32;
-        let vocab = Arc::new(Vocabulary::new(&v, &[eos]));
-        let opts = CompileOptions::default();
-        let one = CompiledSchema::compile_with(&json!({"type": "integer"}), &vocab, &opts).unwrap().stats().bytes;
-        let mut cache = SchemaCache::new(vocab, one * 2 + one / 2);
-        let a = cache.get_or_compile(&json!({"type": "integer"}), &opts).unwrap();
-        let a2 = cache.get_or_compile(&json!({"type": "integer"}), &opts).unwrap();
-        assert!(Arc::ptr_eq(&a, &a2));
-        cache.get_or_compile(&json!({"type": "integer", "minimum": 1}), &opts).unwrap();
-        cache.get_or_compile(&json!({"type": "integer"}), &opts).unwrap(); // touch
-        cache.get_or_compile(&json!({"type": "integer", "maximum": 9}), &opts).unwrap(); // evicts minimum:1
-        assert!(cache.bytes() <= one * 2 + one / 2);
-        let a3 = cache.get_or_compile(&json!({"type": "integer"}), &opts).unwrap();
-        assert!(Arc::ptr_eq(&a, &a3), "recently used entry kept");
-        assert_ne!(SchemaCache::key(&json!({"a": 1, "b": 2}), &opts), SchemaCache::key(&json!({"b": 2, "a": 1}), &opts));
     }
 }
 

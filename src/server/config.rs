@@ -106,6 +106,12 @@ pub struct LimitsConfig {
     pub drain_timeout_secs: u64,
     /// Largest context per sequence; 0 = the model's.
     pub max_context: usize,
+    /// Seconds one request schema (`response_format` / `output_config`) may take to compile,
+    /// checked inside the compiler's loops; past it the request gets a 422 naming the limit.
+    pub schema_compile_timeout_secs: u64,
+    /// Schema compiles running at once (each on its own thread, outside the cache lock); more
+    /// wait up to the compile timeout, then get a 422 naming the limit.
+    pub max_schema_compiles: usize,
 }
 
 impl Default for LimitsConfig {
@@ -122,6 +128,8 @@ impl Default for LimitsConfig {
             body_timeout_secs: 30,
             drain_timeout_secs: 30,
             max_context: 0,
+            schema_compile_timeout_secs: 10,
+            max_schema_compiles: 2,
         }
     }
 }
@@ -135,6 +143,9 @@ impl LimitsConfig {
     }
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_secs(self.drain_timeout_secs)
+    }
+    pub fn schema_compile_timeout(&self) -> Duration {
+        Duration::from_secs(self.schema_compile_timeout_secs.max(1))
     }
 }
 

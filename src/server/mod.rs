@@ -133,7 +133,7 @@ pub(crate) struct State {
     /// The bundle's presets, safety masks, redaction rules and named schemas.
     pub policy: Arc<crate::policy::runtime::BundlePolicy>,
     /// Ad-hoc request schemas, compiled on first use (bounded LRU by memory).
-    pub schemas: std::sync::Mutex<crate::schema::SchemaCache>,
+    pub schemas: crate::schema::SchemaCache,
     pub model_cfg: ModelConfig,
     pub info: OnceLock<EngineInfo>,
     pub bundle: BundleInfo,
@@ -332,7 +332,7 @@ fn spawn_generation(c: &Common, vb: &VerifiedBundle) -> Result<(Generation, toki
     let (tokenizer, template, model_cfg) = read_model(&vb.root)?;
     let policy = Arc::new(crate::policy::runtime::BundlePolicy::load(&vb.root, &tokenizer).map_err(|e| ServerError::Load(format!("bundle policy: {e}")))?);
     let vocab = Arc::new(crate::schema::Vocabulary::new(&tokenizer.generation_vocab(model_cfg.vocab_size), &model_cfg.eog_token_ids));
-    let schemas = std::sync::Mutex::new(crate::schema::SchemaCache::new(vocab, 256 << 20));
+    let schemas = crate::schema::SchemaCache::with_concurrency(vocab, 256 << 20, c.cfg.limits.max_schema_compiles);
     let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();
     let cfg = &c.cfg;
     // One more sequence than requests run at once: the prefix cache's.

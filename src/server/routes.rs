@@ -20,6 +20,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::api::{self, ApiError, ChatRequest, Flavor};
 use super::auth::Peer;
 use super::scheduler::{Event, Finish, GenError, GenRequest, SubmitError};
+use crate::schema::{CompileOptions, CompiledSchema, Lookup, SchemaError};
 use super::{InflightGuard, Phase, State};
 
 fn sha256_hex(b: &[u8]) -> String {
@@ -528,6 +529,9 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     if let Some(msg) = state.expired() {
         return rec.fail(flavor, ApiError::new(503, msg));
     }
+    // In flight from here: a drain (SIGTERM) waits for this request's body, schema compile and
+    // generation, up to the drain deadline.
+    let guard = state.inflight();
     if !counting && state.audit.as_ref().is_some_and(|a| a.is_poisoned()) && !state.cfg.audit.fail_open {
         return rec.fail(flavor, ApiError::new(503, "the audit log cannot be written; the server refuses requests until an operator fixes it").retry(30));
     }
@@ -665,25 +669,32 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     let adhoc = match creq.schema.clone() {
         None => None,
         Some(schema) => {
-            // The compile (cached per schema) runs on a blocking thread and is not counted.
+            // The compile (cached per schema, refusals too) runs on its own thread, outside the
+            // cache lock, under the compile deadline, and is not counted.
             rec.overhead += cpu_since(cpu0);
-            let st = state.clone();
-            let compiled = tokio::task::spawn_blocking(move || {
-                let mut cache = st.schemas.lock().unwrap_or_else(|p| p.into_inner());
-                cache.get_or_compile(&schema, &Default::default())
-            })
-            .await;
+            let opts = CompileOptions { max_compile_time: lim.schema_compile_timeout(), ..Default::default() };
+            let compiled = match state.schemas.lookup(&schema, &opts) {
+                Lookup::Hit(c) => Ok(c),
+                Lookup::Refused(e) => Err(e),
+                Lookup::Miss => match compile_schema(state.clone(), schema, opts).await {
+                    Ok(r) => r,
+                    Err(e) => return rec.fail(flavor, e),
+                },
+            };
             let compiled = match compiled {
-                Ok(Ok(c)) => Some(c),
-                Ok(Err(e)) => {
+                Ok(c) => Some(c),
+                Err(e) => {
                     let param = match flavor {
                         Flavor::OpenAi => "response_format",
                         Flavor::Anthropic => "output_config",
                     };
                     return rec.fail(flavor, ApiError::unsupported(param, e.to_string()));
                 }
-                Err(e) => return rec.fail(flavor, ApiError::new(500, format!("schema compiler failed: {e}"))),
             };
+            // SIGTERM came while the schema compiled: this request has not started generating.
+            if state.phase() == Phase::Draining {
+                return rec.fail(flavor, ApiError::new(503, "the server is shutting down").retry(5));
+            }
             cpu0 = thread_cpu();
             compiled
         }
@@ -701,7 +712,6 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         })
         .unwrap_or(0);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let guard = state.inflight();
     let gr = GenRequest {
         prompt: tokens,
         params,
@@ -773,6 +783,23 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     rec.report_overhead(cpu_since(t_out));
     r
 }
+
+/// Compile a request schema on a thread of its own: a large stack (the compiler recurses on the
+/// schema's structure), and no tokio worker or blocking-pool thread held for up to the deadline.
+async fn compile_schema(state: Arc<State>, schema: Value, opts: CompileOptions) -> Result<Result<Arc<CompiledSchema>, SchemaError>, ApiError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("applianced-schema".into())
+        .stack_size(SCHEMA_THREAD_STACK)
+        .spawn(move || {
+            let _ = tx.send(state.schemas.get_or_compile(&schema, &opts));
+        })
+        .map_err(|e| ApiError::new(503, format!("cannot start a schema compile: {e}")).retry(5))?;
+    rx.await.map_err(|_| ApiError::new(500, "the schema compiler failed"))
+}
+
+/// Stack of a schema-compile thread (reserved, touched only as deep as the compile goes).
+const SCHEMA_THREAD_STACK: usize = 64 << 20;
 
 fn gen_error(e: GenError) -> ApiError {
     match e {
