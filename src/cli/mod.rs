@@ -27,7 +27,8 @@ pub use common::{CliError, TrustArgs};
 /// failure, 6 revoked key, 7 member integrity (digest, size, missing, extra), 8 expired,
 /// 9 rollback refused, 10 runtime too old, 11 recipe or import error, 12 engine error,
 /// 13 server error, 14 schema error, 15 bundle lifecycle (no such installed bundle, none active,
-/// nothing to roll back to), 16 GPU kernels could not be built (NVRTC missing or failing).
+/// nothing to roll back to), 16 GPU kernels could not be built (NVRTC missing or failing),
+/// 17 audit log intact but ending in a torn tail (`audit verify`: an incomplete last write).
 #[derive(Debug, Parser)]
 #[command(name = "applianced", version, about, long_about, propagate_version = true)]
 pub struct Cli {

@@ -171,11 +171,21 @@ pub struct AuditConfig {
     /// When a record cannot be written: false (default) = requests fail closed with 503;
     /// true = keep serving without the record.
     pub fail_open: bool,
+    /// Refused peers (uid not allowed) are recorded once per uid per this many seconds; the
+    /// refusals in between are counted and written as one `refused_peer_summary` record.
+    pub refused_peer_interval_secs: u64,
 }
 
 impl Default for AuditConfig {
     fn default() -> Self {
-        AuditConfig { enabled: true, path: PathBuf::from(DEFAULT_AUDIT_LOG), log_text: false, fsync: FsyncPolicy::Always, fail_open: false }
+        AuditConfig {
+            enabled: true,
+            path: PathBuf::from(DEFAULT_AUDIT_LOG),
+            log_text: false,
+            fsync: FsyncPolicy::Always,
+            fail_open: false,
+            refused_peer_interval_secs: 60,
+        }
     }
 }
 

@@ -192,7 +192,8 @@ impl Metrics {
     }
 
     /// Prometheus text format.
-    pub fn render(&self, ready: bool) -> String {
+    /// `audit_writable`: None without an audit log.
+    pub fn render(&self, ready: bool, audit_writable: Option<bool>) -> String {
         let Ok(m) = self.inner.lock() else { return String::new() };
         let mut o = String::new();
         let head = |o: &mut String, name: &str, ty: &str, help: &str| {
@@ -223,8 +224,12 @@ impl Metrics {
         let _ = writeln!(o, "applianced_active_sequences {}", m.active_seqs);
         head(&mut o, "applianced_open_connections", "gauge", "Open client connections.");
         let _ = writeln!(o, "applianced_open_connections {}", m.open_connections.max(0));
-        head(&mut o, "applianced_ready", "gauge", "1 when the model is loaded and requests are accepted.");
+        head(&mut o, "applianced_ready", "gauge", "1 when the model is loaded and requests are accepted (0 while loading, draining, expired, or while the audit log cannot be written).");
         let _ = writeln!(o, "applianced_ready {}", u8::from(ready));
+        if let Some(w) = audit_writable {
+            head(&mut o, "applianced_audit_writable", "gauge", "1 when the last audit append succeeded; 0 after a failed (rolled-back) write until a retry succeeds.");
+            let _ = writeln!(o, "applianced_audit_writable {}", u8::from(w));
+        }
         head(&mut o, "applianced_engine_steps_total", "counter", "Engine forward steps.");
         let _ = writeln!(o, "applianced_engine_steps_total {}", m.steps);
         head(&mut o, "applianced_batch_size", "histogram", "Sequences per engine step.");
@@ -275,7 +280,7 @@ mod tests {
         m.step(3, 40);
         m.set_bundle("x", 2, "sha256:ab", 0, 60);
         m.reload("ok", Some((1.5, 0.000002)));
-        let t = m.render(true);
+        let t = m.render(true, Some(true));
         assert!(t.contains("applianced_bundle_info{name=\"x\",version=\"2\",identity=\"sha256:ab\"} 1"));
         assert!(t.contains("applianced_bundle_expired 1"));
         assert!(t.contains("applianced_reloads_total{result=\"ok\"} 1"));

@@ -121,6 +121,8 @@ struct Shared {
     /// Requests in flight on any generation (for the SIGTERM drain).
     inflight: AtomicUsize,
     inflight_done: Notify,
+    /// Rate limit of refused peers' audit records (see [`auth::RefusalLog`]).
+    pub(crate) refusals: std::sync::Mutex<auth::RefusalLog>,
 }
 
 /// Everything request handlers share about one loaded bundle (a "generation"). A hot reload
@@ -156,6 +158,12 @@ impl State {
         }
     }
     /// Count a request in flight until the guard drops.
+    /// Whether requests may run as far as the audit log is concerned: it is writable (the last
+    /// append succeeded), there is none, or the config says `fail_open`.
+    pub fn audit_ok(&self) -> bool {
+        self.cfg.audit.fail_open || self.audit.as_ref().is_none_or(|a| a.is_writable())
+    }
+
     pub fn inflight(self: &Arc<Self>) -> InflightGuard {
         self.shared.inflight.fetch_add(1, Ordering::SeqCst);
         self.users.fetch_add(1, Ordering::SeqCst);
@@ -282,7 +290,20 @@ fn bind_socket(cfg: &ServerConfig) -> Result<(std::os::unix::net::UnixListener, 
 pub fn serve(opts: ServeOptions) -> Result<(), ServerError> {
     let ServeOptions { bundle, config: cfg, allow_activation, log, reload } = opts;
     cfg.validate()?;
-    let audit = if cfg.audit.enabled { Some(Arc::new(AuditLog::open(&cfg.audit.path, cfg.audit.fsync)?)) } else { None };
+    let audit = if cfg.audit.enabled {
+        let (log_file, torn) = AuditLog::open_reporting(&cfg.audit.path, cfg.audit.fsync)?;
+        if let Some(t) = torn {
+            log(&format!(
+                "audit log {}: truncated a torn tail ({} bytes at offset {}: an incomplete last write, from a crash or a full disk) and recorded it in the log",
+                cfg.audit.path.display(),
+                t.bytes,
+                t.offset
+            ));
+        }
+        Some(Arc::new(log_file))
+    } else {
+        None
+    };
 
     let activated = if allow_activation { systemd::activated_listener().map_err(io("socket activation"))? } else { None };
     let (std_listener, owned, where_) = match activated {
@@ -410,7 +431,12 @@ async fn run(
     reload: Option<BundleSource>,
 ) -> Result<(), ServerError> {
     let listener = UnixListener::from_std(std_listener).map_err(io("socket"))?;
-    let shared = Arc::new(Shared { phase: AtomicU8::new(Phase::Loading as u8), inflight: AtomicUsize::new(0), inflight_done: Notify::new() });
+    let shared = Arc::new(Shared {
+        phase: AtomicU8::new(Phase::Loading as u8),
+        inflight: AtomicUsize::new(0),
+        inflight_done: Notify::new(),
+        refusals: std::sync::Mutex::new(auth::RefusalLog::new(Duration::from_secs(cfg.audit.refused_peer_interval_secs.max(1)))),
+    });
     let common = Common { shared: shared.clone(), cfg: cfg.clone(), audit, metrics: Arc::new(Metrics::default()), log: log.clone() };
     let (first, loaded_rx) = spawn_generation(&common, &bundle)?;
     drop(bundle);
@@ -458,6 +484,7 @@ async fn run(
             }
         })
     });
+    let audit_retry = common.audit.clone().map(|a| tokio::spawn(audit_monitor(a, shared.clone(), common.log.clone())));
     let expiry = tokio::spawn(expiry_monitor(current.clone(), Common { shared: shared.clone(), cfg: cfg.clone(), audit: common.audit.clone(), metrics: common.metrics.clone(), log: log.clone() }));
 
     // Serve; SIGHUP reloads. Generations replaced by a reload retire in the background.
@@ -496,6 +523,9 @@ async fn run(
     let _ = stop_tx.send(true);
     let _ = accept.await;
     expiry.abort();
+    if let Some(t) = audit_retry {
+        t.abort();
+    }
     let deadline = cfg.limits.drain_timeout();
     let cancel_everything = |live: &Generation| {
         live.state.sched.cancel_all();
@@ -520,6 +550,11 @@ async fn run(
     let Generation { state, engine, _entry_lock } = live;
     drop(state);
     let _ = tokio::task::spawn_blocking(move || engine.join()).await;
+    if let Some(a) = &common.audit {
+        let due = shared.refusals.lock().map(|mut r| r.due(Instant::now(), true)).unwrap_or_default();
+        let interval = shared.refusals.lock().map(|r| r.interval()).unwrap_or_default();
+        write_refusal_summaries(a, &due, interval);
+    }
     log("stopped");
     Ok(())
 }
@@ -612,6 +647,55 @@ async fn retire(g: Generation, log: Logger, metrics: Arc<Metrics>) {
     metrics.retiring_add(-1);
     log(&format!("reload: old bundle {name} released (engine stopped, weights unmapped) {:.2}s after the switch", t0.elapsed().as_secs_f64()));
 }
+
+/// While the audit log cannot be written (a full disk, a read-only or immutable file), retry
+/// every [`AUDIT_RETRY`] with an `audit_resumed` record; readiness comes back when it lands.
+async fn audit_monitor(audit: Arc<AuditLog>, shared: Arc<Shared>, log: Logger) {
+    let mut failing = false;
+    loop {
+        tokio::time::sleep(AUDIT_RETRY).await;
+        let due = shared.refusals.lock().map(|mut r| r.due(Instant::now(), false)).unwrap_or_default();
+        if !due.is_empty() {
+            let (a, i) = (audit.clone(), shared.refusals.lock().map(|r| r.interval()).unwrap_or_default());
+            let _ = tokio::task::spawn_blocking(move || write_refusal_summaries(&a, &due, i)).await;
+        }
+        if audit.is_writable() {
+            failing = false;
+            continue;
+        }
+        if !failing {
+            log("audit log cannot be written: API requests get 503 and /readyz is 503 until a retry succeeds");
+            failing = true;
+        }
+        if audit.is_poisoned() {
+            continue;
+        }
+        let a = audit.clone();
+        match tokio::task::spawn_blocking(move || a.resume()).await {
+            Ok(Ok(_)) => {
+                log("audit log writable again: recorded `audit_resumed`; accepting requests");
+                failing = false;
+            }
+            Ok(Err(_)) | Err(_) => {}
+        }
+    }
+}
+
+/// `refused_peer_summary` records: refusals of each uid that were counted but not recorded.
+fn write_refusal_summaries(audit: &AuditLog, due: &[(u32, u64)], interval: Duration) {
+    for &(uid, n) in due {
+        let mut m = serde_json::Map::new();
+        m.insert("ts".into(), time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default().into());
+        m.insert("event".into(), "refused_peer_summary".into());
+        m.insert("uid".into(), uid.into());
+        m.insert("refused_not_recorded".into(), n.into());
+        m.insert("interval_secs".into(), interval.as_secs().into());
+        let _ = audit.append(m);
+    }
+}
+
+/// How often [`audit_monitor`] retries a failing audit log.
+const AUDIT_RETRY: Duration = Duration::from_secs(2);
 
 /// Warn ahead of the serving bundle's expiry and when it passes (log + audit once each, then
 /// hourly while it lasts); `State::expired` refuses requests after it when so configured.

@@ -132,6 +132,10 @@ pub(crate) struct Record {
     /// Server work (thread CPU time) on this request outside the engine so far (see
     /// `Metrics::overhead`), including the audit append.
     pub overhead: Duration,
+    /// Refused peers only: refusals of this uid counted but not recorded before this record.
+    pub refusals_not_recorded: Option<u64>,
+    /// False: count the request but write no audit record (a rate-limited refusal).
+    pub record: bool,
     /// Thread CPU time of appending the audit record (`AuditLog::append`: serialize, hash, lock,
     /// write, fdatasync), reported apart from the overhead (see `Metrics::audit_write`).
     pub audit_cpu: Duration,
@@ -159,6 +163,8 @@ impl Record {
             error: None,
             overhead: Duration::ZERO,
             audit_cpu: Duration::ZERO,
+            refusals_not_recorded: None,
+            record: true,
         }
     }
 
@@ -193,7 +199,7 @@ impl Record {
             }
             (st.log)(&line);
         }
-        let Some(log) = &st.audit else { return Ok(()) };
+        let Some(log) = st.audit.as_ref().filter(|_| self.record) else { return Ok(()) };
         let mut m = Map::new();
         m.insert("ts".into(), now_rfc3339().into());
         m.insert("request_id".into(), self.id.clone().into());
@@ -202,7 +208,9 @@ impl Record {
         m.insert("version".into(), st.bundle.version.into());
         m.insert("identity".into(), st.bundle.identity.clone().into());
         m.insert("endpoint".into(), self.endpoint.into());
-        m.insert("model".into(), self.model.clone().into());
+        // Client-supplied strings are capped (a 1 MB `model` is a short prefix, its length and
+        // digest) and stored once.
+        m.insert("model".into(), self.model.as_deref().map(|x| clip(x, MAX_RECORD_STRING)).into());
         m.insert("preset".into(), self.preset.clone().into());
         m.insert("stream".into(), self.stream.into());
         m.insert("status".into(), self.status.into());
@@ -217,7 +225,10 @@ impl Record {
             m.insert("prompt".into(), self.prompt.clone().into());
             m.insert("response".into(), self.response.clone().into());
         }
-        m.insert("error".into(), self.error.clone().into());
+        m.insert("error".into(), self.error.as_deref().map(|x| clip(x, MAX_RECORD_ERROR)).into());
+        if let Some(n) = self.refusals_not_recorded {
+            m.insert("refusals_not_recorded".into(), n.into());
+        }
         let t0 = thread_cpu();
         let r = log.append(m);
         self.audit_cpu = cpu_since(t0);
@@ -278,7 +289,12 @@ pub(crate) async fn handle(state: Arc<State>, peer: Peer, req: Request<Incoming>
 
     if !state.allow.allows(&peer) {
         state.metrics.refused_peer();
-        let rec = Record::new(&state, peer, ep, started, id);
+        let mut rec = Record::new(&state, peer, ep, started, id);
+        // One record per uid per interval, carrying how many went unrecorded before it.
+        match state.shared.refusals.lock().map(|mut r| r.refused(peer.uid, Instant::now())) {
+            Ok(Some(n)) => rec.refusals_not_recorded = Some(n),
+            _ => rec.record = false,
+        }
         let e = ApiError::new(
             403,
             format!("peer uid {} (gid {}) is not allowed to use this server; ask the operator to add it to [access] in the server config", peer.uid, peer.gid),
@@ -308,11 +324,12 @@ pub(crate) async fn handle(state: Arc<State>, peer: Peer, req: Request<Incoming>
         "/healthz" if get => response(200, "text/plain; charset=utf-8", "ok\n"),
         "/readyz" if get => match state.phase() {
             Phase::Ready if state.expired().is_some() => response(503, "text/plain; charset=utf-8", "bundle expired\n"),
+            Phase::Ready if !state.audit_ok() => response(503, "text/plain; charset=utf-8", "audit log cannot be written\n"),
             Phase::Ready => response(200, "text/plain; charset=utf-8", "ready\n"),
             Phase::Loading => response(503, "text/plain; charset=utf-8", "loading\n"),
             Phase::Draining => response(503, "text/plain; charset=utf-8", "draining\n"),
         },
-        "/metrics" if get => response(200, "text/plain; version=0.0.4; charset=utf-8", state.metrics.render(state.phase() == Phase::Ready && state.expired().is_none())),
+        "/metrics" if get => response(200, "text/plain; version=0.0.4; charset=utf-8", state.metrics.render(state.phase() == Phase::Ready && state.expired().is_none() && state.audit_ok(), state.audit.as_ref().map(|a| a.is_writable()))),
         "other" => error_response(flavor, &ApiError::new(404, format!("no such endpoint: {method} {path}"))),
         _ => {
             let allow = if ep.starts_with("/v1/models") || !ep.starts_with("/v1/") { "GET, HEAD" } else { "POST" };
@@ -375,7 +392,27 @@ fn model_matches(state: &State, m: Option<&str>) -> bool {
     }
 }
 
+/// Longest client-supplied string kept in an audit record (bytes).
+const MAX_RECORD_STRING: usize = 256;
+/// Longest error message kept in an audit record (bytes).
+const MAX_RECORD_ERROR: usize = 1024;
+/// Longest client-supplied string echoed in an error message (bytes).
+const MAX_ECHO: usize = 200;
+
+/// `s` cut to at most `max` bytes (on a character boundary), marked with its full length.
+pub(crate) fn clip(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return s.into();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…({} bytes, sha256 {})", &s[..end], s.len(), &sha256_hex(s.as_bytes())[..16]).into()
+}
+
 fn model_not_found(state: &State, m: &str) -> ApiError {
+    let m = clip(m, MAX_ECHO);
     let mut e = ApiError::new(
         404,
         format!("model {m:?} not found: this server serves {:?} (version {}); pass that name, \"default\", or omit the model", state.bundle.name, state.bundle.version),
@@ -532,7 +569,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     // In flight from here: a drain (SIGTERM) waits for this request's body, schema compile and
     // generation, up to the drain deadline.
     let guard = state.inflight();
-    if !counting && state.audit.as_ref().is_some_and(|a| a.is_poisoned()) && !state.cfg.audit.fail_open {
+    if !counting && !state.audit_ok() {
         return rec.fail(flavor, ApiError::new(503, "the audit log cannot be written; the server refuses requests until an operator fixes it").retry(30));
     }
     let body = match read_body(req, lim.max_body_bytes, lim.body_timeout()).await {
@@ -559,7 +596,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     }
     let preset_name = match (preset_name, creq.preset.as_deref()) {
         (Some(a), Some(b)) if a != b => {
-            let mut err = ApiError::new(400, format!("`model` names preset `{a}` but `preset` is `{b}`; give one, or the same in both"));
+            let mut err = ApiError::new(400, format!("`model` names preset `{}` but `preset` is `{}`; give one, or the same in both", clip(a, MAX_ECHO), clip(b, MAX_ECHO)));
             err.param = Some("preset".into());
             return rec.fail(flavor, err);
         }
@@ -568,7 +605,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     let preset = match state.policy.preset(preset_name) {
         Ok(p) => p.cloned(),
         Err(e) => {
-            let mut err = ApiError::new(404, e.to_string());
+            let mut err = ApiError::new(404, clip(&e.to_string(), 2 * MAX_ECHO).into_owned());
             err.param = Some("model".into());
             return rec.fail(flavor, err);
         }
