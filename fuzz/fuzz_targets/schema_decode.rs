@@ -1,0 +1,33 @@
+//! The compiled schema automaton member decoder (`schemas/<name>.bin`,
+//! `CompiledSchema::from_bytes`): vocabulary, byte classes, DFA, masks, uniqueItems paths, call
+//! tables. A schema that decodes must re-encode to the same bytes, and walking it (masks,
+//! token and byte steps, shortest completion, the run-time matcher) must stay in bounds.
+#![no_main]
+
+use applianced::schema::{CompiledSchema, Matcher};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(c) = CompiledSchema::from_bytes(data) else { return };
+    assert_eq!(c.to_bytes(), data, "compiled schema does not round-trip");
+    let n = c.mask_bits() as u32;
+    let mut s = c.start();
+    for step in 0..32u32 {
+        assert!(c.allowed(s).len() * 64 >= c.mask_bits());
+        let _ = c.is_accepting(s);
+        let _ = c.tokens_to_finish(s);
+        match c.advance(s, (step * 131 + 7) % n.max(1)) {
+            Some(t) => s = t,
+            None => break,
+        }
+    }
+    let _ = c.advance_bytes(c.start(), b"{\"a\": [1, true, null, \"x\"]}");
+    let _ = c.shortest_completion(c.start());
+    let _ = c.max_tokens_to_finish();
+    let mut m = Matcher::new(&c);
+    let mut mask = vec![0u64; c.mask_words()];
+    m.allowed(&mut mask);
+    let _ = m.shortest_completion();
+    let _ = m.advance_bytes(b"{\"");
+    let _ = m.tokens_to_finish();
+});
