@@ -542,3 +542,65 @@ fn ok_many_members_verify_and_install() {
     v.unwrap();
     i.unwrap();
 }
+
+/// A skippable frame (RFC 8878 §3.1.2) carrying `payload`.
+fn skippable(payload: &[u8]) -> Vec<u8> {
+    let mut v = vec![0x50, 0x2A, 0x4D, 0x18];
+    v.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
+fn zstd_frame(data: &[u8], checksum: bool) -> Vec<u8> {
+    let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+    enc.include_checksum(checksum).unwrap();
+    std::io::Write::write_all(&mut enc, data).unwrap();
+    enc.finish().unwrap()
+}
+
+/// Issue 22 (5): the signature covers the archive inside the one frame; no byte of the file may lie
+/// outside it. Each case is refused by `verify` and by `bundle install` (nothing in the store).
+#[test]
+fn fail_bytes_outside_the_one_checksummed_frame() {
+    let f = fixture();
+    let good = std::fs::read(valid_bundle(&f, "frames", 1)).unwrap();
+    let archive = zstd::decode_all(&good[..]).unwrap();
+    let half = archive.len() / 2;
+    let elf = b"\x7fELF\x02\x01\x01 an executable riding along";
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("skippable frame after", [good.clone(), skippable(elf)].concat()),
+        ("skippable frame before", [skippable(elf), good.clone()].concat()),
+        ("empty extra frame", [good.clone(), zstd_frame(b"", true)].concat()),
+        ("archive split over two frames", [zstd_frame(&archive[..half], true), zstd_frame(&archive[half..], true)].concat()),
+        ("frame without checksum", zstd_frame(&archive, false)),
+        ("not zstd at all", archive.clone()),
+    ];
+    for (what, bytes) in cases {
+        let p = f.root.join("frames-case.zlb");
+        std::fs::write(&p, &bytes).unwrap();
+        let e = verify(&f, &p).expect_err(what);
+        assert!(matches!(e, BundleError::Format(FormatError::Trailing | FormatError::Compression(_) | FormatError::Archive(_))), "{what}: {e}");
+        let store = Store::new(&f.root.join("store-frames"));
+        assert!(store.install(&p, &VerifyOptions::new(&f.trust), &mut |_, _| {}).is_err(), "{what}: installed");
+        assert!(store_entries(store.root()).iter().all(|e| e.starts_with('.')), "{what}: entry written");
+    }
+    // The original still verifies.
+    let p = f.root.join("frames-case.zlb");
+    std::fs::write(&p, &good).unwrap();
+    verify(&f, &p).unwrap();
+}
+
+/// Issue 22 (6): members `a` and `a/b` passed `verify` but could not be installed.
+#[test]
+fn fail_member_that_is_a_directory_of_another() {
+    let f = fixture();
+    for (outer, inner) in [("model/a", "model/a/b"), ("x", "x/y/z")] {
+        let mut ms = vec![(outer, A), (inner, B)];
+        ms.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        let m = to_canonical(&manifest_value(&ms)).unwrap();
+        let entries = ms.iter().map(|(p, d)| raw(p, d)).collect();
+        let p = crafted(&f, "prefix", &m, entries, &[]);
+        let e = verify(&f, &p).unwrap_err();
+        assert!(member_err(e).contains("is also a member"), "{outer} + {inner}");
+    }
+}

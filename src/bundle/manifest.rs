@@ -90,6 +90,16 @@ impl Manifest {
             }
             prev = Some(&m.path);
         }
+        // A member may not also be a directory of another (`a` and `a/b`): no unpacked tree could
+        // hold both.
+        let paths: std::collections::HashSet<&str> = self.members.iter().map(|m| m.path.as_str()).collect();
+        for m in &self.members {
+            for (i, _) in m.path.match_indices('/') {
+                if paths.contains(&m.path[..i]) {
+                    return Err(FormatError::Member { path: m.path.clone(), msg: format!("its directory {:?} is also a member (a file)", &m.path[..i]) });
+                }
+            }
+        }
         Ok(())
     }
 

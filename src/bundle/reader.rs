@@ -7,8 +7,13 @@
 //! 4. the budget is raised to exactly the size the manifest implies (decompression-bomb cap) and
 //!    every member must follow in manifest order with a canonical header, the declared size and
 //!    the declared SHA-256;
-//! 5. the archive must end exactly after the end-of-archive blocks: no extra members, no trailing
-//!    bytes (zstd rejects trailing garbage after the frame by itself).
+//! 5. the archive must end exactly after the end-of-archive blocks: no extra members, and the file
+//!    must end exactly where its one zstd frame ends.
+//!
+//! Before any of it, the file must start with a zstd frame header (not a skippable frame) whose
+//! `Content_Checksum_flag` is set, and the decoder stops at the end of that one frame
+//! ([`frame_decoder`]): a skippable or second frame before or after it, or an unchecksummed frame,
+//! is refused — the signature covers the archive, so nothing outside the one frame may ride along.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -115,6 +120,42 @@ impl<R: Read> Read for Budget<R> {
 const BOMB_MARK: &str = "applianced: decompression budget exceeded";
 /// Prefix of errors raised by the zstd decoder (as opposed to the tar layer above it).
 const ZSTD_MARK: &str = "zstd: ";
+
+/// The zstd frame magic number, little-endian (RFC 8878 §3.1.1).
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+/// `Content_Checksum_flag` in the frame header descriptor (RFC 8878 §3.1.1.1.1).
+const ZSTD_CHECKSUM_FLAG: u8 = 0x04;
+
+type FrameDecoder<R> = zstd::stream::read::Decoder<'static, std::io::BufReader<std::io::Chain<std::io::Cursor<[u8; 5]>, R>>>;
+
+/// A decoder of exactly one zstd frame with a content checksum at the start of `r` (FORMAT.md §2):
+/// the magic and the checksum flag are checked on the first five bytes, and the decoder stops at
+/// the end of the frame (what follows is checked by [`check_frame_end`]).
+fn frame_decoder<R: Read>(mut r: R) -> Result<FrameDecoder<R>, BundleError> {
+    let mut head = [0u8; 5];
+    let n = read_full(&mut r, &mut head).map_err(|e| FormatError::Compression(e.to_string()))?;
+    if n < head.len() || head[..4] != ZSTD_MAGIC {
+        let what = if n >= 4 && head[0] & 0xF0 == 0x50 && head[1..4] == [0x2A, 0x4D, 0x18] { "a skippable frame" } else { "not a zstd frame" };
+        return Err(FormatError::Compression(format!("the file must start with its one zstd frame (FORMAT.md §2); it starts with {what}")).into());
+    }
+    if head[4] & ZSTD_CHECKSUM_FLAG == 0 {
+        return Err(FormatError::Compression("the zstd frame has no content checksum (FORMAT.md §2 requires one)".into()).into());
+    }
+    let br = std::io::BufReader::with_capacity(1 << 20, std::io::Read::chain(std::io::Cursor::new(head), r));
+    let dec = zstd::stream::read::Decoder::with_buffer(br).map_err(|e| FormatError::Compression(e.to_string()))?;
+    Ok(dec.single_frame())
+}
+
+/// After the frame's last byte: the file must end (no skippable or second frame, no garbage).
+fn check_frame_end<R: Read>(dec: FrameDecoder<R>) -> Result<(), BundleError> {
+    let mut rest = dec.finish();
+    let mut probe = [0u8; 1];
+    match rest.read(&mut probe) {
+        Ok(0) => Ok(()),
+        Ok(_) => Err(FormatError::Trailing.into()),
+        Err(e) => Err(FormatError::Compression(e.to_string()).into()),
+    }
+}
 
 fn round512(n: u64) -> u64 {
     n.div_ceil(512) * 512
@@ -291,7 +332,7 @@ pub(crate) fn read_head(path: &Path) -> Result<Head, BundleError> {
     let file = std::fs::File::open(path).map_err(BundleError::io(path))?;
     let used = Arc::new(AtomicU64::new(0));
     let limit = Arc::new(AtomicU64::new(3 * 512 + round512(MAX_MANIFEST_BYTES) + round512(MAX_SIGNATURES_BYTES)));
-    let dec = zstd::stream::read::Decoder::new(file).map_err(|e| FormatError::Compression(e.to_string()))?;
+    let dec = frame_decoder(file)?;
     let mut ar = tar::Archive::new(Budget { inner: dec, used, limit: limit.clone() });
     let mut entries = ar.entries().map_err(|e| archive_err(e, 0))?;
     let manifest_bytes = read_control(entries.next(), MANIFEST_NAME, MAX_MANIFEST_BYTES, &limit)?;
@@ -345,8 +386,7 @@ pub fn verify_file(path: &Path, opts: &VerifyOptions<'_>, unpack_into: Option<&P
     let compressed = file.metadata().map_err(BundleError::io(path))?.len();
     let used = Arc::new(AtomicU64::new(0));
     let limit = Arc::new(AtomicU64::new(3 * 512 + round512(MAX_MANIFEST_BYTES) + round512(MAX_SIGNATURES_BYTES)));
-    let dec = zstd::stream::read::Decoder::new(std::io::BufReader::with_capacity(1 << 20, file))
-        .map_err(|e| FormatError::Compression(e.to_string()))?;
+    let dec = frame_decoder(file)?;
     let mut ar = tar::Archive::new(Budget { inner: dec, used: used.clone(), limit: limit.clone() });
     let mut entries = ar.entries().map_err(|e| archive_err(e, 0))?;
 
@@ -480,6 +520,7 @@ pub fn verify_file(path: &Path, opts: &VerifyOptions<'_>, unpack_into: Option<&P
     if consumed != total || tail.iter().any(|&b| b != 0) {
         return Err(FormatError::Trailing.into());
     }
+    check_frame_end(rest.inner)?;
     if let Some(st) = opts.state.filter(|_| opts.record_state) {
         st.accept(&head.manifest.name, head.manifest.version, &identity_of(&head.manifest_bytes))?;
     }

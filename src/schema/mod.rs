@@ -655,7 +655,7 @@ impl CompiledSchema {
     /// bound: one token per byte of the shortest completion). `None` for the dead state.
     pub fn tokens_to_finish(&self, s: StateId) -> Option<u32> {
         let d = *self.distances().0.get(s.0 as usize)?;
-        (d != u32::MAX).then_some(d + 1)
+        (d != u32::MAX).then(|| d + 1)
     }
 
     /// The largest [`CompiledSchema::tokens_to_finish`] over the automaton's states: with at

@@ -124,10 +124,77 @@ pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::new(400, "request body is empty; expected a JSON object"));
     }
-    match serde_json::from_slice::<Value>(body) {
+    match serde_json::from_slice::<Unique>(body).map(|u| u.0) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(other) => Err(ApiError::new(400, format!("request body must be a JSON object, got {}", kind(&other)))),
         Err(e) => Err(ApiError::new(400, format!("request body is not valid JSON: {e}"))),
+    }
+}
+
+/// A JSON value whose objects have no repeated key. `serde_json` keeps the last of repeated keys;
+/// a proxy or logger in front of the socket may read the first, so the two would disagree on what
+/// was asked: a repeated key is refused (400) instead.
+struct Unique(Value);
+
+impl<'de> serde::Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Unique, D::Error> {
+        d.deserialize_any(UniqueVisitor).map(Unique)
+    }
+}
+
+struct UniqueVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(UniqueVisitor)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut v = Vec::new();
+        while let Some(Unique(x)) = seq.next_element()? {
+            v.push(x);
+        }
+        Ok(Value::Array(v))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut m = Map::new();
+        while let Some(k) = map.next_key::<String>()? {
+            if m.contains_key(&k) {
+                let shown: String = k.chars().take(64).collect();
+                return Err(serde::de::Error::custom(format!("duplicate key {shown:?} in an object")));
+            }
+            let Unique(v) = map.next_value()?;
+            m.insert(k, v);
+        }
+        Ok(Value::Object(m))
     }
 }
 
@@ -451,7 +518,17 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         sampling.presence_penalty = p;
         overrides.presence_penalty = Some(p);
     }
-    let seed = o.int("seed")?.map(|s| s as u64);
+    // Any 64-bit integer: 0..=2^64-1, or a negative one taken as its two's complement (SDKs and
+    // tests send both; -1 and 2^64-1 are the same seed).
+    let seed = match o.get("seed") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => Some(u),
+            (None, Some(i)) => Some(i as u64),
+            _ => return Err(ApiError::bad(&o.p("seed"), format!("expected a 64-bit integer, got {n}"))),
+        },
+        Some(v) => return Err(ApiError::bad(&o.p("seed"), format!("expected an integer, got {}", kind(v)))),
+    };
     let stop = match o.get("stop") {
         Some(v) => string_list(v, "stop", 4)?,
         None => Vec::new(),
@@ -595,6 +672,29 @@ impl SseTemplate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 22 (6): repeated keys are refused (a proxy may read the first, serde_json the last);
+    /// seeds take any 64-bit integer.
+    #[test]
+    fn duplicate_keys_refused_and_seeds_take_64_bits() {
+        for body in [
+            r#"{"model":"a","model":"b","messages":[]}"#,
+            r#"{"model":"a","messages":[{"role":"user","content":"x","content":"y"}]}"#,
+        ] {
+            let e = parse_object(body.as_bytes()).unwrap_err();
+            assert_eq!(e.status, 400);
+            assert!(e.message.contains("duplicate key"), "{}", e.message);
+        }
+        let ok = parse_object(br#"{"a":{"b":[1,-2,3.5,"x",null,true,{"b":1}]},"b":2}"#).unwrap();
+        assert_eq!(Value::Object(ok), serde_json::json!({"a":{"b":[1,-2,3.5,"x",null,true,{"b":1}]},"b":2}));
+        let seed = |s: &str| parse_openai(&parse_object(format!(r#"{{"messages":[{{"role":"user","content":"hi"}}],"seed":{s}}}"#).as_bytes()).unwrap()).map(|r| r.seed);
+        assert_eq!(seed("-1").unwrap(), Some(u64::MAX));
+        assert_eq!(seed("18446744073709551615").unwrap(), Some(u64::MAX));
+        assert_eq!(seed("0").unwrap(), Some(0));
+        assert!(seed("1.5").is_err());
+        assert!(seed("18446744073709551616").is_err());
+        assert!(seed("\"7\"").is_err());
+    }
 
     #[test]
     fn sse_template_matches_a_serialized_tree() {

@@ -249,14 +249,22 @@ impl Tokenizer {
     /// Build from `tokenizer.json` text.
     pub fn from_json(text: &str) -> Result<Tokenizer, TokenizerError> {
         let bad = |m: String| TokenizerError::Convert(m);
-        let parse_special: tokenizers::Tokenizer = text.parse().map_err(|e| bad(format!("not a tokenizer.json: {e}")))?;
+        // Malformed JSON is refused here; the tokenizers crate panics on some of it (an
+        // `expect` in its decoder deserializer), and any panic left in it is an error too.
+        let doc: Json = serde_json::from_str(text).map_err(|e| bad(format!("not a tokenizer.json: {e}")))?;
+        let parse_special: tokenizers::Tokenizer = std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>())
+            .map_err(|_| bad("not a tokenizer.json: the tokenizers library failed on it".into()))?
+            .map_err(|e| bad(format!("not a tokenizer.json: {e}")))?;
         let mut plain = parse_special.clone();
         plain.set_encode_special_tokens(true);
-        let doc: Json = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
         let spelling = detect_spelling(&doc);
 
         let vocab = parse_special.get_vocab(true);
         let vocab_size = vocab.values().max().map_or(0, |m| *m as usize + 1);
+        // Ids are dense in real vocabularies; a sparse one would make the tables below huge.
+        if vocab_size > 2 * vocab.len() + 4096 {
+            return Err(bad(format!("token ids run up to {} for {} tokens: the ids must be dense", vocab_size - 1, vocab.len())));
+        }
         let mut names: Vec<Option<String>> = vec![None; vocab_size];
         for (tok, id) in vocab {
             names[id as usize] = Some(tok);
