@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark of JSON-Schema structured-output compilers on the reference corpus
-# (../shared/reference/schemas, 273 real-world schemas with valid and invalid instances): the
+# (tests/data/reference/schemas, 273 real-world schemas with valid and invalid instances): the
 # appliance (`applianced schema bench`) beside xgrammar, llguidance (strict and lenient) and
 # outlines-core from PyPI, all on the default model's vocabulary (SmolLM2, 49,152 tokens), one
 # thread each, at top priority (../shared/BENCHMARKING.md). Not part of CI.
@@ -53,5 +53,5 @@ prio() {
     "$@"
   fi
 }
-prio "$VENV/bin/python" scripts/bench_schema_peers.py --corpus "$PWD/../shared/reference/schemas" \
+prio "$VENV/bin/python" scripts/bench_schema_peers.py --corpus "$PWD/tests/data/reference/schemas" \
   --tokenizer-json "$TOKENIZER_JSON" --applianced "$BIN" "$@"

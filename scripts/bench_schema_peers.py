@@ -502,7 +502,7 @@ def table(rows, corpus_size):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--corpus", type=Path, default=ROOT.parent / "shared/reference/schemas")
+    ap.add_argument("--corpus", type=Path, default=ROOT / "tests/data/reference/schemas")
     ap.add_argument("--tokenizer-json", type=Path, help="the vocabulary (required unless --table-only)")
     ap.add_argument("--applianced", type=Path, default=ROOT / "target/release/applianced")
     ap.add_argument("--peers", default=",".join(ENGINES),

@@ -1,5 +1,5 @@
 //! The engine against llama.cpp's reference outputs for SmolLM2-135M-Instruct Q4_1
-//! (/work/shared/reference/llamacpp, see its README).
+//! (tests/data/reference/llamacpp, see its README).
 //!
 //! Needs the GGUF: `APPLIANCED_TEST_GGUF=/path/SmolLM2-135M-Instruct.Q4_1.gguf`; skipped otherwise.
 //! Run: `APPLIANCED_TEST_GGUF=.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf \
@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use applianced::engine::{Engine, EngineOptions};
 
-const REF_DIR: &str = "/work/shared/reference/llamacpp";
+const REF_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/reference/llamacpp");
 const MEAN_KL: f64 = 0.008;
 const MAX_KL: f64 = 0.02;
 const MARGIN: f64 = 0.5;
@@ -34,6 +34,7 @@ fn gguf() -> Option<PathBuf> {
     match std::env::var_os("APPLIANCED_TEST_GGUF") {
         Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
         _ => {
+            assert!(std::env::var_os("APPLIANCED_SLOW_TESTS").is_none(), "APPLIANCED_SLOW_TESTS is set but APPLIANCED_TEST_GGUF is not");
             println!("skipped: set APPLIANCED_TEST_GGUF");
             None
         }
@@ -218,7 +219,7 @@ fn copied_prefix_equals_recomputed() {
 
 /// Throughput on the reference model: prefill of 512 tokens, and 128 single-token decode steps
 /// after a 4-token and after the 512-token prompt. On the shared machine run it at top priority
-/// (see /work/shared/BENCHMARKING.md):
+/// (see BENCHMARKING notes in docs):
 /// `APPLIANCED_TEST_GGUF=... APPLIANCED_BENCH_THREADS=2 setsid --wait bash -c 'echo -20 >
 ///  /proc/self/autogroup; exec nice -n -20 "$@"' _ cargo test --release --test engine_reference
 ///  speed -- --ignored --nocapture`

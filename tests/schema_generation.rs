@@ -4,7 +4,7 @@
 //!
 //! Needs `APPLIANCED_TEST_BUNDLE_ROOT` (an installed, verified default bundle: scripts/test.sh
 //! sets it), `APPLIANCED_TEST_PYTHON` (a Python with `jsonschema`) and the corpus
-//! (`APPLIANCED_SCHEMA_CORPUS` or `../shared/reference/schemas`). Greedy decoding; the prompt is
+//! (`APPLIANCED_SCHEMA_CORPUS` or `tests/data/reference/schemas`). Greedy decoding; the prompt is
 //! made from the schema's own title and description. `SCHEMA_GEN_LIMIT=N` runs the first N,
 //! `SCHEMA_GEN_ONLY=TEXT` those whose id contains TEXT.
 
@@ -26,8 +26,10 @@ const MAX_TOKENS: usize = 256;
 fn corpus_dir() -> Option<PathBuf> {
     let p = std::env::var_os("APPLIANCED_SCHEMA_CORPUS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference/schemas"));
-    p.join("manifest.json").exists().then_some(p)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference/schemas"));
+    // The repository carries the corpus (tests/data/reference/README.md): missing is a failure.
+    assert!(p.join("manifest.json").exists(), "schema corpus not found at {} (tests/data/reference/schemas)", p.display());
+    Some(p)
 }
 
 /// A request an application would send with this schema: what the document is for, from the
@@ -55,6 +57,9 @@ struct Generated {
 fn every_compiled_reference_schema_generates_valid_json() {
     let (Some(root), Some(py), Some(dir)) = (std::env::var_os("APPLIANCED_TEST_BUNDLE_ROOT"), std::env::var_os("APPLIANCED_TEST_PYTHON"), corpus_dir())
     else {
+        // scripts/test.sh sets APPLIANCED_SLOW_TESTS and provides every input: a missing one there
+        // is a failure, not a skip.
+        assert!(std::env::var_os("APPLIANCED_SLOW_TESTS").is_none(), "APPLIANCED_SLOW_TESTS is set but APPLIANCED_TEST_BUNDLE_ROOT or APPLIANCED_TEST_PYTHON is missing");
         println!("skipped: needs APPLIANCED_TEST_BUNDLE_ROOT, APPLIANCED_TEST_PYTHON and the schema corpus");
         return;
     };

@@ -1,8 +1,8 @@
-//! The schema compiler against the reference corpus (`shared/reference/schemas`): coverage, valid
+//! The schema compiler against the reference corpus (`tests/data/reference/schemas`): coverage, valid
 //! instances accepted token by token (EOS included) along two tokenizations, invalid instances
 //! rejected, mask lookup and compile timings. Run with `--nocapture` to see the figures.
 //!
-//! The corpus is found at `$APPLIANCED_SCHEMA_CORPUS` or `../shared/reference/schemas` beside the
+//! The corpus is found at `$APPLIANCED_SCHEMA_CORPUS` or `tests/data/reference/schemas` beside the
 //! repository; the real-vocabulary figures need `APPLIANCED_TEST_TOKENIZER_JSON` (a Hugging Face
 //! tokenizer.json with a byte-level BPE `model.vocab`).
 
@@ -41,8 +41,10 @@ const EXPECTED_FAILURES: &[(&str, &str)] = &[
 fn corpus_dir() -> Option<PathBuf> {
     let p = std::env::var_os("APPLIANCED_SCHEMA_CORPUS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference/schemas"));
-    p.join("manifest.json").exists().then_some(p)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference/schemas"));
+    // The repository carries the corpus (tests/data/reference/README.md): missing is a failure.
+    assert!(p.join("manifest.json").exists(), "schema corpus not found at {} (tests/data/reference/schemas)", p.display());
+    Some(p)
 }
 
 /// A byte-level vocabulary: the 256 single bytes, JSON punctuation clusters, literals, digit
@@ -268,6 +270,7 @@ fn reference_corpus_synthetic_vocab() {
 #[test]
 fn reference_corpus_real_vocab() {
     let Ok(path) = std::env::var("APPLIANCED_TEST_TOKENIZER_JSON") else {
+        assert!(std::env::var_os("APPLIANCED_SLOW_TESTS").is_none(), "APPLIANCED_SLOW_TESTS is set but APPLIANCED_TEST_TOKENIZER_JSON is missing");
         println!("skipped: set APPLIANCED_TEST_TOKENIZER_JSON to a tokenizer.json for the real-vocabulary figures");
         return;
     };

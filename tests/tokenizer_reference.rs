@@ -1,5 +1,5 @@
 //! Tokenizer and chat templates against llama.cpp's reference outputs for the default model
-//! (shared/reference/llamacpp). Real-model tests need `APPLIANCED_TEST_GGUF` (path to
+//! (tests/data/reference/llamacpp). Real-model tests need `APPLIANCED_TEST_GGUF` (path to
 //! SmolLM2-135M-Instruct.Q4_1.gguf); without it they print "skipped: set APPLIANCED_TEST_GGUF".
 
 use std::path::{Path, PathBuf};
@@ -14,8 +14,7 @@ fn reference_dir() -> Option<PathBuf> {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     let candidates = [
         std::env::var_os("APPLIANCED_REFERENCE_DIR").map(PathBuf::from),
-        Some(here.join("shared/reference/llamacpp")),
-        Some(here.join("../shared/reference/llamacpp")),
+        Some(here.join("tests/data/reference/llamacpp")),
     ];
     candidates.into_iter().flatten().find(|p| p.join("tokenization.json").exists())
 }
@@ -26,7 +25,7 @@ fn imported() -> Option<&'static (PathBuf, PathBuf)> {
     static DIR: OnceLock<Option<(PathBuf, PathBuf)>> = OnceLock::new();
     DIR.get_or_init(|| {
         let gguf = std::env::var_os("APPLIANCED_TEST_GGUF")?;
-        let refdir = reference_dir().expect("reference dir shared/reference/llamacpp not found");
+        let refdir = reference_dir().expect("reference dir tests/data/reference/llamacpp not found");
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tokenizer_reference_import");
         let _ = std::fs::remove_dir_all(&root);
         import_model(Path::new(&gguf), &ImportOptions::default(), &root, &mut |_| {}).expect("import");
@@ -40,6 +39,7 @@ macro_rules! require_model {
         match imported() {
             Some(x) => x,
             None => {
+                assert!(std::env::var_os("APPLIANCED_SLOW_TESTS").is_none(), "APPLIANCED_SLOW_TESTS is set but APPLIANCED_TEST_GGUF is not");
                 println!("skipped: set APPLIANCED_TEST_GGUF");
                 return;
             }

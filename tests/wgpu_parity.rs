@@ -345,7 +345,7 @@ fn wgpu_root(bundle: &Path) -> tempfile::TempDir {
     dir
 }
 
-/// Prompts: token ids of SmolLM2 chat turns (from /work/shared/reference/llamacpp's
+/// Prompts: token ids of SmolLM2 chat turns (from tests/data/reference/llamacpp's
 /// chat_logits.json; the second is the third cut before the assistant header), chosen for
 /// greedy paths without near-ties on the CPU.
 const PROMPTS: [&[u32]; 3] = [

@@ -12,7 +12,7 @@ pub enum SchemaCommand {
     /// Compile FILE against a bundle's vocabulary (or, without --bundle, a plain byte vocabulary)
     /// and report states, distinct masks, memory and compile time.
     Compile(CompileArgs),
-    /// Benchmark the compiler on a schema corpus (the layout of shared/reference/schemas:
+    /// Benchmark the compiler on a schema corpus (the layout of tests/data/reference/schemas:
     /// manifest.json, schemas/ID, instances/ID): coverage, valid instances accepted token by
     /// token (EOS included), invalid ones rejected, compile time and per-token mask time.
     /// scripts/bench-schemas.sh runs it beside xgrammar, llguidance and outlines-core.

@@ -1,5 +1,5 @@
 //! Running the compiler over a corpus of schemas with valid and invalid instances (the layout of
-//! `shared/reference/schemas`: `manifest.json`, `schemas/<id>`, `instances/<id>`), for the
+//! `tests/data/reference/schemas`: `manifest.json`, `schemas/<id>`, `instances/<id>`), for the
 //! reference test and `applianced schema bench`: coverage, faithfulness (every valid instance
 //! accepted token by token with EOS, invalid ones rejected), compile time and mask-lookup time.
 

@@ -266,16 +266,6 @@ impl<'a> Obj<'a> {
             Some(v) => Err(ApiError::bad(&self.p(k), format!("expected an integer, got {}", kind(v)))),
         }
     }
-    fn int(&self, k: &str) -> Result<Option<i64>, ApiError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(Value::Number(n)) => match n.as_i64() {
-                Some(x) => Ok(Some(x)),
-                None => Err(ApiError::bad(&self.p(k), format!("expected an integer, got {n}"))),
-            },
-            Some(v) => Err(ApiError::bad(&self.p(k), format!("expected an integer, got {}", kind(v)))),
-        }
-    }
     fn reject_unknown(&self, known: &[&str], unsupported: &[&str]) -> Result<(), ApiError> {
         for (k, v) in self.m {
             if unsupported.contains(&k.as_str()) && !v.is_null() {

@@ -38,7 +38,7 @@ pub fn instance() -> wgpu::Instance {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     // Vulkan (Linux, Windows), Metal, DX12; never GL.
     desc.backends = wgpu::Backends::PRIMARY;
-    wgpu::Instance::new(desc)
+    without_driver_chatter(|| wgpu::Instance::new(desc))
 }
 
 pub fn adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter, String> {
@@ -48,7 +48,48 @@ pub fn adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter, String> {
         compatible_surface: None,
         ..Default::default()
     };
-    pollster::block_on(instance.request_adapter(&opts)).map_err(|e| format!("no Vulkan/Metal/DX12 adapter: {e}"))
+    without_driver_chatter(|| pollster::block_on(instance.request_adapter(&opts))).map_err(|e| format!("no Vulkan/Metal/DX12 adapter: {e}"))
+}
+
+/// Lines a Vulkan driver prints on stderr while probed on a headless box (Mesa's window-system
+/// code: `error: XDG_RUNTIME_DIR is invalid or not set in the environment.`), in the same
+/// `error:` form as this program's fatal errors: a user reads them as failures. They say nothing
+/// about compute; `applianced doctor` reports the adapter itself.
+const DRIVER_CHATTER: &[&str] = &["XDG_RUNTIME_DIR"];
+
+/// Run `f` with stderr (fd 2) sent to an anonymous file, then write back every captured line but
+/// the driver chatter above. Output of other threads in that window is delayed, not lost.
+#[allow(unsafe_code)]
+fn without_driver_chatter<T>(f: impl FnOnce() -> T) -> T {
+    use std::io::{Read as _, Seek as _, Write as _};
+    use std::os::fd::AsRawFd as _;
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let Ok(mut sink) = tempfile::tempfile() else { return f() };
+    let _ = std::io::stderr().flush();
+    // SAFETY: dup/dup2/close on file descriptors this function owns (the duplicate of fd 2 and
+    // the temporary file); fd 2 always refers to an open file during and after the swap.
+    let saved = unsafe { libc::dup(2) };
+    if saved < 0 || unsafe { libc::dup2(sink.as_raw_fd(), 2) } < 0 {
+        if saved >= 0 {
+            unsafe { libc::close(saved) };
+        }
+        return f();
+    }
+    let out = f();
+    // SAFETY: as above: restore fd 2 from the saved duplicate, then close the duplicate.
+    unsafe {
+        libc::dup2(saved, 2);
+        libc::close(saved);
+    }
+    let mut captured = String::new();
+    if sink.rewind().is_ok() && sink.read_to_string(&mut captured).is_ok() {
+        let mut err = std::io::stderr().lock();
+        for line in captured.lines().filter(|l| !DRIVER_CHATTER.iter().any(|c| l.contains(c))) {
+            let _ = writeln!(err, "{line}");
+        }
+    }
+    out
 }
 
 /// A range of a buffer to bind.
