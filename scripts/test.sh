@@ -25,6 +25,10 @@ export APPLIANCED_TEST_BUNDLE_ROOT="$ENTRY"
 # (tests/wgpu_parity.rs); here "skipped" is a failure.
 export APPLIANCED_REQUIRE_NVRTC=1 APPLIANCED_REQUIRE_WGPU=1
 cargo test --release --all-targets -- --test-threads 2
+# Fuzzing smoke run (issue 22): every target in fuzz/ for a fixed small budget on its committed
+# seeds (installs cargo-fuzz itself; stable toolchain). A crash, hang or blow-up fails the run and
+# leaves its input under fuzz/artifacts/. The longer run is `scripts/fuzz.sh 600`.
+scripts/fuzz.sh "${APPLIANCED_FUZZ_SECS:-10}"
 # Packaging (issue 9): static musl build, aarch64 test subset under qemu, the .deb installed and
 # checked in a clean Debian 12 chroot. Installs its own tools; needs root (as CI runs).
 scripts/ci-packaging.sh

@@ -2,7 +2,7 @@
 //! under `tests/data/fuzz-regressions/<target>/` goes through the same calls and checks as
 //! `fuzz/fuzz_targets/<target>.rs`; a panic here is the bug the fuzzer found.
 //!
-//! Found so far:
+//! Found so far (both fixed; these inputs now must pass):
 //! - `tokenizer_json/decoder-expect-panic.json` (`{"decoder":`): `Tokenizer::from_json` panics
 //!   inside the `tokenizers` crate (`decoders/mod.rs`: `.expect("Helper")` on a malformed
 //!   `decoder`) instead of returning an error.

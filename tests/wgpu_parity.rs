@@ -281,11 +281,16 @@ fn ops_match_cpu() {
     let mut cpu = CpuBackend::open(&weights, 1).expect("cpu backend");
     let mut gpu = WgpuBackend::open(&weights, &shader_dir()).expect("wgpu backend");
     println!("{}", gpu.description());
+    // Without AVX-512 the CPU's prompt attention runs the scalar kernels (issue 24), which round the
+    // softmax weights to f16 as the decode path does: the same one-f16-step bound applies (seen:
+    // 1.6e-4 on "prefill 200" on an AVX2-only Zen 3).
+    let f16_rounding_attention = !cpu.kernel_name().starts_with("avx512");
     let want = scenarios(&mut cpu);
     let got = scenarios(&mut gpu);
     assert_eq!(want.len(), got.len());
     for ((name, c, tol), (_, g, _)) in want.iter().zip(&got) {
-        check(name, g, c, *tol);
+        let tol = if f16_rounding_attention && name.starts_with("attention") { tol.max(5e-4) } else { *tol };
+        check(name, g, c, tol);
     }
 }
 
