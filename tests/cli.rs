@@ -129,7 +129,11 @@ fn verify_failures_have_distinct_exit_codes_and_one_line() {
     let header = (0..tampered.len() / 512).map(|b| b * 512).find(|&o| tampered[o..].starts_with(b"model/weights.safetensors\0")).unwrap();
     let pos = header + 512 + 600;
     tampered[pos] ^= 1;
-    std::fs::write(e.p("t.zlb"), zstd::encode_all(&tampered[..], 3).unwrap()).unwrap();
+    // Recompressed as the format requires: one frame with a content checksum.
+    let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+    enc.include_checksum(true).unwrap();
+    std::io::Write::write_all(&mut enc, &tampered).unwrap();
+    std::fs::write(e.p("t.zlb"), enc.finish().unwrap()).unwrap();
     check(&["verify", &e.p("t.zlb"), "--trust", &e.p("keys")], 7, "member model/weights.safetensors: digest mismatch");
     // Malformed: not zstd at all.
     std::fs::write(e.p("junk.zlb"), b"this is not a bundle").unwrap();
