@@ -157,13 +157,13 @@ impl State {
             _ => Phase::Draining,
         }
     }
-    /// Count a request in flight until the guard drops.
     /// Whether requests may run as far as the audit log is concerned: it is writable (the last
     /// append succeeded), there is none, or the config says `fail_open`.
     pub fn audit_ok(&self) -> bool {
         self.cfg.audit.fail_open || self.audit.as_ref().is_none_or(|a| a.is_writable())
     }
 
+    /// Count a request in flight until the guard drops.
     pub fn inflight(self: &Arc<Self>) -> InflightGuard {
         self.shared.inflight.fetch_add(1, Ordering::SeqCst);
         self.users.fetch_add(1, Ordering::SeqCst);

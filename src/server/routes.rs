@@ -239,7 +239,7 @@ impl Record {
                 if st.cfg.audit.fail_open {
                     Ok(())
                 } else {
-                    Err(ApiError::new(503, "the audit log cannot be written; the server refuses requests until an operator fixes it").retry(30))
+                    Err(ApiError::new(503, "the audit log cannot be written (a full disk or a read-only file); requests are refused until a retry, every 2 s, succeeds").retry(5))
                 }
             }
         }
@@ -566,16 +566,16 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     if let Some(msg) = state.expired() {
         return rec.fail(flavor, ApiError::new(503, msg));
     }
-    // In flight from here: a drain (SIGTERM) waits for this request's body, schema compile and
-    // generation, up to the drain deadline.
-    let guard = state.inflight();
     if !counting && !state.audit_ok() {
-        return rec.fail(flavor, ApiError::new(503, "the audit log cannot be written; the server refuses requests until an operator fixes it").retry(30));
+        return rec.fail(flavor, ApiError::new(503, "the audit log cannot be written (a full disk or a read-only file); requests are refused until a retry, every 2 s, succeeds").retry(5));
     }
     let body = match read_body(req, lim.max_body_bytes, lim.body_timeout()).await {
         Ok(b) => b,
         Err(e) => return rec.fail(flavor, e),
     };
+    // In flight from here (not while a slow client sends its body): a drain (SIGTERM) waits for
+    // this request's schema compile and generation, up to the drain deadline.
+    let guard = state.inflight();
     let mut cpu0 = thread_cpu(); // request work from here to submission (see Metrics::overhead)
     let parsed = api::parse_object(&body).and_then(|o| match flavor {
         Flavor::Anthropic => api::parse_anthropic(&o, counting),
