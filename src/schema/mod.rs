@@ -1011,6 +1011,9 @@ impl CompiledSchema {
             return Err(dec_err("bad start state"));
         }
         let accb = r.take(n.div_ceil(8))?;
+        if padding_bits_set(accb, n) {
+            return Err(dec_err("accept bitmap padding not zero"));
+        }
         let accept: Vec<bool> = (0..n).map(|i| accb[i / 8] & (1 << (i % 8)) != 0).collect();
         if accept[0] {
             return Err(dec_err("dead state accepts"));
@@ -1073,6 +1076,9 @@ impl CompiledSchema {
         let (mut calls_parts, mut state_unc, mut unc) = (None, Vec::new(), Vec::new());
         if with_calls {
             let rb = r.take(n.div_ceil(8))?;
+            if padding_bits_set(rb, n) {
+                return Err(dec_err("return bitmap padding not zero"));
+            }
             let ret: Vec<bool> = (0..n).map(|i| rb[i / 8] & (1 << (i % 8)) != 0).collect();
             if ret[0] {
                 return Err(dec_err("dead state returns"));
@@ -1153,6 +1159,12 @@ impl CompiledSchema {
         };
         Ok(CompiledSchema { vocab, dfa, words, masks, state_mask, unique, stats, dist: Default::default(), forced: Default::default(), calls, state_unc, unc })
     }
+}
+
+/// Whether a bitmap of `n` bits has a bit set past `n` in its last byte (one encoding per value:
+/// a decoder that ignored them would accept bytes that re-encode differently).
+fn padding_bits_set(bits: &[u8], n: usize) -> bool {
+    n % 8 != 0 && bits.last().is_some_and(|&last| last >> (n % 8) != 0)
 }
 
 fn dec_err(why: &str) -> SchemaError {

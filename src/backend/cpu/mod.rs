@@ -18,6 +18,8 @@ pub mod panel;
 pub mod quant;
 pub mod team;
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "aarch64")]
 mod neon;

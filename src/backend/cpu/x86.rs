@@ -11,8 +11,7 @@ use crate::model::TensorType;
 
 /// The best kernel set this CPU supports, or None for the reference set.
 pub fn detect() -> Option<Kernels> {
-    let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
-    if !avx2 {
+    if !super::avx2::available() {
         return None;
     }
     let vnni = is_x86_feature_detected!("avx512f")
@@ -41,7 +40,32 @@ pub fn detect() -> Option<Kernels> {
             to_f16: to_f16_512,
         })
     } else {
-        Some(Kernels { name: "avx2", q4_0: q4_0_avx2, q4_1: q4_1_avx2, q8_0: q8_0_avx2, dot_f32: f32_avx2, ..Kernels::reference() })
+        Some(avx2_set())
+    }
+}
+
+/// The AVX2 + FMA + F16C set (the caller checked [`super::avx2::available`]).
+fn avx2_set() -> Kernels {
+    use super::avx2;
+    Kernels {
+        name: "avx2",
+        q4_0: q4_0_avx2,
+        q4_1: q4_1_avx2,
+        q8_0: q8_0_avx2,
+        q4_0_rows: None,
+        q4_1_rows: None,
+        q8_0_rows: None,
+        panel: Some(avx2::panel),
+        quantize: avx2::quantize,
+        dot_f32: f32_avx2,
+        scores: avx2::scores,
+        exp_sum: avx2::exp_sum,
+        pv: avx2::pv,
+        scores_group: None,
+        pv_group: None,
+        silu_mul: avx2::silu_mul,
+        round_f16: avx2::round_f16,
+        to_f16: avx2::to_f16,
     }
 }
 
@@ -792,8 +816,8 @@ mod tests {
 
     fn sets() -> Vec<Kernels> {
         let mut v = Vec::new();
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            v.push(Kernels { name: "avx2", q4_0: q4_0_avx2, q4_1: q4_1_avx2, q8_0: q8_0_avx2, dot_f32: f32_avx2, ..Kernels::reference() });
+        if super::super::avx2::available() {
+            v.push(avx2_set());
             if let Some(k) = detect().filter(|k| k.name == "avx512vnni") {
                 v.push(k);
             }
@@ -803,10 +827,12 @@ mod tests {
 
     #[test]
     fn simd_quantizer_is_bit_identical() {
-        let Some(k) = detect().filter(|k| k.name == "avx512vnni") else {
-            println!("skipped: no AVX-512 VNNI on this CPU");
-            return;
-        };
+        for k in sets() {
+            quantizer_is_bit_identical(&k);
+        }
+    }
+
+    fn quantizer_is_bit_identical(k: &Kernels) {
         let mut rng = Rng(11);
         for (n, cols) in [(1usize, 32usize), (3, 576), (16, 1536)] {
             let mut x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
@@ -818,7 +844,7 @@ mod tests {
             let (mut a, mut b) = (Q8Act::default(), Q8Act::default());
             a.quantize(&x, n, cols);
             (k.quantize)(&mut b, &x, n, cols);
-            assert_eq!(a.qs, b.qs, "n {n} cols {cols}");
+            assert_eq!(a.qs, b.qs, "{} n {n} cols {cols}", k.name);
             assert_eq!((a.d.clone(), a.s.clone(), a.qsum.clone()), (b.d.clone(), b.s.clone(), b.qsum.clone()));
         }
     }
@@ -858,7 +884,12 @@ mod tests {
 
     #[test]
     fn attention_and_elementwise_kernels_match_reference() {
-        let Some(k) = detect().filter(|k| k.name == "avx512vnni") else { return };
+        for k in sets() {
+            attention_and_elementwise_match(&k);
+        }
+    }
+
+    fn attention_and_elementwise_match(k: &Kernels) {
         let r = Kernels::reference();
         let mut rng = Rng(5);
         for hd in [64usize, 128] {

@@ -1,0 +1,395 @@
+//! The AVX2 + FMA + F16C kernel set (issue 24): what most edge x86 boxes have (Intel Core
+//! 12th–14th gen and Core Ultra, Atom/N-series, AMD Zen 2/3). The same algorithms as the AVX-512
+//! set in `x86.rs`, on 256-bit registers:
+//!
+//! - a [`super::panel`] kernel: the 16 interleaved rows of a panel are two halves of 8 rows (one
+//!   32-bit lane each). `vpmaddubsw` multiplies a weight group (4 columns of 8 rows) by 4
+//!   broadcast activation bytes and adds pairs into 16-bit lanes; for Q4 the eight groups of a
+//!   block are summed in 16 bits (each partial sum is at most 15·127·2, eight of them at most
+//!   30 480, so nothing saturates or wraps) and widened once with `vpmaddwd`. Q8_0 codes go
+//!   through the sign trick (|w| × x with w's sign, at most 2·128·127 per pair) and are widened per
+//!   group. The zero point comes off in integers as in the AVX-512 kernel, so the integer sums
+//!   are the reference's exactly; only the f32 accumulation order differs.
+//! - activation quantization, bit for bit the reference's (`vcvtps2dq` rounds to nearest even);
+//! - attention scores against the tiled f16 key cache, `exp` + sum, P·V, SiLU·up and the f16
+//!   conversions, with F16C doing the f16 work 8 values at a time.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use super::kernels::{pv_ref, round_f16_ref, scores_ref, silu_mul_ref, to_f16_ref};
+use super::panel::{zero_point, Panels};
+use super::quant::Q8Act;
+use crate::model::TensorType;
+
+/// Whether this CPU has what every function here needs (`detect` checks it before handing any out).
+pub fn available() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+// ---- Panel kernel ----
+
+/// Tokens per inner call: 4 tokens × (accumulator + min accumulator) plus 8 unpacked weight
+/// groups fill the 16 ymm registers.
+const NT_MAX: usize = 4;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], z: i32, nb: usize, out: &mut [f32], stride: usize) {
+    let blk = Panels::block_bytes(if Q8 { TensorType::Q8_0 } else { TensorType::Q4_1 }).unwrap_or(0);
+    let qb = blk - 64;
+    let cols = nb * 32;
+    assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
+    assert!(NT == 0 || out.len() >= (NT - 1) * stride + 16);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let flip = _mm256_set1_epi8(-128);
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); NT_MAX];
+        let mut accm = [_mm256_setzero_ps(); NT_MAX];
+        for b in 0..nb {
+            // SAFETY: record b is blk bytes inside `panel` (asserted): 64-byte groups at 0..qb
+            // (this half's 8 rows are bytes 32h..32h+32 of each), 16 f16 d at qb, 16 f16 m at qb+32.
+            let (w, dw, mw) = unsafe {
+                let base = panel.as_ptr().add(b * blk);
+                _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(8 * blk + 32 * h) as *const i8);
+                let mut w = [_mm256_setzero_si256(); 8];
+                if Q8 {
+                    for (k, wk) in w.iter_mut().enumerate() {
+                        // back from `w + 128` to the signed weight
+                        *wk = _mm256_xor_si256(_mm256_loadu_si256(base.add(64 * k + 32 * h) as *const __m256i), flip);
+                    }
+                } else {
+                    for k in 0..4 {
+                        let g = _mm256_loadu_si256(base.add(64 * k + 32 * h) as *const __m256i);
+                        w[k] = _mm256_and_si256(g, m4);
+                        w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(g, 4), m4);
+                    }
+                }
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(qb + 16 * h) as *const __m128i));
+                let mw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(qb + 32 + 16 * h) as *const __m128i));
+                (w, dw, mw)
+            };
+            for t in 0..NT {
+                // SAFETY: token t's block b is 32 bytes at t·cols + 32b of xs (asserted length);
+                // k < 8 stays inside it.
+                let x = unsafe { xs.as_ptr().add(t * cols + b * 32) } as *const i32;
+                macro_rules! bc {
+                    ($k:expr) => {
+                        // SAFETY: k < 8: inside token t's 32-byte block.
+                        _mm256_set1_epi32(unsafe { x.add($k).read_unaligned() })
+                    };
+                }
+                let sumi = if Q8 {
+                    // Σ w·x per group: |w| (unsigned) × x carrying w's sign, pairs widened at once.
+                    let mut s = _mm256_setzero_si256();
+                    for (k, &wk) in w.iter().enumerate() {
+                        let p = _mm256_maddubs_epi16(_mm256_sign_epi8(wk, wk), _mm256_sign_epi8(bc!(k), wk));
+                        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+                    }
+                    s
+                } else {
+                    // Group k's low nibbles pair with activation bytes 4k.. (x[k]), its high
+                    // nibbles (w[k + 4]) with 16 + 4k.. (x[k + 4]).
+                    let mut p = _mm256_maddubs_epi16(w[0], bc!(0));
+                    for (k, &wk) in w.iter().enumerate().skip(1) {
+                        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(wk, bc!(k)));
+                    }
+                    // −z·Σq: the zero point comes off in integers (exact, as the reference).
+                    _mm256_sub_epi32(_mm256_madd_epi16(p, ones), _mm256_set1_epi32(z * qsum[t * nb + b]))
+                };
+                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(dx[t * nb + b]));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), scale, acc[t]);
+                if !Q8 && z == 0 {
+                    accm[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx[t * nb + b]), accm[t]);
+                }
+            }
+        }
+        for t in 0..NT {
+            // SAFETY: out holds (NT-1)·stride + 16 floats (asserted); this half is lanes 8h..8h+8.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(t * stride + 8 * h), _mm256_add_ps(acc[t], accm[t])) };
+        }
+    }
+}
+
+/// [`super::panel::PanelFn`] on AVX2: tokens 4 at a time.
+pub fn panel(ty: TensorType, panel: &[u8], q8: &Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize) {
+    let nb = q8.cols / 32;
+    let q8w = ty == TensorType::Q8_0;
+    let z = zero_point(ty);
+    assert!(t0 + n <= q8.n, "panel kernel: tokens out of range");
+    let mut t = 0;
+    while t < n {
+        let nt = (n - t).min(NT_MAX);
+        let row = t0 + t;
+        let (xs, dx, sx, qsum) = (&q8.qs[row * q8.cols..], &q8.d[row * nb..], &q8.s[row * nb..], &q8.qsum[row * nb..]);
+        let o = &mut out[t * stride..];
+        // SAFETY: handed out by `x86::detect()` only after avx2, fma and f16c were detected; the
+        // inner function asserts every length it reads.
+        unsafe {
+            match (nt, q8w) {
+                (1, false) => panel_inner::<1, false>(panel, xs, dx, sx, qsum, z, nb, o, stride),
+                (2, false) => panel_inner::<2, false>(panel, xs, dx, sx, qsum, z, nb, o, stride),
+                (3, false) => panel_inner::<3, false>(panel, xs, dx, sx, qsum, z, nb, o, stride),
+                (_, false) => panel_inner::<4, false>(panel, xs, dx, sx, qsum, z, nb, o, stride),
+                (1, true) => panel_inner::<1, true>(panel, xs, dx, sx, qsum, z, nb, o, stride),
+                (2, true) => panel_inner::<2, true>(panel, xs, dx, sx, qsum, z, nb, o, stride),
+                (3, true) => panel_inner::<3, true>(panel, xs, dx, sx, qsum, z, nb, o, stride),
+                (_, true) => panel_inner::<4, true>(panel, xs, dx, sx, qsum, z, nb, o, stride),
+            }
+        }
+        t += nt;
+    }
+}
+
+// ---- Activation quantization ----
+
+/// Bit-identical to `Q8Act::quantize`: `vcvtps2dq` rounds to nearest even under the default
+/// MXCSR, as the reference's magic-number rounding does for |v| ≤ 127.
+pub fn quantize(q: &mut Q8Act, x: &[f32], n: usize, cols: usize) {
+    // SAFETY: handed out by `x86::detect()` only after avx2 was detected.
+    unsafe { quantize_inner(q, x, n, cols) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hmax(v: __m256) -> f32 {
+    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    _mm_cvtss_f32(m)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_inner(q: &mut Q8Act, x: &[f32], n: usize, cols: usize) {
+    q.prepare(n, cols);
+    let x = &x[..n * cols];
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    for (b, xb) in x.chunks_exact(32).enumerate() {
+        // SAFETY: xb is 32 floats; q.qs holds n·cols bytes (prepare), so block b's 32 are in range.
+        unsafe {
+            let v: [__m256; 4] = core::array::from_fn(|i| _mm256_loadu_ps(xb.as_ptr().add(8 * i)));
+            let m01 = _mm256_max_ps(_mm256_and_ps(v[0], abs), _mm256_and_ps(v[1], abs));
+            let m23 = _mm256_max_ps(_mm256_and_ps(v[2], abs), _mm256_and_ps(v[3], abs));
+            let amax = hmax(_mm256_max_ps(m01, m23));
+            let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            let qi: [__m256i; 4] = core::array::from_fn(|i| _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)));
+            let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3])));
+            // i32 → i16 → i8 packs interleave the 128-bit lanes; one permute puts them in order.
+            let p16a = _mm256_packs_epi32(qi[0], qi[1]);
+            let p16b = _mm256_packs_epi32(qi[2], qi[3]);
+            let p8 = _mm256_packs_epi16(p16a, p16b);
+            let ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.qs.as_mut_ptr().add(b * 32) as *mut __m256i, ordered);
+            q.set_block(b, amax, sum);
+        }
+    }
+}
+
+// ---- Attention and element-wise kernels ----
+
+/// e^x for 8 lanes: x = n·ln2 + r with |r| ≤ ln2/2, e^r by its degree-6 Taylor polynomial
+/// (relative error < 2e-7), times 2^n built in the exponent bits. Inputs are clamped to
+/// [-87, 88], so n stays in [-126, 127] and results stay normal.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn exp256(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0)), _mm256_set1_ps(88.0));
+    let n = _mm256_round_ps::<0x08>(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm256_set1_ps(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
+    _mm256_mul_ps(p, _mm256_castsi256_ps(pow2))
+}
+
+/// 8 f16 at `p` as f32.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn load_h8(p: *const u16) -> __m256 {
+    // SAFETY: caller guarantees 8 readable u16 at p.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p as *const __m128i) })
+}
+
+pub fn scores(q: &[f32], kt: &[u16], out: &mut [f32]) {
+    // SAFETY: handed out by `x86::detect()` only after avx2, fma and f16c were detected.
+    unsafe { scores_inner(q, kt, out) }
+}
+
+/// Two tiles (4 registers of 8 lanes) per pass over the query.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_inner(q: &[f32], kt: &[u16], out: &mut [f32]) {
+    let hd = q.len();
+    let tiles = (kt.len() / (hd * 16).max(1)).min(out.len() / 16);
+    let mut t = 0;
+    while t + 2 <= tiles {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (d, &qd) in q.iter().enumerate() {
+            let qv = _mm256_set1_ps(qd);
+            for (i, a) in acc.iter_mut().enumerate() {
+                let (tile, half) = (t + i / 2, i % 2);
+                // SAFETY: tile < tiles has hd·16 values; row d of it is at (tile·hd + d)·16.
+                let k = unsafe { load_h8(kt.as_ptr().add((tile * hd + d) * 16 + 8 * half)) };
+                *a = _mm256_fmadd_ps(qv, k, *a);
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            // SAFETY: out holds 16 floats per tile.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(t * 16 + 8 * i), *a) };
+        }
+        t += 2;
+    }
+    if t < tiles {
+        scores_ref(q, &kt[t * hd * 16..tiles * hd * 16], &mut out[t * 16..tiles * 16]);
+    }
+}
+
+pub fn exp_sum(x: &mut [f32], max: f32) -> f32 {
+    // SAFETY: as above.
+    unsafe { exp_sum_inner(x, max) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_sum_inner(x: &mut [f32], max: f32) -> f32 {
+    let m = _mm256_set1_ps(max);
+    let mut sum = _mm256_setzero_ps();
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        // SAFETY: c has 8 floats.
+        unsafe {
+            let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), m));
+            _mm256_storeu_ps(c.as_mut_ptr(), e);
+            sum = _mm256_add_ps(sum, e);
+        }
+    }
+    let rest = chunks.into_remainder();
+    let mut s = hsum(sum);
+    if !rest.is_empty() {
+        let mut tmp = [f32::NEG_INFINITY; 8];
+        tmp[..rest.len()].copy_from_slice(rest);
+        // SAFETY: tmp has 8 floats.
+        let e = unsafe { exp256(_mm256_sub_ps(_mm256_loadu_ps(tmp.as_ptr()), m)) };
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_ps(tmp.as_mut_ptr(), e) };
+        rest.copy_from_slice(&tmp[..rest.len()]);
+        s += rest.iter().sum::<f32>();
+    }
+    s
+}
+
+pub fn pv(p: &[f32], v: &[u16], out: &mut [f32]) {
+    // SAFETY: as above.
+    unsafe { pv_inner(p, v, out) }
+}
+
+/// Columns 64 at a time (8 registers); even and odd positions accumulate apart (two dependency
+/// chains), added at the end.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pv_inner(p: &[f32], v: &[u16], out: &mut [f32]) {
+    let hd = out.len();
+    if hd % 8 != 0 {
+        return pv_ref(p, v, out);
+    }
+    let n = p.len().min(v.len() / hd);
+    for c0 in (0..hd).step_by(64) {
+        let nv = (hd - c0).min(64) / 8;
+        let mut acc = [[_mm256_setzero_ps(); 8]; 2];
+        for (j, &pj) in p[..n].iter().enumerate() {
+            let pj = _mm256_set1_ps(pj);
+            let a = &mut acc[j & 1];
+            for (c, a) in a.iter_mut().enumerate().take(nv) {
+                // SAFETY: position j < n has hd values in v; c0 + 8c + 8 <= hd.
+                *a = _mm256_fmadd_ps(pj, unsafe { load_h8(v.as_ptr().add(j * hd + c0 + c * 8)) }, *a);
+            }
+        }
+        for c in 0..nv {
+            // SAFETY: c0 + 8c + 8 <= hd = out.len().
+            unsafe {
+                let o = out.as_mut_ptr().add(c0 + c * 8);
+                _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_add_ps(acc[0][c], acc[1][c])));
+            }
+        }
+    }
+}
+
+pub fn silu_mul(g: &mut [f32], u: &[f32]) {
+    // SAFETY: as above.
+    unsafe { silu_mul_inner(g, u) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_mul_inner(g: &mut [f32], u: &[f32]) {
+    let n = g.len().min(u.len());
+    let one = _mm256_set1_ps(1.0);
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n <= both lengths.
+        unsafe {
+            let x = _mm256_loadu_ps(g.as_ptr().add(i));
+            let e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(g.as_mut_ptr().add(i), _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(i))));
+        }
+        i += 8;
+    }
+    silu_mul_ref(&mut g[i..n], &u[i..n]);
+}
+
+pub fn to_f16(src: &[f32], dst: &mut [u16]) {
+    // SAFETY: as above.
+    unsafe { to_f16_inner(src, dst) }
+}
+
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn to_f16_inner(src: &[f32], dst: &mut [u16]) {
+    let n = src.len().min(dst.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n <= both lengths.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+            _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, h);
+        }
+        i += 8;
+    }
+    to_f16_ref(&src[i..n], &mut dst[i..n]);
+}
+
+pub fn round_f16(x: &mut [f32]) {
+    // SAFETY: as above.
+    unsafe { round_f16_inner(x) }
+}
+
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn round_f16_inner(x: &mut [f32]) {
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        // SAFETY: c has 8 floats.
+        unsafe {
+            let v = _mm256_loadu_ps(c.as_ptr());
+            _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)));
+        }
+    }
+    round_f16_ref(chunks.into_remainder());
+}
