@@ -216,7 +216,7 @@ pub struct SchemaStats {
 /// classes    256 × u8       each < n_cls
 /// n_states   u32            2..=2^22 (state 0 dead, all its transitions 0)
 /// start      u32            < n_states
-/// accept     ceil(n_states/8) bytes, bit i = state i accepts (bit 0 clear)
+/// accept     ceil(n_states/8) bytes, bit i = state i accepts (bit 0 clear; bits ≥ n_states clear)
 /// trans      n_states × n_cls × u32, each < n_states
 /// n_masks    u32            ≤ n_states
 /// words      u32            = ceil(n_bits / 64), n_bits = max(n_tokens, max eos + 1)
@@ -232,7 +232,8 @@ pub struct SchemaStats {
 /// Version 2 (magic `b"ZLSCHM\0\x02"`, written only when the automaton has calls) inserts before
 /// `stats`:
 /// ```text
-/// ret        ceil(n_states/8) bytes, bit i = state i ends a sub-automaton (bit 0 clear)
+/// ret        ceil(n_states/8) bytes, bit i = state i ends a sub-automaton (bit 0 clear; bits ≥
+///            n_states clear)
 /// n_calls    u32, then n_calls × (u32 from, u32 callee start, u32 return), ordered by from,
 ///            every state in 1..n_states
 /// n_unc      u32            1..=n_states lists of tokens checked at run time, each:
@@ -1256,6 +1257,18 @@ mod tests {
         assert_eq!(d.to_bytes(), bytes);
         for cut in [0, 5, bytes.len() / 2, bytes.len() - 1] {
             assert!(CompiledSchema::from_bytes(&bytes[..cut]).is_err());
+        }
+        // One encoding per value: a set padding bit after the last state's accept bit (which a
+        // decoder that ignored it would re-encode as clear) is refused. (Found by the
+        // schema_decode fuzz target in CI.)
+        let n = c.dfa.n_states();
+        assert!(n % 8 != 0, "this schema's automaton has padding bits to test ({n} states)");
+        {
+            let at = 8 + 4 + 4 + 4 * c.vocab.eos.len() + c.vocab.tokens.iter().map(|t| 2 + t.len()).sum::<usize>() + 2 + 256 + 4 + 4 + n / 8;
+            let mut bad = bytes.clone();
+            bad[at] |= 0x80;
+            let e = CompiledSchema::from_bytes(&bad).err().expect("padding bit refused");
+            assert!(e.to_string().contains("padding"), "{e}");
         }
     }
 
