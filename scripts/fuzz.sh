@@ -15,6 +15,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# FUZZ_SEED: libFuzzer's random seed. The CI smoke run (scripts/test.sh) pins it, so a clean
+# clone mutates the same inputs in the same order on every run and a smoke failure reproduces;
+# unset (0), libFuzzer picks a new seed each run (what longer local runs want).
+SEED=${FUZZ_SEED:-0}
 SECS=${1:-20}
 shift || true
 ALL=(bundle_raw bundle_signed gguf tokenizer_json chat_template schema_compile api_anthropic api_openai safety_decode schema_decode)
@@ -70,7 +74,7 @@ for t in "${TARGETS[@]}"; do
     log=fuzz/target/logs/$t.log
     mkdir -p "$work" "$art" "$(dirname "$log")"
     args=(-max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048
-        -artifact_prefix="$art/" -print_final_stats=1)
+        -artifact_prefix="$art/" -print_final_stats=1 -seed="$SEED")
     ml=$(max_len "$t")
     [ "$ml" = 0 ] || args+=(-max_len="$ml")
     rc=0

@@ -2,13 +2,21 @@
 //! under `tests/data/fuzz-regressions/<target>/` goes through the same calls and checks as
 //! `fuzz/fuzz_targets/<target>.rs`; a panic here is the bug the fuzzer found.
 //!
-//! Found so far (both fixed; these inputs now must pass):
+//! Found so far (all fixed; these inputs now must pass):
 //! - `tokenizer_json/decoder-expect-panic.json` (`{"decoder":`): `Tokenizer::from_json` panics
 //!   inside the `tokenizers` crate (`decoders/mod.rs`: `.expect("Helper")` on a malformed
 //!   `decoder`) instead of returning an error.
 //! - `schema_decode/tokens-to-finish-overflow.bin`: `CompiledSchema::tokens_to_finish` on a state
 //!   that cannot reach acceptance computes `u32::MAX + 1` (`then_some(d + 1)` is evaluated
 //!   eagerly): "attempt to add with overflow" with overflow checks on (debug builds, tests).
+//! - `tokenizer_json/fast-path-disagrees-on-special.bin` (a mutated SmolLM2-style tokenizer.json
+//!   whose vocabulary spells id 2 `D|im_end|>` while `added_tokens` calls id 2 `<|im_end|>`): the
+//!   ASCII fast path split `<|im_end|>` out as id 2, the `tokenizers` crate gives it another id.
+//!   The fast path is now dropped when an added token's id is not the crate's.
+//! - schema_decode, found by the CI smoke run (input not kept; the unit test
+//!   `schema::tests::object_basic` rebuilds the case): a set padding bit after the last state of
+//!   the accept bitmap was ignored by the decoder, so the member did not re-encode to its bytes.
+//!   The decoder refuses it now.
 
 use std::path::{Path, PathBuf};
 

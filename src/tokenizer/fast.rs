@@ -196,6 +196,11 @@ impl FastBpe {
 
     /// The token ids of `text`, or `None` when the general encoder must do it (non-ASCII text, a
     /// pre-token longer than [`MAX_PIECE`]).
+    /// The special added tokens the fast path splits out, with the ids it gives them.
+    pub fn specials(&self) -> &[(Vec<u8>, u32)] {
+        &self.specials
+    }
+
     pub fn encode(&self, text: &str, parse_special: bool) -> Option<Vec<u32>> {
         let b = text.as_bytes();
         if b.iter().any(|&c| c >= 128 || self.byte_ids[c as usize] == NO_ID) {

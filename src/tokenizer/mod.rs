@@ -313,6 +313,12 @@ impl Tokenizer {
             }
         }
         offsets.push(data.len());
+        // The fast path takes an added token's id from its `added_tokens` entry; the `tokenizers`
+        // crate gives the token the model vocabulary's id for its content (or the next free one),
+        // so the two agree only when the entry's id is that id. A file where they differ (a
+        // hand-edited or damaged tokenizer.json) is left to the crate alone.
+        let fast = fast::FastBpe::from_doc(&doc)
+            .filter(|f| f.specials().iter().all(|(s, id)| std::str::from_utf8(s).ok().and_then(|s| parse_special.token_to_id(s)) == Some(*id)));
         Ok(Tokenizer {
             parse_special,
             plain,
@@ -320,7 +326,7 @@ impl Tokenizer {
             special,
             special_ids,
             vocab_size,
-            fast: fast::FastBpe::from_doc(&doc),
+            fast,
         })
     }
 
@@ -603,6 +609,30 @@ mod tests {
             d["pre_tokenizer"] = pre_tokenizer(pre).unwrap().0;
             assert!(fast::FastBpe::from_doc(&d).is_none(), "{pre}");
         }
+    }
+
+    /// An `added_tokens` entry whose id is not the one the vocabulary gives its content (the fuzz
+    /// finding `tokenizer_json/fast-path-disagrees-on-special.bin`): the fast path would split the
+    /// token out under the entry's id while the `tokenizers` crate uses another, so the tokenizer
+    /// must fall back to the crate, and both paths then agree.
+    #[test]
+    fn fast_path_declines_an_added_token_whose_id_the_vocabulary_contradicts() {
+        let good = rich();
+        assert!(good.takes_fast_path("hi<|im_end|>"));
+        let b2c = byte_to_char_table();
+        let mut tokens: Vec<String> = vec!["<|im_start|>".into(), "D|im_end|>".into()];
+        tokens.extend((0..256).map(|b| b2c[b].to_string()));
+        let mut types = vec![3, 3];
+        types.extend(std::iter::repeat(1).take(256));
+        let v = GgufVocab { model: "gpt2".into(), pre: Some("smollm".into()), tokens, token_types: Some(types), merges: vec![] };
+        let mut doc: Json = serde_json::from_str(&tokenizer_json_from_gguf(&v).unwrap()).unwrap();
+        let added = doc["added_tokens"].as_array_mut().unwrap();
+        let entry = added.iter_mut().find(|t| t["id"] == 1).unwrap();
+        entry["content"] = json!("<|im_end|>");
+        let t = Tokenizer::from_json(&doc.to_string()).unwrap();
+        let text = "hi<|im_end|>";
+        assert!(!t.takes_fast_path(text));
+        assert_eq!(t.encode(text, true).unwrap(), t.encode_general(text, true).unwrap());
     }
 
     #[test]
