@@ -2,7 +2,7 @@
 //! tiny generated model (fast; no GGUF needed): clients that disconnect at any point, a refused
 //! peer's flood, a full disk under the audit log (a file-size limit raised and lowered on the
 //! running server with prlimit), a torn audit tail at start, SIGKILL under load and restart,
-//! and a `$ref` chain that must not hold other schema requests.
+//! a `$ref` chain that must not hold other schema requests, and 1 000 idle connections.
 
 use std::io::{Read as _, Write as _};
 use std::os::unix::net::UnixStream;
@@ -464,6 +464,73 @@ fn concurrent_disconnect_storm() {
     std::thread::sleep(Duration::from_millis(300));
     s.alive();
     assert_eq!(request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200, "{}", s.log());
+    s.term();
+    let (code, out) = audit_verify(&s.audit);
+    assert_eq!(code, 0, "{out}");
+}
+
+/// Raise this process's open-file soft limit to its hard limit; returns the new soft limit.
+fn raise_nofile() -> u64 {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local rlimit.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+        r.rlim_cur = r.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+    }
+    r.rlim_cur as u64
+}
+
+/// Issue 22 (7): 1 000 idle connections (silent, or stopped inside a request head) against the
+/// default `limits.max_connections` (256) neither lock other clients out nor evict a busy
+/// connection: a new client is answered at once, a request whose body is still arriving when
+/// the flood comes completes, and the audit chain verifies.
+#[test]
+fn a_thousand_idle_connections_do_not_lock_clients_out() {
+    let n = 1000usize;
+    let limit = raise_nofile();
+    assert!(limit >= n as u64 + 200, "open-file limit {limit} too low for {n} client sockets (raise the hard limit)");
+    let e = Env::new();
+    let mut s = Server::start(&e, "idle", "");
+    // A busy connection: head and half the body sent, the rest comes after the flood.
+    let mut busy = UnixStream::connect(&s.sock).unwrap();
+    let head = format!("POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", ASK.len());
+    busy.write_all(head.as_bytes()).unwrap();
+    busy.write_all(&ASK.as_bytes()[..ASK.len() / 2]).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    let mut idle = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut c = UnixStream::connect(&s.sock).unwrap();
+        if i % 3 == 1 {
+            let _ = c.write_all(b"GET /heal");
+        }
+        idle.push(c);
+    }
+    let flood = t0.elapsed();
+    s.alive();
+    // A new client is served while the idle ones are still open.
+    let t1 = Instant::now();
+    let (st, _) = request(&s.sock, "GET", "/healthz", None).unwrap();
+    assert_eq!(st, 200, "{}", s.log());
+    assert_eq!(request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
+    let served = t1.elapsed();
+    assert!(served < Duration::from_secs(5), "a new client waited {served:?} behind {n} idle connections");
+    // The busy connection was not evicted: its request completes.
+    busy.write_all(&ASK.as_bytes()[ASK.len() / 2..]).unwrap();
+    busy.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut b = [0u8; 12];
+    busy.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"HTTP/1.1 200", "{}", String::from_utf8_lossy(&b));
+    // Every connection past the cap either evicted an idle one or, in the moment between an
+    // eviction and the newcomer taking the freed slot (no idle victim left), was closed at once.
+    let evicted = s.metric("applianced_connections_evicted_total");
+    let refused = s.metric("applianced_connections_refused_total");
+    assert!(evicted > 0.0 && evicted + refused >= (n - 256) as f64, "evicted {evicted}, refused {refused}");
+    eprintln!("{n} idle connections opened in {flood:?}; a new client served in {served:?}; {evicted} evicted, {refused} refused");
+    drop(idle);
     s.term();
     let (code, out) = audit_verify(&s.audit);
     assert_eq!(code, 0, "{out}");

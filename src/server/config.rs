@@ -96,7 +96,9 @@ pub struct LimitsConfig {
     /// one extra sequence, and a request whose prompt starts with the same tokens (a shared
     /// system prompt, the chat template's preamble) copies it instead of recomputing them.
     pub prefix_cache_tokens: usize,
-    /// Open connections at once; more are closed on accept.
+    /// Open connections at once. A new connection past it makes the connection idle the longest
+    /// close (between requests, or before its first request's head is complete); when every
+    /// connection is busy, the new one is closed on accept.
     pub max_connections: usize,
     /// Seconds a client has to send a request's headers (also closes idle keep-alive connections).
     pub header_timeout_secs: u64,

@@ -53,6 +53,8 @@ struct Inner {
     queue_depth: i64,
     active_seqs: i64,
     open_connections: i64,
+    connections_evicted: u64,
+    connections_refused: u64,
     ttft: Histogram,
     itl: Histogram,
     request_duration: Histogram,
@@ -96,6 +98,8 @@ impl Default for Metrics {
                 queue_depth: 0,
                 active_seqs: 0,
                 open_connections: 0,
+                connections_evicted: 0,
+                connections_refused: 0,
                 ttft: Histogram::new(LATENCY_BUCKETS),
                 itl: Histogram::new(ITL_BUCKETS),
                 request_duration: Histogram::new(LATENCY_BUCKETS),
@@ -164,6 +168,14 @@ impl Metrics {
     pub fn connections_add(&self, d: i64) {
         self.with(|m| m.open_connections += d);
     }
+    /// An idle connection closed to make room for a new one at `limits.max_connections`.
+    pub fn connection_evicted(&self) {
+        self.with(|m| m.connections_evicted += 1);
+    }
+    /// A new connection closed at once: every slot was busy.
+    pub fn connection_refused(&self) {
+        self.with(|m| m.connections_refused += 1);
+    }
     /// One generation request's server-side work outside the engine (see
     /// `applianced_request_overhead_seconds`).
     pub fn overhead(&self, s: f64) {
@@ -224,6 +236,10 @@ impl Metrics {
         let _ = writeln!(o, "applianced_active_sequences {}", m.active_seqs);
         head(&mut o, "applianced_open_connections", "gauge", "Open client connections.");
         let _ = writeln!(o, "applianced_open_connections {}", m.open_connections.max(0));
+        head(&mut o, "applianced_connections_evicted_total", "counter", "Idle connections closed to make room for new ones at limits.max_connections.");
+        let _ = writeln!(o, "applianced_connections_evicted_total {}", m.connections_evicted);
+        head(&mut o, "applianced_connections_refused_total", "counter", "New connections closed at once because every connection slot was busy.");
+        let _ = writeln!(o, "applianced_connections_refused_total {}", m.connections_refused);
         head(&mut o, "applianced_ready", "gauge", "1 when the model is loaded and requests are accepted (0 while loading, draining, expired, or while the audit log cannot be written).");
         let _ = writeln!(o, "applianced_ready {}", u8::from(ready));
         if let Some(w) = audit_writable {

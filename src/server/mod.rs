@@ -9,6 +9,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod conns;
 pub mod metrics;
 mod routes;
 pub mod scheduler;
@@ -753,7 +754,7 @@ async fn wait_idle(shared: &Arc<Shared>, limit: Duration) -> bool {
 }
 
 async fn accept_loop(listener: UnixListener, current: Arc<Current>, metrics: Arc<Metrics>, cfg: ServerConfig, log: Logger, mut stop: watch::Receiver<bool>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(cfg.limits.max_connections));
+    let table = conns::ConnTable::new(cfg.limits.max_connections);
     let header_timeout = cfg.limits.header_timeout();
     loop {
         let accepted = tokio::select! {
@@ -769,10 +770,21 @@ async fn accept_loop(listener: UnixListener, current: Arc<Current>, metrics: Arc
                 continue;
             }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            // Over the connection cap: close at once (the client sees EOF).
-            drop(stream);
-            continue;
+        // Over the connection cap, the connection idle the longest makes room; when every
+        // connection is busy the new one is closed at once (the client sees EOF).
+        let admit = table.admit();
+        let evicted = matches!(admit, conns::Admit::AfterEviction(_));
+        if evicted {
+            metrics.connection_evicted();
+        }
+        let pending = match admit {
+            conns::Admit::Slot(p) => Ok(p),
+            conns::Admit::AfterEviction(slots) => Err(slots),
+            conns::Admit::Full => {
+                metrics.connection_refused();
+                drop(stream);
+                continue;
+            }
         };
         let peer = match Peer::of(&stream) {
             Ok(p) => p,
@@ -781,24 +793,40 @@ async fn accept_loop(listener: UnixListener, current: Arc<Current>, metrics: Arc
         let cur = current.clone();
         let m = metrics.clone();
         let stop = stop.clone();
+        let table = table.clone();
         tokio::spawn(async move {
+            let permit = match pending {
+                Ok(p) => p,
+                Err(slots) => match conns::ConnTable::slot_after_eviction(slots).await {
+                    Some(p) => p,
+                    None => {
+                        m.connection_refused();
+                        return;
+                    }
+                },
+            };
+            let conn = table.register();
             m.connections_add(1);
-            serve_conn(stream, peer, cur, header_timeout, stop).await;
+            serve_conn(stream, peer, cur, header_timeout, stop, conn.clone()).await;
+            conn.close();
             m.connections_add(-1);
             drop(permit);
         });
     }
 }
 
-async fn serve_conn(stream: tokio::net::UnixStream, peer: Peer, current: Arc<Current>, header_timeout: Duration, mut stop: watch::Receiver<bool>) {
-    // Each request takes the generation current when it arrives and keeps it to the end.
+async fn serve_conn(stream: tokio::net::UnixStream, peer: Peer, current: Arc<Current>, header_timeout: Duration, mut stop: watch::Receiver<bool>, entry: Arc<conns::Conn>) {
+    // Each request takes the generation current when it arrives and keeps it to the end, and
+    // keeps the connection busy (not evictable) until its response body is done.
+    let e = entry.clone();
     let svc = hyper::service::service_fn(move |req| {
         let pin = current.pinned();
+        let busy = e.busy();
         async move {
             let state = pin.0.clone();
             let r = routes::handle(state, peer, req).await;
             drop(pin);
-            r
+            r.map(|resp| resp.map(|body| conns::track(body, busy)))
         }
     });
     let mut b = http1::Builder::new();
@@ -813,6 +841,14 @@ async fn serve_conn(stream: tokio::net::UnixStream, peer: Peer, current: Arc<Cur
         _ = stop.changed() => {
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;
+        }
+        _ = entry.evicted() => {
+            // Chosen to make room while idle: closed now, whatever part of a request head it has
+            // sent. A request that raced in (busy again) finishes first.
+            if entry.is_busy() {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
         }
     }
 }

@@ -1,0 +1,208 @@
+//! The open-connection table: `limits.max_connections` slots, and who gives one up when they are
+//! all taken.
+//!
+//! A connection is *busy* from the moment a request on it reaches the service until its response
+//! body is finished or dropped (a stream included), and *idle* otherwise: between keep-alive
+//! requests, or before its first request's headers are complete (a slow or silent client).
+//! When a new connection arrives and every slot is taken, the connection idle the longest is
+//! closed to make room (an idle HTTP/1.1 connection may be closed at any time; clients reconnect),
+//! so a client that opens many connections and sends nothing cannot lock others out. Busy
+//! connections are never evicted; when every slot is busy the new connection is closed at once.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes, HttpBody};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+/// How long a new connection waits for the slot of the connection it evicted.
+const EVICT_WAIT: Duration = Duration::from_secs(2);
+
+/// One open connection's entry.
+pub struct Conn {
+    id: u64,
+    busy: AtomicUsize,
+    /// Milliseconds since the table's epoch at which the connection last became idle (or opened).
+    idle_since_ms: AtomicU64,
+    evict: Notify,
+    table: Arc<ConnTable>,
+}
+
+/// The table of open connections.
+pub struct ConnTable {
+    slots: Arc<Semaphore>,
+    epoch: Instant,
+    next: AtomicU64,
+    conns: Mutex<HashMap<u64, Arc<Conn>>>,
+}
+
+/// What [`ConnTable::admit`] decided for a new connection.
+pub enum Admit {
+    /// A free slot: serve it.
+    Slot(OwnedSemaphorePermit),
+    /// An idle connection was told to close; wait (off the accept loop) for its slot.
+    AfterEviction(Arc<Semaphore>),
+    /// Every slot is busy: close the new connection.
+    Full,
+}
+
+impl ConnTable {
+    pub fn new(max: usize) -> Arc<ConnTable> {
+        Arc::new(ConnTable { slots: Arc::new(Semaphore::new(max)), epoch: Instant::now(), next: AtomicU64::new(0), conns: Mutex::new(HashMap::new()) })
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Decide for a newly accepted connection (see the module docs).
+    pub fn admit(&self) -> Admit {
+        if let Ok(p) = self.slots.clone().try_acquire_owned() {
+            return Admit::Slot(p);
+        }
+        let victim = self.lock().values().filter(|c| c.busy.load(Ordering::SeqCst) == 0).min_by_key(|c| c.idle_since_ms.load(Ordering::SeqCst)).cloned();
+        match victim {
+            Some(v) => {
+                // Out of the table at once, so the next arrival picks another victim.
+                self.lock().remove(&v.id);
+                v.evict.notify_one();
+                Admit::AfterEviction(self.slots.clone())
+            }
+            None => Admit::Full,
+        }
+    }
+
+    /// Wait for a slot freed by an eviction ([`Admit::AfterEviction`]); None after [`EVICT_WAIT`].
+    pub async fn slot_after_eviction(slots: Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
+        tokio::time::timeout(EVICT_WAIT, slots.acquire_owned()).await.ok()?.ok()
+    }
+
+    /// Enter a connection that holds a slot; it leaves the table when the returned entry drops.
+    pub fn register(self: &Arc<Self>) -> Arc<Conn> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let c = Arc::new(Conn { id, busy: AtomicUsize::new(0), idle_since_ms: AtomicU64::new(self.now_ms()), evict: Notify::new(), table: self.clone() });
+        self.lock().insert(id, c.clone());
+        c
+    }
+
+    /// Open connections in the table.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Conn {
+    /// Resolves when this connection was chosen for eviction.
+    pub async fn evicted(&self) {
+        self.evict.notified().await
+    }
+
+    /// A request on this connection starts; the connection is busy until the guard drops.
+    pub fn busy(self: &Arc<Self>) -> BusyGuard {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        BusyGuard(self.clone())
+    }
+
+    /// Whether a request (or its response body) is in progress.
+    pub fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::SeqCst) != 0
+    }
+
+    /// Remove the entry (the connection closed).
+    pub fn close(&self) {
+        self.table.lock().remove(&self.id);
+    }
+}
+
+/// Held while a request (and its response body) is in progress on a connection.
+pub struct BusyGuard(Arc<Conn>);
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        let c = &self.0;
+        c.idle_since_ms.store(c.table.now_ms(), Ordering::SeqCst);
+        c.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A response body that keeps its connection busy until it is finished or dropped.
+struct Tracked {
+    inner: Body,
+    _guard: BusyGuard,
+}
+
+impl HttpBody for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// `body`, holding `guard` until it is finished or dropped.
+pub fn track(body: Body, guard: BusyGuard) -> Body {
+    Body::new(Tracked { inner: body, _guard: guard })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_longest_idle_connection_is_evicted_and_busy_ones_never() {
+        let t = ConnTable::new(2);
+        let Admit::Slot(p1) = t.admit() else { panic!("free slot") };
+        let a = t.register();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let Admit::Slot(p2) = t.admit() else { panic!("free slot") };
+        let b = t.register();
+        // Both idle: the older (a) goes first.
+        let Admit::AfterEviction(slots) = t.admit() else { panic!("evicts") };
+        tokio::time::timeout(Duration::from_secs(1), a.evicted()).await.expect("a notified");
+        assert_eq!(t.len(), 1);
+        drop(p1); // a's task ends and gives its slot back
+        let p3 = ConnTable::slot_after_eviction(slots).await.expect("slot");
+        let c = t.register();
+        // b busy, c idle: c goes, even though b is older.
+        let g = b.busy();
+        let Admit::AfterEviction(_) = t.admit() else { panic!("evicts") };
+        tokio::time::timeout(Duration::from_secs(1), c.evicted()).await.expect("c notified");
+        // Only b is left and it is busy: a newcomer is refused.
+        assert!(matches!(t.admit(), Admit::Full));
+        drop(g);
+        assert!(matches!(t.admit(), Admit::AfterEviction(_)), "b idle again");
+        drop((p2, p3));
+    }
+
+    #[tokio::test]
+    async fn a_tracked_body_keeps_its_connection_busy_until_dropped() {
+        let t = ConnTable::new(1);
+        let Admit::Slot(_p) = t.admit() else { panic!() };
+        let c = t.register();
+        let body = track(Body::from("x"), c.busy());
+        assert!(matches!(t.admit(), Admit::Full));
+        drop(body);
+        assert!(matches!(t.admit(), Admit::AfterEviction(_)));
+    }
+}
