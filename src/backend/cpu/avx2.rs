@@ -17,7 +17,7 @@
 
 use std::arch::x86_64::*;
 
-use super::kernels::{pv_ref, round_f16_ref, scores_ref, silu_mul_ref, to_f16_ref};
+use super::kernels::{pv_ref, round_f16_ref, silu_mul_ref, to_f16_ref};
 use super::panel::{zero_point, Panels};
 use super::quant::Q8Act;
 use crate::model::TensorType;
@@ -237,7 +237,8 @@ pub fn scores(q: &[f32], kt: &[u16], out: &mut [f32]) {
     unsafe { scores_inner(q, kt, out) }
 }
 
-/// Two tiles (4 registers of 8 lanes) per pass over the query.
+/// Two tiles (4 registers of 8 lanes) per pass over the query, then a last single tile. Every
+/// lane is one fused multiply-add chain over `d` in order, as in [`scores_group`].
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scores_inner(q: &[f32], kt: &[u16], out: &mut [f32]) {
     let hd = q.len();
@@ -261,7 +262,58 @@ unsafe fn scores_inner(q: &[f32], kt: &[u16], out: &mut [f32]) {
         t += 2;
     }
     if t < tiles {
-        scores_ref(q, &kt[t * hd * 16..tiles * hd * 16], &mut out[t * 16..tiles * 16]);
+        // SAFETY: tile t < tiles, as above.
+        unsafe { scores_group_inner::<1>(q, hd, &kt[t * hd * 16..], 1, &mut out[t * 16..], 0) };
+    }
+}
+
+/// [`super::kernels::ScoresGroupFn`]: up to 4 heads per pass over the keys, one tile at a time
+/// (2 registers per head), each key row converted once for all of them.
+pub fn scores_group(qs: &[f32], g: usize, kt: &[u16], out: &mut [f32], stride: usize) {
+    let hd = qs.len() / g.max(1);
+    let tiles = (kt.len() / (hd * 16).max(1)).min(stride / 16);
+    assert!(qs.len() >= g * hd && kt.len() >= tiles * hd * 16 && out.len() >= g.saturating_sub(1) * stride + tiles * 16);
+    let mut h = 0;
+    while h < g {
+        let (q, o) = (&qs[h * hd..], &mut out[h * stride..]);
+        // SAFETY: handed out by `x86::detect()` only after avx2, fma and f16c were detected; the
+        // bounds were checked above.
+        unsafe {
+            match g - h {
+                1 => scores_group_inner::<1>(q, hd, kt, tiles, o, stride),
+                2 => scores_group_inner::<2>(q, hd, kt, tiles, o, stride),
+                3 => scores_group_inner::<3>(q, hd, kt, tiles, o, stride),
+                _ => scores_group_inner::<4>(q, hd, kt, tiles, o, stride),
+            }
+        }
+        h += (g - h).min(4);
+    }
+}
+
+/// `G` heads (`qs` rows `hd` apart, `out` rows `stride` apart) against `tiles` key tiles.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_group_inner<const G: usize>(qs: &[f32], hd: usize, kt: &[u16], tiles: usize, out: &mut [f32], stride: usize) {
+    for t in 0..tiles {
+        let mut acc = [[_mm256_setzero_ps(); 2]; G];
+        for d in 0..hd {
+            // SAFETY (all raw accesses): the caller checked kt holds `tiles` tiles of hd·16 values,
+            // qs (G-1)·hd + hd floats and out (G-1)·stride + 16·tiles floats.
+            let (k0, k1) = unsafe {
+                let p = kt.as_ptr().add((t * hd + d) * 16);
+                (load_h8(p), load_h8(p.add(8)))
+            };
+            for (h, a) in acc.iter_mut().enumerate() {
+                let q = _mm256_set1_ps(unsafe { *qs.get_unchecked(h * hd + d) });
+                a[0] = _mm256_fmadd_ps(q, k0, a[0]);
+                a[1] = _mm256_fmadd_ps(q, k1, a[1]);
+            }
+        }
+        for (h, a) in acc.iter().enumerate() {
+            unsafe {
+                _mm256_storeu_ps(out.as_mut_ptr().add(h * stride + t * 16), a[0]);
+                _mm256_storeu_ps(out.as_mut_ptr().add(h * stride + t * 16 + 8), a[1]);
+            }
+        }
     }
 }
 
@@ -328,6 +380,64 @@ unsafe fn pv_inner(p: &[f32], v: &[u16], out: &mut [f32]) {
             unsafe {
                 let o = out.as_mut_ptr().add(c0 + c * 8);
                 _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_add_ps(acc[0][c], acc[1][c])));
+            }
+        }
+    }
+}
+
+/// [`super::kernels::PvGroupFn`]: up to 3 heads share each value row's conversion, 16 columns
+/// at a time. Per lane the arithmetic is [`pv`]'s (even and odd positions in two fused chains,
+/// added to `out` at the end), so the results are the same bits.
+pub fn pv_group(p: &[f32], stride: usize, n: usize, v: &[u16], out: &mut [f32]) {
+    let g = p.len() / stride.max(1);
+    let hd = out.len() / g.max(1);
+    let n = n.min(stride).min(v.len() / hd.max(1));
+    if hd % 16 != 0 {
+        for h in 0..g {
+            pv(&p[h * stride..h * stride + n], &v[..n * hd], &mut out[h * hd..(h + 1) * hd]);
+        }
+        return;
+    }
+    assert!(p.len() >= g.saturating_sub(1) * stride + n && v.len() >= n * hd && out.len() >= g * hd);
+    let mut h = 0;
+    while h < g {
+        let (ph, o) = (&p[h * stride..], &mut out[h * hd..]);
+        // SAFETY: as in `scores_group`; the bounds were checked above.
+        unsafe {
+            match g - h {
+                1 => pv_group_inner::<1>(ph, stride, n, v, hd, o),
+                2 => pv_group_inner::<2>(ph, stride, n, v, hd, o),
+                _ => pv_group_inner::<3>(ph, stride, n, v, hd, o),
+            }
+        }
+        h += (g - h).min(3);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pv_group_inner<const G: usize>(p: &[f32], stride: usize, n: usize, v: &[u16], hd: usize, out: &mut [f32]) {
+    for c0 in (0..hd).step_by(16) {
+        let mut acc = [[[_mm256_setzero_ps(); 2]; 2]; G];
+        for j in 0..n {
+            let par = j & 1;
+            // SAFETY (all raw accesses): the caller checked v holds n rows of hd values, p
+            // (G-1)·stride + n floats and out G·hd; c0 + 16 <= hd.
+            let (v0, v1) = unsafe {
+                let r = v.as_ptr().add(j * hd + c0);
+                (load_h8(r), load_h8(r.add(8)))
+            };
+            for (h, a) in acc.iter_mut().enumerate() {
+                let pj = _mm256_set1_ps(unsafe { *p.get_unchecked(h * stride + j) });
+                a[par][0] = _mm256_fmadd_ps(pj, v0, a[par][0]);
+                a[par][1] = _mm256_fmadd_ps(pj, v1, a[par][1]);
+            }
+        }
+        for (h, a) in acc.iter().enumerate() {
+            for c in 0..2 {
+                unsafe {
+                    let o = out.as_mut_ptr().add(h * hd + c0 + 8 * c);
+                    _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_add_ps(a[0][c], a[1][c])));
+                }
             }
         }
     }

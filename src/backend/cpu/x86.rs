@@ -61,8 +61,8 @@ fn avx2_set() -> Kernels {
         scores: avx2::scores,
         exp_sum: avx2::exp_sum,
         pv: avx2::pv,
-        scores_group: None,
-        pv_group: None,
+        scores_group: Some(avx2::scores_group),
+        pv_group: Some(avx2::pv_group),
         silu_mul: avx2::silu_mul,
         round_f16: avx2::round_f16,
         to_f16: avx2::to_f16,
@@ -852,7 +852,12 @@ mod tests {
     /// The grouped kernels give each head exactly what one call per head gives.
     #[test]
     fn grouped_attention_kernels_equal_per_head_calls() {
-        let Some(k) = detect().filter(|k| k.name == "avx512vnni") else { return };
+        for k in sets() {
+            grouped_equal_per_head(k);
+        }
+    }
+
+    fn grouped_equal_per_head(k: Kernels) {
         let per_head = Kernels { scores_group: None, pv_group: None, ..k };
         let mut rng = Rng(11);
         for hd in [64usize, 128] {
@@ -866,7 +871,7 @@ mod tests {
                     let (mut a, mut b) = (vec![0.0; g * stride], vec![0.0; g * stride]);
                     k.scores_heads(&qs, g, &kt, &mut a, stride);
                     per_head.scores_heads(&qs, g, &kt, &mut b, stride);
-                    assert_eq!(a, b, "scores hd {hd} g {g} tiles {tiles}");
+                    assert_eq!(a, b, "{} scores hd {hd} g {g} tiles {tiles}", k.name);
                     for n in [tiles * 16 - 3, tiles * 16] {
                         let p: Vec<f32> = (0..g * stride).map(|_| rng.f()).collect();
                         let vf: Vec<f32> = (0..n * hd).map(|_| rng.f()).collect();
@@ -875,7 +880,7 @@ mod tests {
                         let (mut a, mut b) = (vec![0.25; g * hd], vec![0.25; g * hd]);
                         k.pv_heads(&p, stride, n, &v, &mut a);
                         per_head.pv_heads(&p, stride, n, &v, &mut b);
-                        assert_eq!(a, b, "pv hd {hd} g {g} n {n}");
+                        assert_eq!(a, b, "{} pv hd {hd} g {g} n {n}", k.name);
                     }
                 }
             }
