@@ -315,6 +315,38 @@ fn full_disk_rolls_back_then_recovers_without_a_restart() {
     assert_eq!(code, 0, "{out}");
 }
 
+fn chattr(flag: &str, path: &Path) -> bool {
+    Command::new("chattr").arg(flag).arg(path).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+/// Issue 22 (3): an immutable audit log (`chattr +i` by an operator or a hardening tool) fails
+/// each request with 503 and drops readiness, without a torn record; when the flag is removed the
+/// server resumes by itself. Needs root and a filesystem with the immutable flag (ext4, xfs, btrfs).
+#[test]
+fn immutable_audit_log_fails_closed_then_recovers() {
+    let e = Env::new();
+    let mut s = Server::start(&e, "immutable", "");
+    assert_eq!(request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
+    let size = std::fs::metadata(&s.audit).unwrap().len();
+    if !chattr("+i", &s.audit) {
+        eprintln!("skipped: chattr +i is not possible here (not root, or no immutable flag on this filesystem)");
+        return;
+    }
+    let (st, body) = request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap();
+    let readiness = s.metric("applianced_ready");
+    let recovered = chattr("-i", &s.audit);
+    assert!(recovered, "chattr -i failed: the audit file stays immutable");
+    assert_eq!(st, 503, "{body}");
+    assert_eq!(readiness, 0.0);
+    assert_eq!(std::fs::metadata(&s.audit).unwrap().len(), size, "nothing was written to the immutable log");
+    s.wait_ready(Duration::from_secs(20), true);
+    assert_eq!(request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
+    s.term();
+    assert!(s.records().iter().any(|r| r["event"] == "audit_resumed"));
+    let (code, out) = audit_verify(&s.audit);
+    assert_eq!(code, 0, "{out}");
+}
+
 /// Issue 22 (3): a torn tail (a crash mid-write) no longer blocks the start: `audit verify` tells
 /// it apart (exit 17), `serve` truncates it and records that it did.
 #[test]
