@@ -109,7 +109,10 @@ impl Kernels {
         }
     }
 
-    /// The fastest set this CPU supports. `APPLIANCED_CPU_KERNELS=scalar` forces the reference set.
+    /// The fastest set this CPU supports. `APPLIANCED_CPU_KERNELS` forces one: `scalar` (the
+    /// reference set), `avx2` (the AVX2 + FMA + F16C set, also on an AVX-512 machine) or `avx512`
+    /// (AVX-512 VNNI, which is also the default where present); a set this CPU lacks falls back to
+    /// the best it has. The chosen set's name is in `doctor`, `bench` and the startup log.
     pub fn detect() -> Kernels {
         if std::env::var("APPLIANCED_CPU_KERNELS").is_ok_and(|v| v == "scalar") {
             return Kernels::reference();

@@ -19,6 +19,7 @@ pub fn detect() -> Option<Kernels> {
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vnni");
     if vnni && std::env::var("APPLIANCED_CPU_KERNELS").map_or(true, |v| v != "avx2") {
+        // (`avx512`, unset or anything else: the best set.)
         Some(Kernels {
             name: "avx512vnni",
             q4_0: q4_0_vnni,
