@@ -27,13 +27,22 @@ struct Env {
 
 impl Env {
     fn new() -> Env {
+        Env::with_recipe("", &[])
+    }
+
+    /// The tiny bundle with `extra` appended to its recipe and `files` (relative path, content)
+    /// written beside it.
+    fn with_recipe(extra: &str, files: &[(&str, &str)]) -> Env {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_path_buf();
         applianced::import::testutil::write_tiny_llama_gguf(&root.join("tiny.gguf"), 7).unwrap();
         let e = Env { _dir: dir, root };
         assert!(run(&["keygen", "--out", &e.p("keys/dev")]).status.success());
         let recipe = "[bundle]\nname = \"tiny\"\nversion = 1\ncreated = \"2026-01-01T00:00:00Z\"\nexpires = \"2099-01-01T00:00:00Z\"\n\n[model]\nsource = \"tiny.gguf\"\n";
-        std::fs::write(root_join(&e.root, "tiny.toml"), recipe).unwrap();
+        std::fs::write(root_join(&e.root, "tiny.toml"), format!("{recipe}{extra}")).unwrap();
+        for (rel, content) in files {
+            std::fs::write(e.root.join(rel), content).unwrap();
+        }
         let o = run(&["build", &e.p("tiny.toml"), "--key", &e.p("keys/dev.key"), "--out", &e.p("tiny.zlb"), "-q"]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         e
@@ -566,4 +575,43 @@ fn a_thousand_idle_connections_do_not_lock_clients_out() {
     s.term();
     let (code, out) = audit_verify(&s.audit);
     assert_eq!(code, 0, "{out}");
+}
+
+/// Issue 23's bug, through the API: the safety automaton reads a preset's mandatory prefix before
+/// the model's first token, so a banned phrase cannot begin in the prefix and end in the model's
+/// text. The preset's prefix is `x`, the phrase `x"ok"`, and its schema allows only the JSON
+/// string `"ok"`: the only answer the schema allows would complete the phrase, so the request
+/// must end without it (before the fix the server let the model write `"ok"` after `x`).
+#[test]
+fn banned_phrase_cannot_straddle_the_mandatory_prefix() {
+    let extra = r#"
+[schemas]
+ok = "ok.json"
+
+[policy.safety.levels]
+t = { phrases = ['x"ok"'] }
+
+[presets]
+default = "p"
+
+[presets.p]
+temperature = 0.0
+max_tokens = 16
+safety = "t"
+schema = "ok"
+prefix = "x"
+"#;
+    let e = Env::with_recipe(extra, &[("ok.json", r#"{"const": "ok"}"#)]);
+    let s = Server::start(&e, "prefix", "");
+    for (path, body) in [
+        ("/v1/messages", r#"{"model":"default","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#),
+        ("/v1/chat/completions", r#"{"model":"default","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#),
+    ] {
+        let (st, out) = request(&s.sock, "POST", path, Some(body)).unwrap();
+        assert!(!out.contains(r#"x\"ok\""#), "{path}: the banned phrase was answered across the prefix ({st}): {out}");
+        // The answer keeps the prefix and stops where the mask left nothing: a refusal.
+        assert_eq!(st, 200, "{path}: {out}");
+        assert!(out.contains("\"x"), "{path}: the mandatory prefix is in the answer: {out}");
+        assert!(out.contains("\"stop_reason\":\"refusal\"") || out.contains("\"finish_reason\":\"content_filter\""), "{path}: {out}");
+    }
 }

@@ -187,8 +187,7 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
     let mut cons = policy.constraints(preset, adhoc, vocab);
     cons.set_budget(max_new);
     let mut pipe = policy.pipeline(preset);
-    let prefix = pipe.start();
-    cons.feed_text(prefix.as_bytes());
+    let prefix = pipe.start(); // (already read by the safety automaton: `Policy::constraints`)
     let eog = l.engine.config().eog_token_ids.clone();
     let seq = l.engine.new_seq().map_err(|e| CliError::Engine(e.to_string()))?;
     l.engine.set_steering(seq, preset.and_then(|p| policy.steering(p))).map_err(|e| CliError::Engine(e.to_string()))?;

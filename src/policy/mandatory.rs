@@ -4,9 +4,10 @@
 //! verbatim (never redacted, never masked: they are the bundle author's text). When the suffix
 //! is non-empty and the model's text is non-empty and does not already end with a line break,
 //! [`MandatoryText::separator`] (default `"\n\n"`) goes between them, inside the suffix piece.
-//! The caller counts prefix and suffix tokens in usage and feeds the prefix bytes to the safety
-//! automaton ([`super::SafetyMask::advance_bytes`]) so a phrase cannot start in the prefix and
-//! end in the model's text.
+//! The caller counts prefix and suffix tokens in usage. The prefix bytes go through the safety
+//! automaton ([`super::SafetyMask::advance_bytes`]) before the first model token, so a phrase
+//! cannot start in the prefix and end in the model's text: `Policy::constraints` does that for
+//! every caller (server, `run`).
 
 use serde::{Deserialize, Serialize};
 

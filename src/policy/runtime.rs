@@ -150,7 +150,14 @@ impl BundlePolicy {
     pub fn constraints(&self, preset: Option<&Preset>, adhoc: Option<Arc<CompiledSchema>>, vocab_size: usize) -> Constraints {
         let schema = adhoc.or_else(|| preset.and_then(|p| p.schema.as_ref()).and_then(|s| self.schemas.get(s)).cloned());
         let safety = preset.and_then(|p| p.safety.as_ref()).and_then(|l| self.safety.get(l)).cloned();
-        Constraints::new(schema, safety, vocab_size)
+        let mut c = Constraints::new(schema, safety, vocab_size);
+        // The answer starts with the preset's mandatory prefix (`TextPipeline::start`): the
+        // safety automaton reads it first, so a banned phrase cannot begin in the prefix and end
+        // in the model's text. Done here, where every caller gets its constraints.
+        if let Some(p) = preset {
+            c.feed_text(p.mandatory.prefix.as_bytes());
+        }
+        c
     }
 
     /// The output text pipeline for a preset.
