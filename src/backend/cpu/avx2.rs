@@ -29,6 +29,9 @@ pub fn available() -> bool {
 
 // ---- Panel kernel ----
 
+/// How many block records ahead the panel kernel prefetches (as the AVX-512 kernel).
+const PREFETCH: usize = 16;
+
 /// Tokens per inner call: 4 tokens × (accumulator + min accumulator) plus 8 unpacked weight
 /// groups fill the 16 ymm registers.
 const NT_MAX: usize = 4;
@@ -44,15 +47,30 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], 
     let m4 = _mm256_set1_epi8(0x0F);
     let flip = _mm256_set1_epi8(-128);
     let ones = _mm256_set1_epi16(1);
-    for h in 0..2 {
-        let mut acc = [_mm256_setzero_ps(); NT_MAX];
-        let mut accm = [_mm256_setzero_ps(); NT_MAX];
-        for b in 0..nb {
+    let mut acc = [[_mm256_setzero_ps(); NT_MAX]; 2];
+    let mut accm = [[_mm256_setzero_ps(); NT_MAX]; 2];
+    // One or two tokens (decode): both halves of a record one after the other, so the record is
+    // read once, in address order. More tokens (prefill): one half over all records, then the
+    // other (the panel is in L1 by then), so the accumulators of one half stay in registers.
+    let by_record = NT <= 2;
+    let (outer, inner) = if by_record { (nb, 2) } else { (2, nb) };
+    for i in 0..outer {
+        for j in 0..inner {
+            let (b, h) = if by_record { (i, j) } else { (j, i) };
+            let (acc, accm) = (&mut acc[h], &mut accm[h]);
             // SAFETY: record b is blk bytes inside `panel` (asserted): 64-byte groups at 0..qb
             // (this half's 8 rows are bytes 32h..32h+32 of each), 16 f16 d at qb, 16 f16 m at qb+32.
             let (w, dw, mw) = unsafe {
                 let base = panel.as_ptr().add(b * blk);
-                _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(8 * blk + 32 * h) as *const i8);
+                // Decode streams the panels from DRAM: on the first half's pass, fetch the record
+                // PREFETCH records ahead, every line of it (the second half's pass finds them in
+                // L1). Past the end it touches nothing (prefetches never fault).
+                if h == 0 {
+                    let ahead = base.wrapping_add(PREFETCH * blk);
+                    for line in 0..blk / 64 {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
+                    }
+                }
                 let mut w = [_mm256_setzero_si256(); 8];
                 if Q8 {
                     for (k, wk) in w.iter_mut().enumerate() {
@@ -105,9 +123,11 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], 
                 }
             }
         }
+    }
+    for h in 0..2 {
         for t in 0..NT {
             // SAFETY: out holds (NT-1)·stride + 16 floats (asserted); this half is lanes 8h..8h+8.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(t * stride + 8 * h), _mm256_add_ps(acc[t], accm[t])) };
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(t * stride + 8 * h), _mm256_add_ps(acc[h][t], accm[h][t])) };
         }
     }
 }
