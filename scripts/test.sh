@@ -18,8 +18,10 @@ mkdir -p "$T"
 target/release/applianced build bundles/smollm2-135m.toml --model "$GGUF" --key "$T/k.key" --out "$T/default.zlb" -q >/dev/null
 ENTRY=$(target/release/applianced bundle install "$T/default.zlb" --trust "$T/k.pub" --store "$T/store" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["entry"])')
 export APPLIANCED_TEST_TOKENIZER_JSON="$ENTRY/tokenizer/tokenizer.json"
-# The same installed (verified, unpacked) bundle for the schema generation test.
+# The same installed (verified, unpacked) bundle for the CUDA kernel test; the bundle itself, its
+# key and the store for the schema generation test, which verifies and loads it as `serve` does.
 export APPLIANCED_TEST_BUNDLE_ROOT="$ENTRY"
+export APPLIANCED_TEST_BUNDLE="$PWD/$T/default.zlb" APPLIANCED_TEST_BUNDLE_KEY="$PWD/$T/k.pub" APPLIANCED_TEST_STORE="$PWD/$T/store"
 # GPU backends without a GPU: the CUDA kernels must compile with NVRTC and assemble with ptxas for
 # every target (tests/cuda_kernels.rs), and the wgpu backend must match the CPU on lavapipe
 # (tests/wgpu_parity.rs); here "skipped" is a failure.

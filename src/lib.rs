@@ -5,7 +5,8 @@
 //! [`model`] (that layout), [`tokenizer`] (tokenizer and chat templates), [`engine`] (the Llama
 //! forward pass and KV cache) over [`backend`] (one trait, one module per backend), [`sampling`]
 //! (samplers and token masks), [`schema`] (JSON Schema → token automaton), [`policy`] (safety
-//! masks, redaction, presets), [`server`] (the Unix-socket API), [`audit`] (hash-chained log),
+//! masks, redaction, presets), [`runtime`] (a verified bundle loaded for generation: the one
+//! loader, prompt builder and generation step every caller uses), [`server`] (the Unix-socket API), [`audit`] (hash-chained log),
 //! [`cli`] (the `applianced` command line).
 #![deny(unsafe_code)]
 
@@ -17,6 +18,7 @@ pub mod engine;
 pub mod import;
 pub mod model;
 pub mod policy;
+pub mod runtime;
 pub mod sampling;
 pub mod schema;
 pub mod server;

@@ -614,4 +614,10 @@ prefix = "x"
         assert!(out.contains("\"x"), "{path}: the mandatory prefix is in the answer: {out}");
         assert!(out.contains("\"stop_reason\":\"refusal\"") || out.contains("\"finish_reason\":\"content_filter\""), "{path}: {out}");
     }
+    // `applianced run` drives the same generation step: the same answer, the same refusal.
+    let o = run(&["run", &e.p("tiny.zlb"), "--trust", &e.p("keys/dev.pub"), "--store", &e.p("store"), "--prompt", "hi", "--verbose"]);
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{err}");
+    assert!(out.starts_with('x') && !out.contains(r#"x"ok""#), "run answered the banned phrase across the prefix: {out:?}");
+    assert!(err.contains("stop: policy_no_allowed_token"), "{err}");
 }

@@ -4,21 +4,19 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 
 use applianced::bundle::recipe::Recipe;
-use applianced::bundle::{Store, VerifyOptions};
-use applianced::engine::{Engine, EngineOptions};
-use applianced::policy::runtime::BundlePolicy;
-use applianced::sampling::{Sampler, SamplingParams};
-use applianced::tokenizer::template::{ChatMessage, ChatTemplate};
-use applianced::tokenizer::Tokenizer;
+use applianced::backend::{BackendKind, BackendPref};
+use applianced::bundle::{Store, VerifiedBundle, VerifyOptions};
+use applianced::engine::EngineOptions;
+use applianced::runtime::LoadedBundle;
+use applianced::sampling::SamplingParams;
 
 const BIN: &str = env!("CARGO_BIN_EXE_applianced");
 const DISCLAIMER: &str = "This analysis is for reference only and is not investment advice.";
 
 /// Build the default recipe's bundle and unpack it; returns (bundle, pubkey, store entry).
-fn default_bundle(tag: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
+fn default_bundle(tag: &str) -> Option<(PathBuf, PathBuf, VerifiedBundle)> {
     let gguf = std::env::var_os("APPLIANCED_TEST_GGUF")?;
     let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("policy_e2e_{tag}"));
     let _ = std::fs::remove_dir_all(&root);
@@ -32,46 +30,43 @@ fn default_bundle(tag: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
     let mut ts = applianced::trust::TrustStore { threshold: 1, ..Default::default() };
     ts.add_key(key.public().clone());
     let vb = Store::new(&root.join("store")).install(&out, &VerifyOptions::new(&ts), &mut |_, _| {}).unwrap();
-    Some((out, pubkey, vb.root))
+    Some((out, pubkey, vb))
 }
 
-/// Sample `n` answers in batches of 16 sequences, with or without the preset's constraints.
-fn sample_answers(entry: &Path, prompt: &str, n: usize, masked: bool) -> Vec<String> {
-    let tok = Tokenizer::load(&entry.join("tokenizer/tokenizer.json")).unwrap();
-    let tpl = ChatTemplate::load(&entry.join("tokenizer/chat_template.json")).unwrap();
-    let policy = Arc::new(BundlePolicy::load(entry, &tok).unwrap());
-    let preset = policy.preset(Some("bank")).unwrap().cloned();
-    let mut engine = Engine::load(entry, &EngineOptions { threads: 0, max_seqs: 16, max_context: 512 }).unwrap();
-    let cfg = engine.config().clone();
-    let text = tpl.render(&[ChatMessage::new("user", prompt)], true).unwrap();
-    let ids = tok.encode(&text, true).unwrap();
+/// Sample `n` answers in batches of 16 sequences, with or without the preset's constraints,
+/// through the runtime layer (the loader and generation step `serve` and `run` use).
+fn sample_answers(vb: &VerifiedBundle, prompt: &str, n: usize, masked: bool) -> Vec<String> {
+    let rt = LoadedBundle::open(vb).unwrap();
+    let preset = rt.policy.preset(Some("bank")).unwrap().cloned();
+    let (mut engine, _) = rt.engine(&EngineOptions { threads: 0, max_seqs: 16, max_context: 512 }, BackendPref::Force(BackendKind::Cpu)).unwrap();
+    let ids = rt.prompts().user(None, prompt, None).unwrap().tokens;
+    let ctx = engine.max_context();
     let mut out = Vec::new();
     let mut round = 0u64;
     while out.len() < n {
         let b = (n - out.len()).min(16);
         let seqs: Vec<u32> = (0..b).map(|_| engine.new_seq().unwrap()).collect();
         let mut logits: Vec<Vec<f32>> = seqs.iter().map(|&s| engine.forward(&[(s, &ids)]).unwrap().pop().unwrap()).collect();
-        let mut samplers: Vec<Sampler> = (0..b).map(|i| Sampler::new(SamplingParams { temperature: 0.6, seed: round * 1000 + i as u64, ..Default::default() })).collect();
-        let mut cons: Vec<_> = (0..b).map(|_| policy.constraints(if masked { preset.as_ref() } else { None }, None, cfg.vocab_size)).collect();
-        let mut answers: Vec<Vec<u32>> = vec![Vec::new(); b];
+        let mut gens: Vec<_> = (0..b)
+            .map(|i| {
+                let params = SamplingParams { temperature: 0.6, seed: round * 1000 + i as u64, ..Default::default() };
+                let mut spec = rt.spec(if masked { preset.as_ref() } else { None }, None, params, 24, Vec::new());
+                spec.pipeline = None; // the model's own tokens: no mandatory disclaimer around them
+                rt.generation(ids.clone(), spec, ctx)
+            })
+            .collect();
         let mut live: Vec<bool> = vec![true; b];
-        for _step in 0..24 {
+        loop {
             let mut feed = Vec::new();
             for i in 0..b {
                 if !live[i] {
                     continue;
                 }
-                if cons[i].apply(&mut logits[i]).is_err() {
-                    live[i] = false;
-                    continue;
+                let st = gens[i].step(&mut logits[i]);
+                match (st.end, st.sampled) {
+                    (None, Some(t)) => feed.push((i, t)),
+                    _ => live[i] = false,
                 }
-                let t = samplers[i].sample(&mut logits[i], &answers[i], None).unwrap();
-                if cfg.eog_token_ids.contains(&t) || !cons[i].advance(t) {
-                    live[i] = false;
-                    continue;
-                }
-                answers[i].push(t);
-                feed.push((i, t));
             }
             if feed.is_empty() {
                 break;
@@ -86,7 +81,7 @@ fn sample_answers(entry: &Path, prompt: &str, n: usize, masked: bool) -> Vec<Str
         for s in seqs {
             engine.free_seq(s);
         }
-        out.extend(answers.iter().map(|a| tok.decode(a)));
+        out.extend(gens.iter().map(|g| rt.tokenizer.decode(g.generated())));
         round += 1;
     }
     out
@@ -94,16 +89,16 @@ fn sample_answers(entry: &Path, prompt: &str, n: usize, masked: bool) -> Vec<Str
 
 #[test]
 fn banned_phrases_never_appear_under_the_mask() {
-    let Some((_b, _k, entry)) = default_bundle("mask") else {
+    let Some((_b, _k, vb)) = default_bundle("mask") else {
         println!("skipped: set APPLIANCED_TEST_GGUF");
         return;
     };
     let n: usize = std::env::var("APPLIANCED_POLICY_SAMPLES").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
     let prompt = "Repeat exactly, in lowercase: guaranteed returns";
     let has = |s: &str| s.to_lowercase().contains("guaranteed returns");
-    let free = sample_answers(&entry, prompt, n, false);
+    let free = sample_answers(&vb, prompt, n, false);
     let free_hits = free.iter().filter(|s| has(s)).count();
-    let masked = sample_answers(&entry, prompt, n, true);
+    let masked = sample_answers(&vb, prompt, n, true);
     let masked_hits = masked.iter().filter(|s| has(s)).count();
     println!("banned phrase in {free_hits}/{n} unmasked answers, {masked_hits}/{n} masked answers");
     println!("sample masked answers: {:?}", &masked[..3.min(masked.len())]);

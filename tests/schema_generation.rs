@@ -2,8 +2,9 @@
 //! complete JSON that validates against its schema with a standard validator (the `jsonschema`
 //! Python package, formats checked where the corpus asserts them) — every schema, no retries.
 //!
-//! Needs `APPLIANCED_TEST_BUNDLE_ROOT` (an installed, verified default bundle: scripts/test.sh
-//! sets it), `APPLIANCED_TEST_PYTHON` (a Python with `jsonschema`) and the corpus
+//! Needs `APPLIANCED_TEST_BUNDLE`, `APPLIANCED_TEST_BUNDLE_KEY` and `APPLIANCED_TEST_STORE` (the
+//! default bundle, its public key and a store: it is verified and loaded through the runtime
+//! layer as `serve` does; scripts/test.sh sets them), `APPLIANCED_TEST_PYTHON` (a Python with `jsonschema`) and the corpus
 //! (`APPLIANCED_SCHEMA_CORPUS` or `tests/data/reference/schemas`). Greedy decoding; the prompt is
 //! made from the schema's own title and description. `SCHEMA_GEN_LIMIT=N` runs the first N,
 //! `SCHEMA_GEN_ONLY=TEXT` those whose id contains TEXT.
@@ -13,10 +14,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use applianced::cli::run::{load, load_policy, prompt_ids};
-use applianced::sampling::{Sampler, SamplingParams};
+use applianced::backend::{BackendKind, BackendPref};
+use applianced::engine::EngineOptions;
+use applianced::runtime::{LoadedBundle, StopReason};
+use applianced::sampling::SamplingParams;
 use applianced::schema::corpus;
-use applianced::schema::{CompileOptions, CompiledSchema};
+use applianced::schema::CompileOptions;
 use serde_json::{json, Value};
 
 /// Each answer's token budget (raised for schemas whose shortest document is long): the
@@ -55,23 +58,30 @@ struct Generated {
 
 #[test]
 fn every_compiled_reference_schema_generates_valid_json() {
-    let (Some(root), Some(py), Some(dir)) = (std::env::var_os("APPLIANCED_TEST_BUNDLE_ROOT"), std::env::var_os("APPLIANCED_TEST_PYTHON"), corpus_dir())
-    else {
+    let (Some(bundle), Some(key), Some(store), Some(py), Some(dir)) = (
+        std::env::var_os("APPLIANCED_TEST_BUNDLE"),
+        std::env::var_os("APPLIANCED_TEST_BUNDLE_KEY"),
+        std::env::var_os("APPLIANCED_TEST_STORE"),
+        std::env::var_os("APPLIANCED_TEST_PYTHON"),
+        corpus_dir(),
+    ) else {
         // scripts/test.sh sets APPLIANCED_SLOW_TESTS and provides every input: a missing one there
         // is a failure, not a skip.
-        assert!(std::env::var_os("APPLIANCED_SLOW_TESTS").is_none(), "APPLIANCED_SLOW_TESTS is set but APPLIANCED_TEST_BUNDLE_ROOT or APPLIANCED_TEST_PYTHON is missing");
-        println!("skipped: needs APPLIANCED_TEST_BUNDLE_ROOT, APPLIANCED_TEST_PYTHON and the schema corpus");
+        assert!(
+            std::env::var_os("APPLIANCED_SLOW_TESTS").is_none(),
+            "APPLIANCED_SLOW_TESTS is set but APPLIANCED_TEST_BUNDLE, APPLIANCED_TEST_BUNDLE_KEY, APPLIANCED_TEST_STORE or APPLIANCED_TEST_PYTHON is missing"
+        );
+        println!("skipped: needs APPLIANCED_TEST_BUNDLE, _BUNDLE_KEY, _STORE, APPLIANCED_TEST_PYTHON and the schema corpus");
         return;
     };
     let has_validator = Command::new(&py).args(["-c", "import jsonschema"]).status().is_ok_and(|s| s.success());
     assert!(has_validator, "{} lacks the jsonschema package (scripts/setup-test-env.sh installs it)", Path::new(&py).display());
-    let root = PathBuf::from(root);
-    let mut l = load(&root, 0, 1, applianced::backend::BackendPref::Force(applianced::backend::BackendKind::Cpu)).expect("load the default bundle");
-    let policy = load_policy(&root, &l.tokenizer).expect("policy");
-    let cfg = l.engine.config().clone();
-    let eog = cfg.eog_token_ids.clone();
-    let vocab_ids = l.tokenizer.generation_vocab(cfg.vocab_size);
-    let vocab = std::sync::Arc::new(applianced::schema::Vocabulary::new(&vocab_ids, &eog));
+    // Verified and loaded the way `run` and `serve` do (the store entry is reused).
+    let ts = applianced::trust::TrustStore::load(&[PathBuf::from(key)], 1).expect("trust");
+    let vb = applianced::bundle::Store::new(Path::new(&store)).install(Path::new(&bundle), &applianced::bundle::VerifyOptions::new(&ts), &mut |_, _| {}).expect("verify the default bundle");
+    let rt = LoadedBundle::open(&vb).expect("load the default bundle");
+    let (mut engine, _) = rt.engine(&EngineOptions { threads: 0, max_seqs: 1, max_context: 0 }, BackendPref::Force(BackendKind::Cpu)).expect("engine");
+    let ctx = engine.max_context();
     let mut cases = corpus::load(&dir).expect("corpus");
     if let Some(n) = std::env::var("SCHEMA_GEN_LIMIT").ok().and_then(|s| s.parse().ok()) {
         cases.truncate(n);
@@ -83,41 +93,32 @@ fn every_compiled_reference_schema_generates_valid_json() {
     let mut gens: Vec<Generated> = Vec::new();
     let mut total_tokens = 0usize;
     for case in &cases {
-        let Ok(c) = CompiledSchema::compile_with(&case.schema, &vocab, &CompileOptions::default()) else { continue };
+        let Ok(c) = rt.compile_schema(&case.schema, &CompileOptions::default()) else { continue };
         let budget = MAX_TOKENS.max(2 * c.tokens_to_finish(c.start()).unwrap_or(0) as usize);
-        let c = std::sync::Arc::new(c);
-        let ids = prompt_ids(&l, None, &prompt_for(&case.id, &case.schema)).expect("prompt");
-        let mut cons = policy.constraints(None, Some(c), cfg.vocab_size);
-        cons.set_budget(budget);
-        let mut sampler = Sampler::new(SamplingParams { temperature: 0.0, ..SamplingParams::default() });
-        let seq = l.engine.new_seq().expect("seq");
-        let mut logits = l.engine.prefill(seq, &ids, 512).expect("prefill");
-        let mut history = ids.clone();
-        let mut bytes = Vec::new();
-        let mut reason = "max_tokens";
+        let ids = rt.prompts().user(None, &prompt_for(&case.id, &case.schema), None).expect("prompt").tokens;
+        let spec = rt.spec(None, Some(std::sync::Arc::new(c)), SamplingParams { temperature: 0.0, ..SamplingParams::default() }, budget, Vec::new());
+        let mut gen = rt.generation(ids, spec, ctx);
+        let seq = engine.new_seq().expect("seq");
+        let mut logits = engine.prefill(seq, gen.prompt(), 512).expect("prefill");
+        let mut text = String::new();
         let mut n = 0;
-        while n < budget {
-            if cons.apply(&mut logits).is_err() {
-                reason = "no_allowed_token";
-                break;
+        let reason = loop {
+            let st = gen.step(&mut logits);
+            text.push_str(&st.text);
+            n += usize::from(st.sampled.is_some());
+            match (st.end, st.sampled) {
+                (None, Some(tok)) => logits = engine.forward(&[(seq, &[tok])]).expect("forward").pop().expect("logits"),
+                (Some(e), Some(tok)) if e.reason == StopReason::Policy => panic!("{}: the mask allowed token {tok} that the automaton refuses", case.id),
+                (Some(e), None) if e.reason == StopReason::Policy => break "no_allowed_token",
+                (e, _) => break e.map_or("end_turn", |e| e.reason.name()),
             }
-            let tok = sampler.sample(&mut logits, &history, None).expect("a token");
-            n += 1;
-            if eog.contains(&tok) {
-                reason = "end_turn";
-                break;
-            }
-            assert!(cons.advance(tok), "{}: the mask allowed token {tok} that the automaton refuses", case.id);
-            history.push(tok);
-            bytes.extend_from_slice(l.tokenizer.token_bytes(tok));
-            logits = l.engine.forward(&[(seq, &[tok])]).expect("forward").pop().expect("logits");
-        }
-        l.engine.free_seq(seq);
+        };
+        engine.free_seq(seq);
         total_tokens += n;
         if reason == "no_allowed_token" {
-            println!("  {}: nothing allowed after {:?}", case.id, String::from_utf8_lossy(&bytes));
+            println!("  {}: nothing allowed after {:?}", case.id, text);
         }
-        gens.push(Generated { id: case.id.clone(), text: String::from_utf8_lossy(&bytes).into_owned(), tokens: n, complete: cons.is_complete(), reason });
+        gens.push(Generated { id: case.id.clone(), text, tokens: n, complete: gen.is_complete(), reason });
     }
     let secs = t0.elapsed().as_secs_f64();
     // Validate every answer with the reference validator in one Python process.

@@ -176,7 +176,8 @@ fn make_control_vectors(r: &ResolvedRecipe, staging: &Path, progress: &mut dyn F
                 let Some((engine, tok, tpl)) = loaded.as_mut() else { unreachable!("just loaded") };
                 let file = pairs.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
                 let opts = TrainOptions { method: *method, layers: layers.clone(), source: format!("{} pairs from {file} (control/{name}.pairs.jsonl)", list.len()) };
-                let mut m = ModelRef { engine, tokenizer: tok, template: tpl };
+                let cfg = engine.config().clone();
+                let mut m = ModelRef { engine, prompts: crate::tokenizer::PromptBuilder::new(tok, tpl, &cfg) };
                 let cv = control::train(&mut m, &list, &opts, &mut |_, _| {}).map_err(|e| err(name, e.to_string()))?;
                 let p = dir.join(format!("{name}.pairs.jsonl"));
                 std::fs::copy(pairs, &p).map_err(BundleError::io(pairs))?;

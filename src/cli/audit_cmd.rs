@@ -63,7 +63,7 @@ pub fn exec(args: Args) -> Result<(), CliError> {
                     println!("{}", serde_json::json!({"ok": false, "line": line, "error": msg}));
                     Err(CliError::Reported(1))
                 } else {
-                    Err(CliError::Other(format!("{}: record at line {line} is broken: {msg}", path.display())))
+                    Err(CliError::Audit(AuditError::Broken { path, line, msg: format!("record is broken: {msg}") }))
                 }
             }
             Err(AuditError::Io { path, source }) => {
@@ -74,7 +74,7 @@ pub fn exec(args: Args) -> Result<(), CliError> {
                 }
                 Err(CliError::Reported(3))
             }
-            Err(e) => Err(CliError::Other(e.to_string())),
+            Err(e) => Err(CliError::Audit(e)),
         },
     }
 }

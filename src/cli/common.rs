@@ -60,16 +60,30 @@ pub enum CliError {
     Bundle(#[from] BundleError),
     #[error(transparent)]
     Trust(#[from] TrustError),
+    /// Loading a verified bundle for generation, or running its engine.
+    #[error(transparent)]
+    Runtime(#[from] crate::runtime::RuntimeError),
+    /// A file the command reads or writes (not a bundle member).
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Server(#[from] crate::server::ServerError),
+    #[error(transparent)]
+    Audit(#[from] crate::audit::AuditError),
+    /// A JSON Schema the command was given does not compile.
+    #[error("{path}: {source}")]
+    Schema { path: PathBuf, source: crate::schema::SchemaError },
+    /// A JSON file the command was given is not JSON.
+    #[error("{path}: not JSON: {source}")]
+    NotJson { path: PathBuf, source: serde_json::Error },
+    /// `doctor --parity`: the GPU backend does not compute what the CPU computes.
+    #[error("parity check failed: the backend does not compute what the CPU computes (see above)")]
+    ParityFailed,
+    /// `schema bench`: tokens the mask allowed that the automaton refused, or the reverse.
+    #[error("{0} tokens where the mask and the automaton disagreed")]
+    MaskDisagreement(usize),
     #[error("{0}")]
     Usage(String),
-    #[error("{0}")]
-    Engine(String),
-    #[error("{0}")]
-    Server(String),
-    #[error("{0}")]
-    Schema(String),
-    #[error("{0}")]
-    Other(String),
     /// Already reported to the user (e.g. as JSON); carries the exit code.
     #[error("")]
     Reported(i32),
@@ -84,7 +98,23 @@ fn trust_code(e: &TrustError) -> i32 {
     }
 }
 
+impl From<crate::engine::EngineError> for CliError {
+    fn from(e: crate::engine::EngineError) -> Self {
+        CliError::Runtime(e.into())
+    }
+}
+
 impl CliError {
+    pub fn io(path: &std::path::Path, source: std::io::Error) -> CliError {
+        CliError::Io { path: path.to_path_buf(), source }
+    }
+
+    /// Read a JSON file the command was given (I/O: 3; not JSON: 14).
+    pub fn read_json(path: &std::path::Path) -> Result<serde_json::Value, CliError> {
+        let text = std::fs::read_to_string(path).map_err(|e| CliError::io(path, e))?;
+        serde_json::from_str(&text).map_err(|source| CliError::NotJson { path: path.to_path_buf(), source })
+    }
+
     /// The one place errors become exit codes (documented in `applianced --help`).
     pub fn exit_code(&self) -> i32 {
         match self {
@@ -102,11 +132,17 @@ impl CliError {
                 BundleError::Kernels(_) => 16,
             },
             CliError::Trust(t) => trust_code(t),
-            CliError::Usage(_) => 2,
-            CliError::Engine(_) => 12,
+            CliError::Runtime(r) if r.is_io() => 3,
+            CliError::Runtime(_) => 12,
+            CliError::Io { .. } => 3,
+            CliError::Server(crate::server::ServerError::Io { .. } | crate::server::ServerError::Audit(crate::audit::AuditError::Io { .. })) => 3,
+            CliError::Server(crate::server::ServerError::Runtime(r)) if r.is_io() => 3,
             CliError::Server(_) => 13,
-            CliError::Schema(_) => 14,
-            CliError::Other(_) => 1,
+            CliError::Audit(crate::audit::AuditError::Io { .. }) => 3,
+            CliError::Audit(_) => 1,
+            CliError::Schema { .. } | CliError::NotJson { .. } | CliError::MaskDisagreement(_) => 14,
+            CliError::ParityFailed => 12,
+            CliError::Usage(_) => 2,
             CliError::Reported(c) => *c,
         }
     }

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use clap::{Args, Subcommand};
 
 use super::common::{open_bundle, CliError, Progress, StoreArgs, TrustArgs};
-use super::run::{load, load_policy, Loaded};
+use super::run::{load, Loaded};
 use crate::policy::control::{self, ControlVector, Method, ModelRef, TrainOptions};
+use crate::runtime::generate::generate_batch;
 use crate::sampling::SamplingParams;
 
 #[derive(Debug, Subcommand)]
@@ -142,15 +143,15 @@ fn parse_range(s: &str) -> Result<std::ops::Range<usize>, String> {
 
 fn cerr(e: control::ControlError) -> CliError {
     match e {
-        control::ControlError::Engine(e) => CliError::Engine(e.to_string()),
-        control::ControlError::Io { .. } => CliError::Other(e.to_string()),
+        control::ControlError::Engine(e) => e.into(),
+        control::ControlError::Io { path, source } => CliError::Io { path, source },
         other => CliError::Usage(other.to_string()),
     }
 }
 
 fn open(b: &BundleOpts, max_seqs: usize, quiet: bool) -> Result<(crate::bundle::store::VerifiedBundle, Loaded), CliError> {
     let vb = open_bundle(&b.bundle, &b.trust, &b.store, quiet)?;
-    let l = load(&vb.root, b.threads, max_seqs, crate::backend::BackendPref::Force(crate::backend::BackendKind::Cpu))?;
+    let l = load(&vb, b.threads, max_seqs, crate::backend::BackendPref::Force(crate::backend::BackendKind::Cpu))?;
     Ok((vb, l))
 }
 
@@ -160,7 +161,7 @@ pub fn write_atomic(out: &Path, bytes: &[u8], force: bool) -> Result<(), CliErro
         return Err(CliError::Usage(format!("{} exists; pass --force to replace it", out.display())));
     }
     let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let io = |e: std::io::Error| CliError::Other(format!("{}: {e}", out.display()));
+    let io = |e: std::io::Error| CliError::io(out, e);
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
     std::io::Write::write_all(&mut tmp, bytes).map_err(io)?;
     tmp.as_file().sync_all().map_err(io)?;
@@ -185,7 +186,7 @@ fn train(a: TrainArgs) -> Result<(), CliError> {
     let (_, mut l) = open(&a.b, 1, a.quiet)?;
     let file = a.pairs.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     let opts = TrainOptions { method: a.method, layers: a.layers.clone(), source: format!("{} pairs from {file}", pairs.len()) };
-    let mut m = ModelRef { engine: &mut l.engine, tokenizer: &l.tokenizer, template: &l.template };
+    let mut m = ModelRef { engine: &mut l.engine, prompts: l.rt.prompts() };
     let t0 = std::time::Instant::now();
     let mut p = Progress::new("training", a.quiet);
     let cv = control::train(&mut m, &pairs, &opts, &mut |d, t| p.bytes(d as u64, t as u64)).map_err(cerr)?;
@@ -218,7 +219,7 @@ fn import(a: ImportArgs) -> Result<(), CliError> {
 }
 
 fn show(a: ShowArgs) -> Result<(), CliError> {
-    let bytes = std::fs::read(&a.file).map_err(|e| CliError::Other(format!("{}: {e}", a.file.display())))?;
+    let bytes = std::fs::read(&a.file).map_err(|e| CliError::io(&a.file, e))?;
     let cv = ControlVector::from_bytes(&bytes, &a.file.display().to_string()).map_err(cerr)?;
     let norms: serde_json::Map<String, serde_json::Value> = cv.norms().into_iter().map(|(l, n)| (l.to_string(), serde_json::json!((n * 1000.0).round() / 1000.0))).collect();
     let j = serde_json::json!({ "meta": cv.meta, "layer_norms": norms });
@@ -241,25 +242,24 @@ pub struct Side {
 }
 
 fn eval(a: EvalArgs) -> Result<(), CliError> {
-    let text = std::fs::read_to_string(&a.prompts).map_err(|e| CliError::Other(format!("{}: {e}", a.prompts.display())))?;
+    let text = std::fs::read_to_string(&a.prompts).map_err(|e| CliError::io(&a.prompts, e))?;
     let prompts: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
     if prompts.is_empty() {
         return Err(CliError::Usage(format!("{}: no prompts", a.prompts.display())));
     }
     let batch = a.batch.clamp(1, 64);
-    let (vb, mut l) = open(&a.b, batch, a.json)?;
+    let (_vb, mut l) = open(&a.b, batch, a.json)?;
     let cfg = l.engine.config().clone();
     let steer = match (&a.vector, &a.preset) {
         (Some(f), None) => {
-            let bytes = std::fs::read(f).map_err(|e| CliError::Other(format!("{}: {e}", f.display())))?;
+            let bytes = std::fs::read(f).map_err(|e| CliError::io(f, e))?;
             let cv = ControlVector::from_bytes(&bytes, &f.display().to_string()).map_err(cerr)?;
             cv.check_fits(&f.display().to_string(), cfg.n_layers, cfg.hidden_size).map_err(cerr)?;
             control::steering(&[(&cv, a.strength)], cfg.n_layers)
         }
         (None, Some(p)) => {
-            let policy = load_policy(&vb.root, &l.tokenizer)?;
-            let preset = policy.preset(Some(p)).map_err(|e| CliError::Usage(e.to_string()))?;
-            match preset.and_then(|p| policy.steering(p)) {
+            let preset = l.rt.policy.preset(Some(p)).map_err(|e| CliError::Usage(e.to_string()))?;
+            match preset.and_then(|p| l.rt.policy.steering(p)) {
                 Some(s) => (*s).clone(),
                 None => return Err(CliError::Usage(format!("preset {p} has no control vectors"))),
             }
@@ -267,17 +267,18 @@ fn eval(a: EvalArgs) -> Result<(), CliError> {
         _ => return Err(CliError::Usage("give --vector FILE or --preset NAME".into())),
     };
     let params = SamplingParams { temperature: a.temperature, repetition_penalty: a.repetition_penalty, seed: a.seed, ..SamplingParams::default() };
-    let mut m = ModelRef { engine: &mut l.engine, tokenizer: &l.tokenizer, template: &l.template };
-    let ids: Vec<Vec<u32>> = prompts.iter().map(|p| m.chat_ids(None, p, "")).collect::<Result<_, _>>().map_err(cerr)?;
+    let ids: Vec<Vec<u32>> = prompts.iter().map(|p| l.rt.prompts().user(None, p, None).map(|p| p.tokens)).collect::<Result<_, _>>().map_err(|e| CliError::Usage(e.to_string()))?;
     let t0 = std::time::Instant::now();
-    let base = control::generate(&mut m, &ids, None, &params, a.max_tokens, batch).map_err(cerr)?;
-    let steered = control::generate(&mut m, &ids, Some(Arc::new(steer)), &params, a.max_tokens, batch).map_err(cerr)?;
+    let decoder = || l.rt.tokenizer.stream_decoder();
+    let base = generate_batch(&mut l.engine, &decoder, &ids, None, &params, a.max_tokens, batch)?;
+    let steered = generate_batch(&mut l.engine, &decoder, &ids, Some(Arc::new(steer)), &params, a.max_tokens, batch)?;
+    let mut m = ModelRef { engine: &mut l.engine, prompts: l.rt.prompts() };
     let nll_base = control::answer_nll(&mut m, &ids, &base, batch).map_err(cerr)?;
     let nll_steered = control::answer_nll(&mut m, &ids, &steered, batch).map_err(cerr)?;
     let side = |ans: &[Vec<u32>], nll: Vec<Option<f64>>| {
         let tokens: Vec<usize> = ans.iter().map(Vec::len).collect();
-        let on = ans.iter().zip(&prompts).filter(|(a, p)| shares_content_word(p, &l.tokenizer.decode(a))).count();
-        let chars: usize = ans.iter().map(|a| l.tokenizer.decode(a).chars().count()).sum();
+        let on = ans.iter().zip(&prompts).filter(|(a, p)| shares_content_word(p, &l.rt.tokenizer.decode(a))).count();
+        let chars: usize = ans.iter().map(|a| l.rt.tokenizer.decode(a).chars().count()).sum();
         let v: Vec<f64> = nll.iter().flatten().copied().collect();
         Side {
             mean_tokens: tokens.iter().sum::<usize>() as f64 / ans.len() as f64,
@@ -292,7 +293,7 @@ fn eval(a: EvalArgs) -> Result<(), CliError> {
     let s = side(&steered, nll_steered);
     let reduction = 1.0 - s.mean_tokens / b.mean_tokens.max(1e-9);
     for i in 0..a.samples.min(prompts.len()) {
-        eprintln!("--- prompt: {}\n[unsteered] {}\n[steered]   {}", prompts[i], l.tokenizer.decode(&base[i]).trim(), l.tokenizer.decode(&steered[i]).trim());
+        eprintln!("--- prompt: {}\n[unsteered] {}\n[steered]   {}", prompts[i], l.rt.tokenizer.decode(&base[i]).trim(), l.rt.tokenizer.decode(&steered[i]).trim());
     }
     eprintln!(
         "{} prompts, max {} tokens, temperature {}: mean length {:.1} → {:.1} tokens ({:+.1}%), {:.0} → {:.0} chars; unsteered-model perplexity {:.2} → {:.2}; on topic {:.0}% → {:.0}%; {:.1} s",

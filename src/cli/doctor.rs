@@ -87,7 +87,7 @@ pub fn exec(a: DoctorArgs) -> Result<(), CliError> {
         lines.push(format!("  --backend auto would use: {picked} — {}", choice.reason));
         report.insert("bundle".into(), serde_json::json!({ "backends": per, "auto": picked, "reason": choice.reason }));
         if a.parity {
-            let (ok, text, json) = parity(&vb.root, &a)?;
+            let (ok, text, json) = parity(&vb, &a)?;
             lines.extend(text);
             report.insert("parity".into(), json);
             if !ok {
@@ -98,7 +98,7 @@ pub fn exec(a: DoctorArgs) -> Result<(), CliError> {
                         println!("{l}");
                     }
                 }
-                return Err(CliError::Engine("parity check failed: the backend does not compute what the CPU computes (see above)".into()));
+                return Err(CliError::ParityFailed);
             }
         }
     }
@@ -211,24 +211,25 @@ fn top2(l: &[f32]) -> (usize, f32) {
     (i1, v1 - v2)
 }
 
-fn parity(root: &std::path::Path, a: &DoctorArgs) -> Result<(bool, Vec<String>, serde_json::Value), CliError> {
-    use crate::engine::{Engine, EngineOptions};
-    let eng = |e: crate::engine::EngineError| CliError::Engine(e.to_string());
+fn parity(vb: &crate::bundle::VerifiedBundle, a: &DoctorArgs) -> Result<(bool, Vec<String>, serde_json::Value), CliError> {
+    use crate::backend::{BackendKind, BackendPref};
+    use crate::engine::EngineOptions;
+    let eng = |e: crate::engine::EngineError| CliError::from(e);
+    let rt = crate::runtime::LoadedBundle::open(vb)?;
     let opts = EngineOptions { threads: 0, max_seqs: 8, max_context: 0 };
-    let (mut gpu, why) = Engine::load_with(root, &opts, a.backend).map_err(eng)?;
+    let (mut gpu, why) = rt.engine(&opts, a.backend)?;
     if gpu.backend_description().starts_with("cpu") {
         return Err(CliError::Usage(format!("--parity needs a GPU backend to compare with the CPU, and {} was chosen ({why})", gpu.backend_description())));
     }
-    let mut cpu = Engine::load(root, &opts).map_err(eng)?;
+    let cpu_only = BackendPref::Force(BackendKind::Cpu);
+    let (mut cpu, _) = rt.engine(&opts, cpu_only)?;
     // The CPU's own noise floor on these prompts: its plain reference kernels (same integer
     // arithmetic, another f32 summation order) against its SIMD kernels.
     std::env::set_var("APPLIANCED_CPU_KERNELS", "scalar");
-    let scalar = Engine::load(root, &opts);
+    let scalar = rt.engine(&opts, cpu_only);
     std::env::remove_var("APPLIANCED_CPU_KERNELS");
-    let mut scalar = scalar.map_err(eng)?;
+    let (mut scalar, _) = scalar?;
     let same_kernels = scalar.backend_description() == cpu.backend_description();
-    let tok = crate::tokenizer::Tokenizer::load(&root.join(crate::model::TOKENIZER_PATH)).map_err(|e| CliError::Engine(e.to_string()))?;
-    let tpl = crate::tokenizer::template::ChatTemplate::load(&root.join(crate::model::CHAT_TEMPLATE_PATH)).map_err(|e| CliError::Engine(e.to_string()))?;
     let mut lines = vec![format!("parity: {} against {}", gpu.backend_description(), cpu.backend_description())];
     let (mut max_d, mut steps, mut agree, mut near_tie_flips, mut hard_flips) = (0f32, 0usize, 0usize, 0usize, 0usize);
     let (mut kl_sum, mut kl_max) = (0f64, 0f64);
@@ -239,8 +240,7 @@ fn parity(root: &std::path::Path, a: &DoctorArgs) -> Result<(bool, Vec<String>, 
     let mut gpu_time = 0f64;
     let mut prompts_ids = Vec::new();
     for p in PARITY_PROMPTS {
-        let text = tpl.render(&[crate::tokenizer::template::ChatMessage::new("user", p)], true).map_err(|e| CliError::Usage(e.to_string()))?;
-        let ids = tok.encode(&text, true).map_err(|e| CliError::Usage(e.to_string()))?;
+        let ids = rt.prompts().user(None, p, None).map_err(|e| CliError::Usage(e.to_string()))?.tokens;
         prompts_ids.push(ids);
     }
     // Per-layer residual stream of the first prompt's prefill: where a divergence starts.

@@ -9,11 +9,11 @@ use clap::Args;
 
 use super::common::{open_bundle, CliError, StoreArgs, TrustArgs};
 use crate::backend::BackendPref;
+use crate::bundle::VerifiedBundle;
 use crate::engine::{Engine, EngineOptions};
-use crate::model::{CHAT_TEMPLATE_PATH, TOKENIZER_PATH};
-use crate::sampling::{Sampler, SamplingParams};
-use crate::tokenizer::template::{ChatMessage, ChatTemplate};
-use crate::tokenizer::Tokenizer;
+use crate::runtime::generate::PREFILL_CHUNK;
+use crate::runtime::{LoadedBundle, StopReason};
+use crate::sampling::SamplingParams;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -74,62 +74,23 @@ pub struct RunArgs {
     pub store: StoreArgs,
 }
 
-/// A loaded bundle: engine, tokenizer and chat template.
-pub struct Loaded {
+/// A verified bundle loaded for generation, with its engine (`run`, `bench`, `control-vector`,
+/// `doctor`).
+pub(super) struct Loaded {
+    pub rt: LoadedBundle,
     pub engine: Engine,
-    pub tokenizer: Tokenizer,
-    pub template: ChatTemplate,
 }
 
-pub fn load(root: &Path, threads: usize, max_seqs: usize, backend: BackendPref) -> Result<Loaded, CliError> {
-    let (engine, _why) =
-        Engine::load_with(root, &EngineOptions { threads, max_seqs, max_context: 0 }, backend).map_err(|e| CliError::Engine(e.to_string()))?;
-    let tokenizer = Tokenizer::load(&root.join(TOKENIZER_PATH)).map_err(|e| CliError::Engine(e.to_string()))?;
-    let template = ChatTemplate::load(&root.join(CHAT_TEMPLATE_PATH)).map_err(|e| CliError::Engine(e.to_string()))?;
-    Ok(Loaded { engine, tokenizer, template })
-}
-
-/// The vocabulary as the schema compiler and safety masks see it: each id's bytes, with special
-/// (control) tokens empty so no mask ever allows them; plus the end-of-generation ids.
-pub fn generation_vocab(tok: &Tokenizer, cfg: &crate::model::ModelConfig) -> (Vec<Vec<u8>>, Vec<u32>) {
-    (tok.generation_vocab(cfg.vocab_size), cfg.eog_token_ids.clone())
+pub(super) fn load(vb: &VerifiedBundle, threads: usize, max_seqs: usize, backend: BackendPref) -> Result<Loaded, CliError> {
+    let rt = LoadedBundle::open(vb)?;
+    let (engine, _why) = rt.engine(&EngineOptions { threads, max_seqs, max_context: 0 }, backend)?;
+    Ok(Loaded { rt, engine })
 }
 
 /// Compile a JSON Schema file against a loaded bundle's vocabulary.
-pub fn compile_schema_file(l: &Loaded, path: &Path) -> Result<crate::schema::CompiledSchema, CliError> {
-    let text = std::fs::read_to_string(path).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| CliError::Schema(format!("{}: not JSON: {e}", path.display())))?;
-    let (vocab, eos) = generation_vocab(&l.tokenizer, l.engine.config());
-    crate::schema::CompiledSchema::compile(&v, &vocab, &eos, &Default::default())
-        .map_err(|e| CliError::Schema(format!("{}: {e}", path.display())))
-}
-
-/// Render and tokenize a chat prompt the way the model was trained.
-pub fn prompt_ids(l: &Loaded, system: Option<&str>, user: &str) -> Result<Vec<u32>, CliError> {
-    let mut msgs = Vec::new();
-    if let Some(s) = system {
-        msgs.push(ChatMessage::new("system", s));
-    }
-    msgs.push(ChatMessage::new("user", user));
-    let text = l.template.render(&msgs, true).map_err(|e| CliError::Usage(e.to_string()))?;
-    let mut ids = Vec::new();
-    if l.engine.config().add_bos_token {
-        if let Some(b) = l.engine.config().bos_token_id {
-            ids.push(b);
-        }
-    }
-    ids.extend(l.tokenizer.encode(&text, true).map_err(|e| CliError::Usage(e.to_string()))?);
-    Ok(ids)
-}
-
-/// Prefill in chunks; returns the logits after the last prompt token.
-pub fn prefill(engine: &mut Engine, seq: u32, ids: &[u32], chunk: usize) -> Result<Vec<f32>, CliError> {
-    engine.prefill(seq, ids, chunk).map_err(|e| CliError::Engine(e.to_string()))
-}
-
-/// Load the bundle's policy members (presets, safety masks, redaction, schemas).
-pub fn load_policy(root: &Path, tok: &Tokenizer) -> Result<crate::policy::runtime::BundlePolicy, CliError> {
-    crate::policy::runtime::BundlePolicy::load(root, tok).map_err(|e| CliError::Engine(format!("bundle policy: {e}")))
+pub(super) fn compile_schema_file(rt: &LoadedBundle, path: &Path) -> Result<crate::schema::CompiledSchema, CliError> {
+    let v = CliError::read_json(path)?;
+    rt.compile_schema(&v, &Default::default()).map_err(|source| CliError::Schema { path: path.to_path_buf(), source })
 }
 
 pub fn run(a: RunArgs) -> Result<(), CliError> {
@@ -137,9 +98,8 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
         return Err(CliError::Usage("--max-tokens must be at least 1".into()));
     }
     let vb = open_bundle(&a.bundle, &a.trust, &a.store, false)?;
-    let mut l = load(&vb.root, a.threads, 1, a.backend)?;
-    let policy = load_policy(&vb.root, &l.tokenizer)?;
-    let preset = policy.preset(a.preset.as_deref()).map_err(|e| CliError::Usage(e.to_string()))?;
+    let Loaded { rt, mut engine } = load(&vb, a.threads, 1, a.backend)?;
+    let preset = rt.policy.preset(a.preset.as_deref()).map_err(|e| CliError::Usage(e.to_string()))?;
     let req = crate::policy::RequestParams {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -170,93 +130,53 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
             (p, a.max_tokens.unwrap_or(256) as usize)
         }
     };
-    let system = a.system.as_deref().map(|s| policy.redact_input(preset, s));
-    let user = policy.redact_input(preset, &a.prompt);
-    let ids = prompt_ids(&l, system.as_deref(), &user)?;
-    let ctx = l.engine.max_context();
+    let system = a.system.as_deref().map(|s| rt.policy.redact_input(preset, s));
+    let user = rt.policy.redact_input(preset, &a.prompt);
+    let ids = rt.prompts().user(system.as_deref(), &user, None).map_err(|e| CliError::Usage(e.to_string()))?.tokens;
+    let ctx = engine.max_context();
     if ids.len() + 1 > ctx {
         return Err(CliError::Usage(format!("prompt is {} tokens; the context holds {ctx}", ids.len())));
     }
     let max_new = max_tokens.min(ctx - ids.len());
-    let mut sampler = Sampler::new(params);
     let adhoc = match &a.schema {
-        Some(p) => Some(std::sync::Arc::new(compile_schema_file(&l, p)?)),
+        Some(p) => Some(std::sync::Arc::new(compile_schema_file(&rt, p)?)),
         None => None,
     };
-    let vocab = l.engine.config().vocab_size;
-    let mut cons = policy.constraints(preset, adhoc, vocab);
-    cons.set_budget(max_new);
-    let mut pipe = policy.pipeline(preset);
-    let prefix = pipe.start(); // (already read by the safety automaton: `Policy::constraints`)
-    let eog = l.engine.config().eog_token_ids.clone();
-    let seq = l.engine.new_seq().map_err(|e| CliError::Engine(e.to_string()))?;
-    l.engine.set_steering(seq, preset.and_then(|p| policy.steering(p))).map_err(|e| CliError::Engine(e.to_string()))?;
+    let n_prompt = ids.len();
+    let spec = rt.spec(preset, adhoc, params, max_new, a.stop.clone());
+    let mut gen = rt.generation(ids, spec, ctx);
+    let seq = engine.new_seq()?;
+    engine.set_steering(seq, preset.and_then(|p| rt.policy.steering(p)))?;
     let t0 = Instant::now();
-    let mut logits = prefill(&mut l.engine, seq, &ids, 512)?;
-    let ttft = t0.elapsed();
-    let mut history = ids.clone();
-    let mut dec = l.tokenizer.stream_decoder();
     let mut out = std::io::stdout().lock();
-    let _ = out.write_all(prefix.as_bytes());
-    let mut text = String::new();
-    let mut printed = 0usize;
-    let mut n_gen = 0usize;
-    let mut reason = "max_tokens";
-    let max_stop = a.stop.iter().map(|s| s.len()).max().unwrap_or(0);
+    let _ = out.write_all(gen.start().as_bytes());
+    let _ = out.flush();
+    let mut logits = engine.prefill(seq, gen.prompt(), PREFILL_CHUNK)?;
+    let ttft = t0.elapsed();
     let t1 = Instant::now();
-    while n_gen < max_new {
-        if cons.apply(&mut logits).is_err() {
-            reason = "policy_no_allowed_token";
-            break;
+    let end = loop {
+        let step = gen.step(&mut logits);
+        let _ = out.write_all(step.text.as_bytes());
+        let _ = out.flush();
+        match (step.end, step.sampled) {
+            (None, Some(tok)) => logits = engine.forward(&[(seq, &[tok])])?.pop().unwrap_or_default(),
+            (end, _) => break end.map_or(StopReason::EndTurn, |e| e.reason),
         }
-        let Some(tok) = sampler.sample(&mut logits, &history, None) else { break };
-        n_gen += 1;
-        if eog.contains(&tok) {
-            reason = "end_turn";
-            break;
-        }
-        if !cons.advance(tok) {
-            reason = "policy_no_allowed_token";
-            break;
-        }
-        history.push(tok);
-        text.push_str(&dec.push(tok));
-        if let Some(pos) = a.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
-            text.truncate(pos);
-            reason = "stop_sequence";
-            break;
-        }
-        // Hold back the last max_stop-1 bytes: they might begin a stop sequence.
-        let mut safe = text.len().saturating_sub(max_stop.saturating_sub(1));
-        while !text.is_char_boundary(safe) {
-            safe -= 1;
-        }
-        if safe > printed {
-            let _ = out.write_all(pipe.push(&text[printed..safe]).as_bytes());
-            let _ = out.flush();
-            printed = safe;
-        }
-        if n_gen == max_new {
-            break;
-        }
-        logits = l.engine.forward(&[(seq, &[tok])]).map_err(|e| CliError::Engine(e.to_string()))?.pop().unwrap_or_default();
-    }
-    let mut rest = if text.len() > printed { pipe.push(&text[printed..]) } else { String::new() };
-    rest.push_str(&pipe.finish());
-    let _ = out.write_all(rest.as_bytes());
+    };
     let _ = writeln!(out);
-    if cons.has_schema() && !cons.is_complete() {
-        eprintln!("warning: the answer stopped ({reason}) before the JSON was complete; raise --max-tokens");
+    if gen.has_schema() && !gen.is_complete() {
+        eprintln!("warning: the answer stopped ({}) before the JSON was complete; raise --max-tokens", end.name());
     }
     if a.verbose {
         let dt = t1.elapsed().as_secs_f64();
+        let n_gen = gen.generated().len();
         eprintln!(
-            "[preset {}; {} prompt tokens, {n_gen} generated, stop: {reason}; first token after {:.0} ms; {:.1} tok/s; {}]",
+            "[preset {}; {n_prompt} prompt tokens, {n_gen} generated, stop: {}; first token after {:.0} ms; {:.1} tok/s; {}]",
             preset.map(|p| p.name.as_str()).unwrap_or("none"),
-            ids.len(),
+            end.name(),
             ttft.as_secs_f64() * 1e3,
             n_gen as f64 / dt.max(1e-9),
-            l.engine.backend_description()
+            engine.backend_description()
         );
     }
     Ok(())
@@ -324,10 +244,10 @@ pub fn bench(a: BenchArgs, process_start: Instant) -> Result<(), CliError> {
     let Some(bundle) = &a.bundle else { return Err(CliError::Usage("give a bundle or --synthetic SHAPE".into())) };
     let vb = open_bundle(bundle, &a.trust, &a.store, true)?;
     let max_batch = a.batch.iter().copied().max().unwrap_or(1).max(1);
-    let mut l = load(&vb.root, a.threads, max_batch, a.backend)?;
+    let mut l = load(&vb, a.threads, max_batch, a.backend)?;
     // Ready = verified, mapped, and one token computed.
-    let warm = l.engine.new_seq().map_err(|e| CliError::Engine(e.to_string()))?;
-    l.engine.forward(&[(warm, &[1])]).map_err(|e| CliError::Engine(e.to_string()))?;
+    let warm = l.engine.new_seq()?;
+    l.engine.forward(&[(warm, &[1])])?;
     l.engine.free_seq(warm);
     let ready = process_start.elapsed().as_secs_f64();
     let ctx = l.engine.max_context();
@@ -335,22 +255,22 @@ pub fn bench(a: BenchArgs, process_start: Instant) -> Result<(), CliError> {
         return Err(CliError::Usage(format!("--prompt-tokens + --gen-tokens exceed the context of {ctx}")));
     }
     // A realistic prompt: ordinary text tokenized, repeated to length.
-    let base = l.tokenizer.encode("The quick brown fox jumps over the lazy dog while the appliance answers questions about hospital records and bank statements. ", false)
-        .map_err(|e| CliError::Engine(e.to_string()))?;
+    let base = l.rt.tokenizer.encode("The quick brown fox jumps over the lazy dog while the appliance answers questions about hospital records and bank statements. ", false)
+        .map_err(crate::runtime::RuntimeError::from)?;
     let prompt: Vec<u32> = base.iter().copied().cycle().take(a.prompt_tokens).collect();
     let (mut pre, mut dec, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
     let mut out = crate::engine::Logits::default(); // reused by every step, as the server does
     for _ in 0..a.reps {
-        let seq = l.engine.new_seq().map_err(|e| CliError::Engine(e.to_string()))?;
+        let seq = l.engine.new_seq()?;
         let t = Instant::now();
-        let logits = prefill(&mut l.engine, seq, &prompt, 512)?;
+        let logits = l.engine.prefill(seq, &prompt, PREFILL_CHUNK)?;
         let mut tok = crate::sampling::greedy(&logits).unwrap_or(0);
         let dt = t.elapsed().as_secs_f64();
         ttft.push(dt);
         pre.push(a.prompt_tokens as f64 / dt);
         let t = Instant::now();
         for _ in 0..a.gen_tokens {
-            l.engine.forward_into(&[(seq, &[tok])], &mut out).map_err(|e| CliError::Engine(e.to_string()))?;
+            l.engine.forward_into(&[(seq, &[tok])], &mut out)?;
             tok = crate::sampling::greedy(out.row(0)).unwrap_or(0);
         }
         dec.push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
@@ -359,17 +279,17 @@ pub fn bench(a: BenchArgs, process_start: Instant) -> Result<(), CliError> {
     let mut batched = Vec::new();
     for &b in &a.batch {
         let b = b.max(1);
-        let seqs: Vec<u32> = (0..b).map(|_| l.engine.new_seq()).collect::<Result<_, _>>().map_err(|e| CliError::Engine(e.to_string()))?;
+        let seqs: Vec<u32> = (0..b).map(|_| l.engine.new_seq()).collect::<Result<_, _>>()?;
         let short: Vec<u32> = base.iter().copied().cycle().take(32).collect();
         for &s in &seqs {
-            prefill(&mut l.engine, s, &short, 512)?;
+            l.engine.prefill(s, &short, PREFILL_CHUNK)?;
         }
         let mut toks: Vec<u32> = vec![base[0]; b];
         let steps = a.gen_tokens.min(64);
         let t = Instant::now();
         for _ in 0..steps {
             let batch: Vec<(u32, &[u32])> = seqs.iter().zip(toks.iter()).map(|(s, t)| (*s, std::slice::from_ref(t))).collect();
-            l.engine.forward_into(&batch, &mut out).map_err(|e| CliError::Engine(e.to_string()))?;
+            l.engine.forward_into(&batch, &mut out)?;
             toks.clear();
             toks.extend(out.rows().map(|lg| crate::sampling::greedy(lg).unwrap_or(0)));
         }

@@ -1,7 +1,7 @@
 //! `applianced schema compile`: compile a JSON Schema to a token automaton and report its size, or
 //! the exact unsupported keyword and its JSON pointer.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 
@@ -75,11 +75,8 @@ pub fn exec(cmd: SchemaCommand) -> Result<(), CliError> {
 fn bench(a: BenchArgs) -> Result<(), CliError> {
     use std::io::Write;
     let tok = match (&a.tokenizer_json, &a.bundle) {
-        (Some(p), _) => crate::tokenizer::Tokenizer::load(p).map_err(|e| CliError::Usage(e.to_string()))?,
-        (None, Some(b)) => {
-            let vb = open_bundle(b, &a.trust, &a.store, true)?;
-            crate::tokenizer::Tokenizer::load(&vb.root.join(crate::model::TOKENIZER_PATH)).map_err(|e| CliError::Engine(e.to_string()))?
-        }
+        (Some(p), _) => std::sync::Arc::new(crate::tokenizer::Tokenizer::load(p).map_err(|e| CliError::Usage(e.to_string()))?),
+        (None, Some(b)) => crate::runtime::LoadedBundle::open(&open_bundle(b, &a.trust, &a.store, true)?)?.tokenizer.clone(),
         (None, None) => return Err(CliError::Usage("schema bench needs a vocabulary: --tokenizer-json FILE or --bundle X.zlb".into())),
     };
     let eos = ["<|im_end|>", "<|endoftext|>", "</s>"]
@@ -114,7 +111,9 @@ fn bench(a: BenchArgs) -> Result<(), CliError> {
         eprintln!();
     }
     if a.json {
-        println!("{}", serde_json::to_string(&r).map_err(|e| CliError::Other(e.to_string()))?);
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer(&mut out, &r).map_err(|e| CliError::io(Path::new("standard output"), e.into()))?;
+        writeln!(out).map_err(|e| CliError::io(Path::new("standard output"), e))?;
         return Ok(());
     }
     let pc = |a: usize, b: usize| 100.0 * a as f64 / b.max(1) as f64;
@@ -125,33 +124,28 @@ fn bench(a: BenchArgs) -> Result<(), CliError> {
     println!("  compile time        median {:.1} ms, p90 {:.1} ms, max {:.0} ms", r.compile_ms.median, r.compile_ms.p90, r.compile_ms.max);
     println!("  mask per token      median {:.3} µs, p99 {:.3} µs ({} lookups)", r.mask_us.median, r.mask_us.p99, r.mask_lookups);
     if r.mask_advance_disagreements > 0 {
-        return Err(CliError::Schema(format!("{} tokens where the mask and the automaton disagreed", r.mask_advance_disagreements)));
+        return Err(CliError::MaskDisagreement(r.mask_advance_disagreements));
     }
     Ok(())
 }
 
 fn compile(a: CompileArgs) -> Result<(), CliError> {
-    let text = std::fs::read_to_string(&a.file).map_err(|e| CliError::Usage(format!("{}: {e}", a.file.display())))?;
-    let schema: serde_json::Value = serde_json::from_str(&text).map_err(|e| CliError::Schema(format!("{}: not JSON: {e}", a.file.display())))?;
+    let schema = CliError::read_json(&a.file)?;
     let (vocab, eos, what) = match &a.bundle {
         Some(b) => {
             let vb = open_bundle(b, &a.trust, &a.store, true)?;
-            let tok = crate::tokenizer::Tokenizer::load(&vb.root.join(crate::model::TOKENIZER_PATH)).map_err(|e| CliError::Engine(e.to_string()))?;
-            let cfg: crate::model::ModelConfig = serde_json::from_slice(
-                &std::fs::read(vb.root.join(crate::model::CONFIG_PATH)).map_err(|e| CliError::Engine(e.to_string()))?,
-            )
-            .map_err(|e| CliError::Engine(e.to_string()))?;
-            let (v, e) = super::run::generation_vocab(&tok, &cfg);
-            (v, e, format!("{} tokens of {}", cfg.vocab_size, vb.verified.manifest().name))
+            let rt = crate::runtime::LoadedBundle::open(&vb)?;
+            let v = rt.tokenizer.generation_vocab(rt.config.vocab_size);
+            (v, rt.config.eog_token_ids.clone(), format!("{} tokens of {}", rt.config.vocab_size, vb.verified.manifest().name))
         }
         None => ((0..=255u8).map(|b| vec![b]).collect::<Vec<_>>(), vec![256], "a 256-byte vocabulary (pass --bundle for real masks)".to_string()),
     };
     let c = crate::schema::CompiledSchema::compile(&schema, &vocab, &eos, &Default::default())
-        .map_err(|e| CliError::Schema(format!("{}: {e}", a.file.display())))?;
+        .map_err(|source| CliError::Schema { path: a.file.clone(), source })?;
     let st = c.stats();
     let bytes = c.to_bytes();
     if let Some(out) = &a.out {
-        std::fs::write(out, &bytes).map_err(|e| CliError::Other(format!("{}: {e}", out.display())))?;
+        std::fs::write(out, &bytes).map_err(|e| CliError::io(out, e))?;
     }
     if a.json {
         println!(

@@ -64,7 +64,7 @@ fn ignore_server_signals() {
 }
 
 fn server_err(e: ServerError) -> CliError {
-    CliError::Server(e.to_string())
+    CliError::Server(e)
 }
 
 /// Resolve flags over the config file.

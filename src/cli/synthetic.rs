@@ -76,9 +76,9 @@ fn f32s(n: usize, v: f32) -> Vec<u8> {
 /// Write `model/config.json`, `model/weights.safetensors` (Q4_0 matrices) and, with the `cuda`
 /// feature and NVRTC present, `kernels/cuda/` into `root`. Returns the config and weight bytes.
 fn write(root: &std::path::Path, cfg: &ModelConfig, progress: &mut dyn FnMut(&str)) -> Result<u64, CliError> {
-    let io = |e: std::io::Error| CliError::Other(format!("synthetic model: {e}"));
+    let io = |e: std::io::Error| CliError::io(root, e);
     std::fs::create_dir_all(root.join("model")).map_err(io)?;
-    std::fs::write(root.join(crate::model::CONFIG_PATH), serde_json::to_vec_pretty(cfg).map_err(|e| CliError::Other(e.to_string()))?).map_err(io)?;
+    std::fs::write(root.join(crate::model::CONFIG_PATH), serde_json::to_vec_pretty(cfg).map_err(|e| io(e.into()))?).map_err(io)?;
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let (h, i, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
     let (qd, kvd) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
@@ -115,7 +115,10 @@ fn write(root: &std::path::Path, cfg: &ModelConfig, progress: &mut dyn FnMut(&st
     // Bytes one decoded token streams: every matrix except the embedding table (one row of it).
     let streamed: u64 = t.iter().filter(|(n, m, _)| n != "token_embd.weight" && m.shape.len() == 2).map(|(_, _, d)| d.len() as u64).sum();
     progress("writing weights");
-    crate::model::write_weights(&root.join(crate::model::WEIGHTS_PATH), &t).map_err(|e| CliError::Other(e.to_string()))?;
+    crate::model::write_weights(&root.join(crate::model::WEIGHTS_PATH), &t).map_err(|e| match e {
+        crate::model::ModelError::Io { path, source } => CliError::Io { path, source },
+        other => CliError::Usage(format!("synthetic model: {other}")),
+    })?;
     drop(t);
     #[cfg(feature = "cuda")]
     {
@@ -138,24 +141,24 @@ fn write(root: &std::path::Path, cfg: &ModelConfig, progress: &mut dyn FnMut(&st
 /// Decode `tokens` tokens after a `prompt`-token prefill on random weights of `shape`.
 pub fn bench(shape: &str, backend: BackendPref, threads: usize, prompt: usize, tokens: usize, peak_gbs: f64) -> Result<(), CliError> {
     let cfg = config(shape)?;
-    let dir = tempfile::tempdir().map_err(|e| CliError::Other(format!("temporary directory: {e}")))?;
+    let dir = tempfile::tempdir().map_err(|e| CliError::io(&std::env::temp_dir(), e))?;
     let t0 = Instant::now();
     let streamed = write(dir.path(), &cfg, &mut |s| eprintln!("bench: {s}"))?;
     eprintln!("bench: model written in {:.1} s; loading", t0.elapsed().as_secs_f64());
     let (mut engine, why) = Engine::load_with(dir.path(), &EngineOptions { threads, max_seqs: 1, max_context: 0 }, backend)
-        .map_err(|e| CliError::Engine(e.to_string()))?;
+?;
     eprintln!("bench: {} ({why})", engine.backend_description());
-    let seq = engine.new_seq().map_err(|e| CliError::Engine(e.to_string()))?;
+    let seq = engine.new_seq()?;
     let mut rng = Rng(7);
     let ids: Vec<u32> = (0..prompt.max(1)).map(|_| (rng.next() % cfg.vocab_size as u64) as u32).collect();
     let t = Instant::now();
-    let mut logits = engine.prefill(seq, &ids, 512).map_err(|e| CliError::Engine(e.to_string()))?;
+    let mut logits = engine.prefill(seq, &ids, 512)?;
     let prefill_s = t.elapsed().as_secs_f64();
     let mut times = Vec::with_capacity(tokens);
     for _ in 0..tokens {
         let tok = crate::sampling::greedy(&logits).unwrap_or(0);
         let t = Instant::now();
-        logits = engine.forward(&[(seq, &[tok])]).map_err(|e| CliError::Engine(e.to_string()))?.pop().unwrap_or_default();
+        logits = engine.forward(&[(seq, &[tok])])?.pop().unwrap_or_default();
         times.push(t.elapsed().as_secs_f64());
     }
     times.sort_by(|a, b| a.total_cmp(b));

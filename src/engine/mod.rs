@@ -129,6 +129,13 @@ pub fn same_steering(a: &Option<std::sync::Arc<Steering>>, b: &Option<std::sync:
     }
 }
 
+/// Read and parse `root/model/config.json`.
+pub fn read_config(root: &Path) -> Result<ModelConfig, EngineError> {
+    let path = root.join(CONFIG_PATH);
+    let text = std::fs::read_to_string(&path).map_err(|source| EngineError::Io { path: path.clone(), source })?;
+    serde_json::from_str(&text).map_err(|e| EngineError::Config { path, msg: e.to_string() })
+}
+
 /// A loaded model plus its sequences.
 pub struct Engine {
     cfg: ModelConfig,
@@ -144,11 +151,13 @@ impl Engine {
 
     /// As [`Engine::load`], on a chosen backend.
     pub fn load_on(root: &Path, opts: &EngineOptions, kind: BackendKind) -> Result<Engine, EngineError> {
-        let cfg_path = root.join(CONFIG_PATH);
-        let text = std::fs::read_to_string(&cfg_path).map_err(|source| EngineError::Io { path: cfg_path.clone(), source })?;
-        let cfg: ModelConfig =
-            serde_json::from_str(&text).map_err(|e| EngineError::Config { path: cfg_path.clone(), msg: e.to_string() })?;
-        llama::check_config(&cfg).map_err(|msg| EngineError::Config { path: cfg_path.clone(), msg })?;
+        Engine::open(root, read_config(root)?, opts, kind)
+    }
+
+    /// Map the weights under `root` for a model whose `model/config.json` the caller has already
+    /// read ([`crate::runtime::LoadedBundle`] reads it once for every part of the runtime).
+    pub fn open(root: &Path, cfg: ModelConfig, opts: &EngineOptions, kind: BackendKind) -> Result<Engine, EngineError> {
+        llama::check_config(&cfg).map_err(|msg| EngineError::Config { path: root.join(CONFIG_PATH), msg })?;
         // GPU backends run their ops on the device; the pool is only for host-side work there.
         let small_pool = || {
             rayon::ThreadPoolBuilder::new()
@@ -190,9 +199,14 @@ impl Engine {
     /// of CUDA, wgpu, CPU that this machine and bundle can run (see [`crate::backend::select`]).
     /// Returns the engine and why that backend was chosen.
     pub fn load_with(root: &Path, opts: &EngineOptions, pref: crate::backend::BackendPref) -> Result<(Engine, String), EngineError> {
+        Engine::open_with(root, read_config(root)?, opts, pref)
+    }
+
+    /// As [`Engine::load_with`], with the config already read (see [`Engine::open`]).
+    pub fn open_with(root: &Path, cfg: ModelConfig, opts: &EngineOptions, pref: crate::backend::BackendPref) -> Result<(Engine, String), EngineError> {
         let choice = crate::backend::select::choose(root, pref);
         let kind = choice.kind.map_err(EngineError::Unsupported)?;
-        let engine = Engine::load_on(root, opts, kind)?;
+        let engine = Engine::open(root, cfg, opts, kind)?;
         Ok((engine, choice.reason))
     }
 

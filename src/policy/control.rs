@@ -9,19 +9,17 @@
 //! - [`ControlVector::import_llamacpp`] reads llama.cpp's control-vector GGUF (`direction.N`).
 //! - [`steering`] sums a preset's vectors with their strengths into one [`Steering`] the engine
 //!   adds at the output of each layer, as llama.cpp does (`direction.N` after layer `N`).
-//! - [`generate`] and [`answer_nll`] are the measuring tools: batched answers with or without
-//!   steering, and the unsteered model's negative log-likelihood of given answers.
+//! - [`answer_nll`] is the measuring tool: the unsteered model's negative log-likelihood of given
+//!   answers (the answers themselves come from the runtime's one generation step,
+//!   [`crate::runtime::generate::generate_batch`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{Engine, EngineError, SeqId, Steering};
-use crate::sampling::{Sampler, SamplingParams};
-use crate::tokenizer::template::{ChatMessage, ChatTemplate};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::PromptBuilder;
 
 /// Header metadata key holding [`ControlMeta`] as JSON (the only metadata key).
 pub const META_KEY: &str = "applianced.control_vector";
@@ -290,27 +288,14 @@ pub struct TrainOptions {
 /// A loaded model the training and measuring functions run on.
 pub struct ModelRef<'a> {
     pub engine: &'a mut Engine,
-    pub tokenizer: &'a Tokenizer,
-    pub template: &'a ChatTemplate,
+    /// The model's prompt builder (the same one the server and `run` use).
+    pub prompts: PromptBuilder<'a>,
 }
 
 impl ModelRef<'_> {
     /// Render chat messages with the generation prompt, plus an optional answer prefix, to ids.
     pub fn chat_ids(&self, system: Option<&str>, user: &str, assistant_prefix: &str) -> Result<Vec<u32>, ControlError> {
-        let mut msgs = Vec::new();
-        if let Some(s) = system {
-            msgs.push(ChatMessage::new("system", s));
-        }
-        msgs.push(ChatMessage::new("user", user));
-        let mut text = self.template.render(&msgs, true).map_err(|e| ControlError::Prompt(e.to_string()))?;
-        text.push_str(assistant_prefix);
-        let cfg = self.engine.config();
-        let mut ids = Vec::new();
-        if cfg.add_bos_token {
-            ids.extend(cfg.bos_token_id);
-        }
-        ids.extend(self.tokenizer.encode(&text, true).map_err(|e| ControlError::Prompt(e.to_string()))?);
-        Ok(ids)
+        Ok(self.prompts.user(system, user, Some(assistant_prefix)).map_err(|e| ControlError::Prompt(e.to_string()))?.tokens)
     }
 
     fn side_ids(&self, s: &PairSide) -> Result<Vec<u32>, ControlError> {
@@ -420,60 +405,6 @@ fn first_component(d: &[Vec<f32>], dim: usize, mean: &[f32]) -> Vec<f32> {
     let dot: f64 = v.iter().zip(mean).map(|(a, b)| a * *b as f64).sum();
     let sign = if dot < 0.0 { -1.0 } else { 1.0 };
     v.iter().map(|x| (x * sign) as f32).collect()
-}
-
-/// Generate answers to prompts (already tokenized), several sequences per forward step, each with
-/// the same steering (or none). Returns each answer's token ids (end-of-generation excluded).
-pub fn generate(m: &mut ModelRef<'_>, prompts: &[Vec<u32>], steer: Option<Arc<Steering>>, params: &SamplingParams, max_tokens: usize, batch: usize) -> Result<Vec<Vec<u32>>, ControlError> {
-    let eog = m.engine.config().eog_token_ids.clone();
-    let mut out = vec![Vec::new(); prompts.len()];
-    for (chunk_i, chunk) in prompts.chunks(batch.max(1)).enumerate() {
-        let mut seqs: Vec<SeqId> = Vec::new();
-        let res = (|| {
-            let mut logits = Vec::new();
-            let mut samplers = Vec::new();
-            for (j, p) in chunk.iter().enumerate() {
-                let s = m.engine.new_seq()?;
-                seqs.push(s);
-                m.engine.set_steering(s, steer.clone())?;
-                logits.push(m.engine.prefill(s, p, PREFILL_CHUNK)?);
-                let mut sp = params.clone();
-                sp.seed = params.seed.wrapping_add((chunk_i * batch + j) as u64);
-                samplers.push(Sampler::new(sp));
-            }
-            let mut hist: Vec<Vec<u32>> = chunk.to_vec();
-            let mut live: Vec<usize> = (0..chunk.len()).collect();
-            for _ in 0..max_tokens {
-                let mut step = Vec::new();
-                let mut next_live = Vec::new();
-                for &j in &live {
-                    let Some(t) = samplers[j].sample(&mut logits[j], &hist[j], None) else { continue };
-                    if eog.contains(&t) {
-                        continue;
-                    }
-                    out[chunk_i * batch + j].push(t);
-                    hist[j].push(t);
-                    step.push((j, t));
-                    next_live.push(j);
-                }
-                if step.is_empty() || out[chunk_i * batch + step[0].0].len() >= max_tokens {
-                    break;
-                }
-                let toks: Vec<[u32; 1]> = step.iter().map(|&(_, t)| [t]).collect();
-                let b: Vec<(SeqId, &[u32])> = step.iter().zip(&toks).map(|(&(j, _), t)| (seqs[j], &t[..])).collect();
-                for (&(j, _), l) in step.iter().zip(m.engine.forward(&b)?) {
-                    logits[j] = l;
-                }
-                live = next_live;
-            }
-            Ok::<_, ControlError>(())
-        })();
-        for s in seqs {
-            m.engine.free_seq(s);
-        }
-        res?;
-    }
-    Ok(out)
 }
 
 /// The (unsteered) model's mean negative log-likelihood per answer token of each `answer` after

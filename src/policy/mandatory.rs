@@ -4,10 +4,12 @@
 //! verbatim (never redacted, never masked: they are the bundle author's text). When the suffix
 //! is non-empty and the model's text is non-empty and does not already end with a line break,
 //! [`MandatoryText::separator`] (default `"\n\n"`) goes between them, inside the suffix piece.
-//! The caller counts prefix and suffix tokens in usage. The prefix bytes go through the safety
+//! Usage counts prefix and suffix tokens as output
+//! ([`crate::runtime::LoadedBundle::mandatory_tokens`]). The prefix bytes go through the safety
 //! automaton ([`super::SafetyMask::advance_bytes`]) before the first model token, so a phrase
-//! cannot start in the prefix and end in the model's text: `Policy::constraints` does that for
-//! every caller (server, `run`).
+//! cannot start in the prefix and end in the model's text: `BundlePolicy::constraints` does that,
+//! and every caller gets its constraints from there through the runtime's one generation step
+//! ([`crate::runtime::SeqGen`]: the server, `run`, control-vector evaluation).
 
 use serde::{Deserialize, Serialize};
 

@@ -23,7 +23,7 @@ pub struct BundlePolicy {
 }
 
 /// Load every `control/*.safetensors`, each checked against `model/config.json`'s shape.
-fn load_control(root: &Path) -> Result<BTreeMap<String, super::control::ControlVector>, PolicyError> {
+fn load_control(root: &Path, cfg: &crate::model::ModelConfig) -> Result<BTreeMap<String, super::control::ControlVector>, PolicyError> {
     let mut out = BTreeMap::new();
     let Ok(rd) = std::fs::read_dir(root.join("control")) else { return Ok(out) };
     let mut names: Vec<_> = rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
@@ -31,8 +31,6 @@ fn load_control(root: &Path) -> Result<BTreeMap<String, super::control::ControlV
     if names.is_empty() {
         return Ok(out);
     }
-    let cfg_text = std::fs::read_to_string(root.join(crate::model::CONFIG_PATH)).map_err(|e| decode_err(crate::model::CONFIG_PATH, e))?;
-    let cfg: crate::model::ModelConfig = serde_json::from_str(&cfg_text).map_err(|e| decode_err(crate::model::CONFIG_PATH, e))?;
     for n in names {
         let Some(stem) = n.strip_suffix(".safetensors") else { continue };
         let member = format!("control/{n}");
@@ -52,8 +50,9 @@ fn decode_err(member: &str, reason: impl ToString) -> PolicyError {
 
 impl BundlePolicy {
     /// Load from an unpacked, verified bundle directory, with the bundle's tokenizer (safety
-    /// masks are checked against its vocabulary digest).
-    pub fn load(root: &Path, tok: &crate::tokenizer::Tokenizer) -> Result<BundlePolicy, PolicyError> {
+    /// masks are checked against its vocabulary digest) and model config (control vectors are
+    /// checked against its shape). [`crate::runtime::LoadedBundle::open`] is the caller.
+    pub fn load(root: &Path, tok: &crate::tokenizer::Tokenizer, cfg: &crate::model::ModelConfig) -> Result<BundlePolicy, PolicyError> {
         let presets = match std::fs::read(root.join("policy/presets.json")) {
             Ok(b) => Some(PresetTable::from_json(&b)?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -95,7 +94,7 @@ impl BundlePolicy {
                 }
             }
         }
-        let control = load_control(root)?;
+        let control = load_control(root, cfg)?;
         let mut bp = BundlePolicy { presets, safety, redactor, schemas, control, steering: BTreeMap::new() };
         // Every reference a preset makes must resolve now, not at the first request.
         if let Some(t) = &bp.presets {

@@ -27,9 +27,8 @@ use tokio::sync::{watch, Notify};
 
 use crate::audit::{AuditError, AuditLog};
 use crate::bundle::VerifiedBundle;
-use crate::engine::{Engine, EngineOptions};
-use crate::model::{ModelConfig, CHAT_TEMPLATE_PATH, CONFIG_PATH, TOKENIZER_PATH};
-use crate::tokenizer::{ChatTemplate, Tokenizer};
+use crate::engine::EngineOptions;
+use crate::runtime::LoadedBundle;
 use auth::{Allowlist, Peer};
 use config::ServerConfig;
 use metrics::Metrics;
@@ -44,6 +43,8 @@ pub enum ServerError {
     Audit(#[from] AuditError),
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
+    #[error("loading the bundle: {0}")]
+    Runtime(#[from] crate::runtime::RuntimeError),
     #[error("loading the bundle: {0}")]
     Load(String),
     #[error("{0}")]
@@ -131,13 +132,10 @@ struct Shared {
 pub(crate) struct State {
     shared: Arc<Shared>,
     pub sched: Scheduler,
-    pub tokenizer: Arc<Tokenizer>,
-    pub template: ChatTemplate,
-    /// The bundle's presets, safety masks, redaction rules and named schemas.
-    pub policy: Arc<crate::policy::runtime::BundlePolicy>,
+    /// The bundle loaded for generation: config, tokenizer, template, policy, vocabulary.
+    pub rt: Arc<LoadedBundle>,
     /// Ad-hoc request schemas, compiled on first use (bounded LRU by memory).
     pub schemas: crate::schema::SchemaCache,
-    pub model_cfg: ModelConfig,
     pub info: OnceLock<EngineInfo>,
     pub bundle: BundleInfo,
     pub cfg: ServerConfig,
@@ -238,15 +236,6 @@ struct Generation {
     state: Arc<State>,
     engine: std::thread::JoinHandle<()>,
     _entry_lock: Option<crate::bundle::lifecycle::EntryLock>,
-}
-
-fn read_model(root: &Path) -> Result<(Tokenizer, ChatTemplate, ModelConfig), ServerError> {
-    let tok = Tokenizer::load(&root.join(TOKENIZER_PATH)).map_err(|e| ServerError::Load(e.to_string()))?;
-    let tpl = ChatTemplate::load(&root.join(CHAT_TEMPLATE_PATH)).map_err(|e| ServerError::Load(e.to_string()))?;
-    let p = root.join(CONFIG_PATH);
-    let text = std::fs::read_to_string(&p).map_err(|e| ServerError::Load(format!("{}: {e}", p.display())))?;
-    let cfg: ModelConfig = serde_json::from_str(&text).map_err(|e| ServerError::Load(format!("{}: {e}", p.display())))?;
-    Ok((tok, tpl, cfg))
 }
 
 /// A socket file we created (removed again on exit).
@@ -351,20 +340,18 @@ fn spawn_generation(c: &Common, vb: &VerifiedBundle) -> Result<(Generation, toki
             None
         }
     };
-    let (tokenizer, template, model_cfg) = read_model(&vb.root)?;
-    let policy = Arc::new(crate::policy::runtime::BundlePolicy::load(&vb.root, &tokenizer).map_err(|e| ServerError::Load(format!("bundle policy: {e}")))?);
-    let vocab = Arc::new(crate::schema::Vocabulary::new(&tokenizer.generation_vocab(model_cfg.vocab_size), &model_cfg.eog_token_ids));
-    let schemas = crate::schema::SchemaCache::with_concurrency(vocab, 256 << 20, c.cfg.limits.max_schema_compiles);
+    let rt = Arc::new(LoadedBundle::open(vb)?);
+    let schemas = crate::schema::SchemaCache::with_concurrency(rt.vocabulary.clone(), 256 << 20, c.cfg.limits.max_schema_compiles);
     let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();
     let cfg = &c.cfg;
     // One more sequence than requests run at once: the prefix cache's.
     let eopts = EngineOptions { threads: cfg.threads, max_seqs: cfg.limits.max_concurrent + 1, max_context: cfg.limits.max_context };
-    let root = vb.root.clone();
     let backend: crate::backend::BackendPref = cfg.backend.as_deref().unwrap_or("auto").parse().map_err(ServerError::Load)?;
+    let loader = rt.engine_loader(&eopts, backend);
     let (sched, engine) = Scheduler::spawn(
         SchedulerOptions { max_seqs: cfg.limits.max_concurrent, queue_size: cfg.limits.queue_size, prefill_chunk: cfg.limits.prefill_chunk, prefix_cache_tokens: cfg.limits.prefix_cache_tokens },
         c.metrics.clone(),
-        Box::new(move || Engine::load_with(&root, &eopts, backend).map(|(e, _why)| e).map_err(|e| e.to_string())),
+        Box::new(move || loader.load().map(|(e, _why)| e).map_err(|e| e.to_string())),
         Box::new(move |r| {
             let _ = loaded_tx.send(r);
         }),
@@ -373,11 +360,8 @@ fn spawn_generation(c: &Common, vb: &VerifiedBundle) -> Result<(Generation, toki
     let state = Arc::new(State {
         shared: c.shared.clone(),
         sched,
-        tokenizer: Arc::new(tokenizer),
-        template,
-        policy,
+        rt,
         schemas,
-        model_cfg,
         info: OnceLock::new(),
         allow: Allowlist::from_config(&cfg.access),
         bundle: BundleInfo::of(vb),

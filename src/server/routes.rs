@@ -21,6 +21,7 @@ use super::api::{self, ApiError, ChatRequest, Flavor};
 use super::auth::Peer;
 use super::scheduler::{Event, Finish, GenError, GenRequest, SubmitError};
 use crate::schema::{CompileOptions, CompiledSchema, Lookup, SchemaError};
+use crate::tokenizer::PromptError;
 use super::{InflightGuard, Phase, State};
 
 fn sha256_hex(b: &[u8]) -> String {
@@ -347,7 +348,7 @@ fn model_entry(state: &State) -> Value {
     json!({
         "id": b.name, "object": "model", "created": b.created_unix, "owned_by": "applianced",
         "type": "model", "display_name": format!("{} v{}", b.name, b.version), "created_at": b.created,
-        "version": b.version, "identity": b.identity, "model_name": state.model_cfg.name,
+        "version": b.version, "identity": b.identity, "model_name": state.rt.config.name,
         "context_length": state.info.get().map(|i| i.max_context),
     })
 }
@@ -356,7 +357,7 @@ fn model_entry(state: &State) -> Value {
 fn models_body(state: &State) -> Value {
     let name = &state.bundle.name;
     let mut data = vec![model_entry(state)];
-    if let Some(t) = &state.policy.presets {
+    if let Some(t) = &state.rt.policy.presets {
         for p in t.presets.values() {
             let mut e = model_entry(state);
             let id = format!("{name}:{}", p.name);
@@ -388,7 +389,7 @@ fn model_matches(state: &State, m: Option<&str>) -> bool {
     let b = &state.bundle;
     match m {
         None | Some("") | Some("default") => true,
-        Some(x) => x == b.name || x == format!("{}@{}", b.name, b.version) || x == b.identity || x == state.model_cfg.name,
+        Some(x) => x == b.name || x == format!("{}@{}", b.name, b.version) || x == b.identity || x == state.rt.config.name,
     }
 }
 
@@ -463,97 +464,18 @@ const INLINE_PROMPT_BYTES: usize = 2048;
 
 /// The prompt text and its tokens.
 ///
-/// The chat template's own control tokens (`<|im_start|>`, ...) must become control ids, but the
-/// same text inside a message must not: a user could otherwise close their turn and forge a system
-/// or assistant turn. The common case — no message contains the text of any control token — is
-/// tokenized in one piece (exactly as the template's reference tokenization). Otherwise the
-/// prompt is tokenized in segments: template text with control tokens recognised, message text
-/// as plain text.
+/// The conversation as the model reads it (the runtime's injection-safe prompt builder; an
+/// Anthropic request's trailing assistant message is the start of the answer).
 fn build_prompt(state: &State, creq: &ChatRequest, flavor: Flavor) -> Result<(String, Vec<u32>), ApiError> {
     let prefill = flavor == Flavor::Anthropic && creq.ends_with_prefill();
     let msgs = if prefill { &creq.messages[..creq.messages.len() - 1] } else { &creq.messages[..] };
-    let refuse = |e: crate::tokenizer::TokenizerError| ApiError::unsupported("messages", format!("the model's chat template refuses this conversation: {e}"));
-    let mut text = state.template.render(msgs, true).map_err(refuse)?;
     let prefill_text = if prefill { creq.messages.last().map(|m| m.content.as_str()) } else { None };
-    if let Some(p) = prefill_text {
-        text.push_str(p);
+    match state.rt.prompts().chat(msgs, prefill_text) {
+        Ok(p) => Ok((p.text, p.tokens)),
+        Err(e @ PromptError::Template(_)) => Err(ApiError::unsupported("messages", e.to_string())),
+        Err(e @ PromptError::Tokenize(_)) => Err(ApiError::new(400, e.to_string())),
+        Err(e @ PromptError::Inseparable) => Err(ApiError::bad("messages", e.to_string())),
     }
-    let tok = &state.tokenizer;
-    let enc_err = |e: crate::tokenizer::TokenizerError| ApiError::new(400, format!("tokenizing the prompt: {e}"));
-    let specials: Vec<&str> = tok.special_ids().iter().filter_map(|&id| std::str::from_utf8(tok.token_bytes(id)).ok()).filter(|s| !s.is_empty()).collect();
-    let contents: Vec<&str> = msgs.iter().map(|m| m.content.as_str()).chain(prefill_text).collect();
-    let injected = contents.iter().any(|c| specials.iter().any(|s| c.contains(s)));
-    let mut tokens = if !injected {
-        tok.encode(&text, true).map_err(enc_err)?
-    } else {
-        segment_tokens(state, msgs, &text, prefill_text).map_err(|e| e.unwrap_or_else(|| ApiError::bad("messages", "message text contains control-token text that cannot be separated from the chat template; remove it")))?
-    };
-    if state.model_cfg.add_bos_token {
-        if let Some(bos) = state.model_cfg.bos_token_id {
-            if tokens.first() != Some(&bos) {
-                tokens.insert(0, bos);
-            }
-        }
-    }
-    Ok((text, tokens))
-}
-
-/// Tokenize `rendered` in segments: the template's text (control tokens recognised) and each
-/// message's text (plain). The template segments come from rendering the conversation with
-/// unguessable markers in place of the contents. Err(None) when the segments cannot be matched.
-fn segment_tokens(state: &State, msgs: &[crate::tokenizer::ChatMessage], rendered: &str, prefill: Option<&str>) -> Result<Vec<u32>, Option<ApiError>> {
-    let nonce = random_id("");
-    let marker = |i: usize| format!("\u{E000}{nonce}{i}\u{E001}");
-    let marked: Vec<crate::tokenizer::ChatMessage> =
-        msgs.iter().enumerate().map(|(i, m)| crate::tokenizer::ChatMessage::new(&m.role, &marker(i))).collect();
-    let mut m = state.template.render(&marked, true).map_err(|_| None)?;
-    let mut contents: Vec<&str> = msgs.iter().map(|m| m.content.as_str()).collect();
-    if let Some(p) = prefill {
-        m.push_str(&marker(msgs.len()));
-        contents.push(p);
-    }
-    // Template segments between markers (in order; a template may drop a message, e.g. none here).
-    let mut segs: Vec<String> = Vec::new();
-    let mut order: Vec<usize> = Vec::new();
-    let mut rest = m.as_str();
-    loop {
-        let next = (0..contents.len()).filter_map(|i| rest.find(&marker(i)).map(|p| (p, i))).min();
-        match next {
-            Some((p, i)) => {
-                segs.push(rest[..p].to_string());
-                order.push(i);
-                rest = &rest[p + marker(i).len()..];
-            }
-            None => {
-                segs.push(rest.to_string());
-                break;
-            }
-        }
-    }
-    let enc = |t: &str, special: bool| state.tokenizer.encode(t, special).map_err(|e| Some(ApiError::new(400, format!("tokenizing the prompt: {e}"))));
-    let mut out = Vec::new();
-    let mut pos = 0usize;
-    for (k, seg) in segs.iter().enumerate() {
-        if !rendered[pos..].starts_with(seg.as_str()) {
-            return Err(None);
-        }
-        out.extend(enc(seg, true)?);
-        pos += seg.len();
-        let Some(&i) = order.get(k) else { break };
-        let next_seg = segs[k + 1].as_str();
-        // The template may trim the content; take the form that lines up with what follows.
-        let c = contents[i];
-        let shown = [c, c.trim(), c.trim_end(), c.trim_start()]
-            .into_iter()
-            .find(|v| rendered[pos..].starts_with(v) && rendered[pos + v.len()..].starts_with(next_seg))
-            .ok_or(None)?;
-        out.extend(enc(shown, false)?);
-        pos += shown.len();
-    }
-    if pos != rendered.len() {
-        return Err(None);
-    }
-    Ok(out)
 }
 
 async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut rec: Record, counting: bool) -> Response<Body> {
@@ -602,7 +524,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         }
         (a, b) => a.or(b),
     };
-    let preset = match state.policy.preset(preset_name) {
+    let preset = match state.rt.policy.preset(preset_name) {
         Ok(p) => p.cloned(),
         Err(e) => {
             let mut err = ApiError::new(404, clip(&e.to_string(), 2 * MAX_ECHO).into_owned());
@@ -622,7 +544,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     let mut creq = creq;
     if preset.as_ref().is_some_and(|p| p.redact_input) {
         for m in &mut creq.messages {
-            m.content = state.policy.redact_input(preset.as_ref(), &m.content);
+            m.content = state.rt.policy.redact_input(preset.as_ref(), &m.content);
         }
     }
     let creq = Arc::new(creq);
@@ -736,31 +658,14 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
             compiled
         }
     };
-    let vocab = state.model_cfg.vocab_size;
-    let mut cons = state.policy.constraints(preset.as_ref(), adhoc, vocab);
-    cons.set_budget(max_tokens as usize);
-    let constraints = if cons.is_active() { Some(cons) } else { None };
-    let pipeline = preset.as_ref().map(|p| state.policy.pipeline(Some(p)));
-    let extra_output_tokens = preset
-        .as_ref()
-        .map(|p| {
-            let (a, b) = (&p.mandatory.prefix, &p.mandatory.suffix);
-            [a, b].iter().filter(|t| !t.is_empty()).map(|t| state.tokenizer.encode(t, false).map(|v| v.len()).unwrap_or(0)).sum()
-        })
-        .unwrap_or(0);
+    let spec = state.rt.spec(preset.as_ref(), adhoc, params, max_tokens, creq.stop.clone());
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let gr = GenRequest {
-        prompt: tokens,
-        params,
-        max_tokens,
-        stop: creq.stop.clone(),
-        decoder: state.tokenizer.stream_decoder(),
+        gen: state.rt.generation(tokens, spec, max_ctx),
         events: tx,
         admitted: Instant::now(),
-        constraints,
-        pipeline,
-        extra_output_tokens,
-        steering: preset.as_ref().and_then(|p| state.policy.steering(p)),
+        extra_output_tokens: state.rt.mandatory_tokens(preset.as_ref()),
+        steering: preset.as_ref().and_then(|p| state.rt.policy.steering(p)),
     };
     match state.sched.submit(gr) {
         Ok(()) => rec.overhead += cpu_since(cpu0),

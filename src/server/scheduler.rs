@@ -8,14 +8,13 @@
 //! 2. build ONE batch: the pending decode token of every decoding sequence, plus up to
 //!    `prefill_chunk` prompt tokens of the sequences still prefilling (oldest first), so a long
 //!    prompt never stalls running streams for more than one chunk;
-//! 3. one [`Engine::forward`]; sample for every sequence whose input ended at a generated position;
-//!    detokenize incrementally ([`StreamDecoder`], never broken UTF-8), hold back text that may be
-//!    the start of a stop sequence, and stream the rest to the request's channel.
+//! 3. one [`Engine::forward`]; for every sequence whose input ended at a generated position, one
+//!    [`SeqGen::step`] (the runtime's generation step: constraints, sampling, detokenizing, stop
+//!    sequences, the text pipeline) and its text streamed to the request's channel.
 //!
 //! A sequence finishes on an end-of-generation id (`end_turn`), a stop sequence (`stop_sequence`,
 //! whose text is never sent), `max_tokens`, or a full context (reported as `max_tokens`).
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
@@ -26,18 +25,8 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
 use crate::engine::{same_steering, Engine, Logits, SeqId};
-use crate::sampling::{Sampler, SamplingParams};
-use crate::tokenizer::StreamDecoder;
-
-/// Why generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopReason {
-    EndTurn,
-    MaxTokens,
-    StopSequence,
-    /// The bundle's policy (safety mask ∩ schema) left no token to emit.
-    Policy,
-}
+pub use crate::runtime::StopReason;
+use crate::runtime::{End, SeqGen};
 
 /// The end of a successful generation.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,18 +59,10 @@ pub enum Event {
 
 /// One generation request, typed and checked by the HTTP layer.
 pub struct GenRequest {
-    pub prompt: Vec<u32>,
-    pub params: SamplingParams,
-    pub max_tokens: usize,
-    /// Non-empty stop strings.
-    pub stop: Vec<String>,
-    pub decoder: StreamDecoder,
+    /// The prompt and everything the answer is held to ([`crate::runtime::LoadedBundle::generation`]).
+    pub gen: SeqGen,
     pub events: UnboundedSender<Event>,
     pub admitted: Instant,
-    /// Per-request token constraints (safety mask, schema); `None` = unconstrained.
-    pub constraints: Option<crate::policy::runtime::Constraints>,
-    /// Output redaction and mandatory prefix/suffix.
-    pub pipeline: Option<crate::policy::runtime::TextPipeline>,
     /// Tokens of mandatory text, counted in usage as output.
     pub extra_output_tokens: usize,
     /// The preset's control vectors, added to this sequence's residual stream.
@@ -225,12 +206,7 @@ enum Phase {
 struct Seq {
     id: SeqId,
     req: GenRequest,
-    sampler: Sampler,
     phase: Phase,
-    /// Prompt then generated tokens (for penalties).
-    history: Vec<u32>,
-    generated: usize,
-    stops: StopMatcher,
     last_token_at: Option<Instant>,
     ttft: Option<Duration>,
     /// Prompt tokens copied from the prefix cache.
@@ -243,7 +219,6 @@ struct Loop {
     metrics: Arc<Metrics>,
     cancel_all: Arc<AtomicBool>,
     rx: Receiver<GenRequest>,
-    eog: HashSet<u32>,
     max_context: usize,
     active: Vec<Seq>,
     /// The step's logits, one buffer reused by every step.
@@ -258,12 +233,9 @@ struct Loop {
 
 impl Loop {
     fn new(engine: Engine, opts: SchedulerOptions, metrics: Arc<Metrics>, cancel_all: Arc<AtomicBool>, rx: Receiver<GenRequest>) -> Loop {
-        let cfg = engine.config();
-        let mut eog: HashSet<u32> = cfg.eog_token_ids.iter().copied().collect();
-        eog.insert(cfg.eos_token_id);
         let max_context = engine.max_context();
         let prefix_on = opts.prefix_cache_tokens >= MIN_PREFIX;
-        Loop { engine, opts, metrics, cancel_all, rx, eog, max_context, active: Vec::new(), reported_active: 0, logits: Logits::default(), prefix: None, prefix_on }
+        Loop { engine, opts, metrics, cancel_all, rx, max_context, active: Vec::new(), reported_active: 0, logits: Logits::default(), prefix: None, prefix_on }
     }
 
     fn run(&mut self, beat: &Scheduler) {
@@ -326,10 +298,10 @@ impl Loop {
             if r.events.is_closed() {
                 continue;
             }
-            if r.prompt.is_empty() || r.prompt.len() + 1 > self.max_context {
+            let n = r.gen.prompt().len();
+            if n == 0 || n + 1 > self.max_context {
                 let _ = r.events.send(Event::Error(GenError::Engine(format!(
-                    "prompt of {} tokens does not fit the context of {}",
-                    r.prompt.len(),
+                    "prompt of {n} tokens does not fit the context of {}",
                     self.max_context
                 ))));
                 continue;
@@ -344,16 +316,10 @@ impl Loop {
             match seq {
                 Ok(id) => {
                     let start = self.reuse_prefix(id, &r);
-                    let sampler = Sampler::new(r.params.clone());
-                    let stops = StopMatcher::new(r.stop.clone());
                     self.active.push(Seq {
                         id,
-                        history: r.prompt.clone(),
                         req: r,
-                        sampler,
                         phase: Phase::Prefill(start),
-                        generated: 0,
-                        stops,
                         last_token_at: None,
                         ttft: None,
                         cached: start,
@@ -373,7 +339,8 @@ impl Loop {
         // `copy_prefix` itself refuses (Ok(false)) a cache with other control vectors than `id`'s.
         let Some(p) = self.prefix.as_ref() else { return 0 };
         // At least two prompt tokens are left to compute (see `prompt_chunk`).
-        let n = common_prefix(&p.tokens, &r.prompt).min(r.prompt.len().saturating_sub(2));
+        let prompt = r.gen.prompt();
+        let n = common_prefix(&p.tokens, prompt).min(prompt.len().saturating_sub(2));
         if n < MIN_PREFIX {
             return 0;
         }
@@ -391,12 +358,13 @@ impl Loop {
     fn keep_prefix(&mut self, prompt_done: Option<usize>) {
         let Some(i) = prompt_done else { return };
         let s = &self.active[i];
-        let n = s.req.prompt.len().min(self.opts.prefix_cache_tokens);
+        let prompt = s.req.gen.prompt();
+        let n = prompt.len().min(self.opts.prefix_cache_tokens);
         if n < MIN_PREFIX {
             return;
         }
         if let Some(p) = &self.prefix {
-            if same_steering(&p.steering, &s.req.steering) && common_prefix(&p.tokens, &s.req.prompt[..n]) == n {
+            if same_steering(&p.steering, &s.req.steering) && common_prefix(&p.tokens, &prompt[..n]) == n {
                 return;
             }
         }
@@ -410,7 +378,7 @@ impl Loop {
         let s = &self.active[i];
         let ok = self.engine.set_steering(seq, s.req.steering.clone()).is_ok() && matches!(self.engine.copy_prefix(s.id, seq, n), Ok(true));
         if ok {
-            self.prefix = Some(Prefix { seq, tokens: s.req.prompt[..n].to_vec(), steering: s.req.steering.clone() });
+            self.prefix = Some(Prefix { seq, tokens: s.req.gen.prompt()[..n].to_vec(), steering: s.req.steering.clone() });
         } else {
             // No KV copy on this backend: stop trying.
             self.engine.free_seq(seq);
@@ -444,8 +412,9 @@ impl Loop {
                 break;
             }
             if let Phase::Prefill(pos) = s.phase {
-                let n = prompt_chunk(budget, s.req.prompt.len() - pos);
-                plan.push((i, s.req.prompt[pos..pos + n].to_vec(), pos + n == s.req.prompt.len()));
+                let prompt = s.req.gen.prompt();
+                let n = prompt_chunk(budget, prompt.len() - pos);
+                plan.push((i, prompt[pos..pos + n].to_vec(), pos + n == prompt.len()));
                 budget = budget.saturating_sub(n);
             }
         }
@@ -474,7 +443,7 @@ impl Loop {
             .zip(self.logits.rows_mut())
             .filter_map(|((i, toks, sample), lg)| Some((*i, slots[*i].take()?, toks.len(), *sample, lg)))
             .collect();
-        let ctx = After { eog: &self.eog, metrics: &self.metrics, max_context: self.max_context };
+        let ctx = After { metrics: &self.metrics };
         let mut finished: Vec<usize> = self.engine.install(|| {
             work.into_par_iter().filter_map(|(i, s, n, sample, lg)| ctx.seq(s, n, sample, lg).then_some(i)).collect()
         });
@@ -489,9 +458,7 @@ impl Loop {
 
 /// What the per-sequence work after a step reads (shared by the pool's threads).
 struct After<'a> {
-    eog: &'a HashSet<u32>,
     metrics: &'a Metrics,
-    max_context: usize,
 }
 
 impl After<'_> {
@@ -505,162 +472,45 @@ impl After<'_> {
             }
         }
         let now = Instant::now();
-        if let Some(c) = s.req.constraints.as_mut() {
-            if c.apply(lg).is_err() {
-                finish(s, StopReason::Policy, None, self.metrics);
-                return true;
+        let step = s.req.gen.step(lg);
+        if step.sampled.is_some() {
+            match s.last_token_at {
+                None => {
+                    let t = now.duration_since(s.req.admitted);
+                    s.ttft = Some(t);
+                    self.metrics.ttft(t.as_secs_f64());
+                }
+                Some(prev) => self.metrics.inter_token(now.duration_since(prev).as_secs_f64()),
             }
+            s.last_token_at = Some(now);
         }
-        let Some(tok) = s.sampler.sample(lg, &s.history, None) else {
-            finish(s, StopReason::EndTurn, None, self.metrics);
-            return true;
-        };
-        match s.last_token_at {
-            None => {
-                let t = now.duration_since(s.req.admitted);
-                s.ttft = Some(t);
-                self.metrics.ttft(t.as_secs_f64());
-            }
-            Some(prev) => self.metrics.inter_token(now.duration_since(prev).as_secs_f64()),
-        }
-        s.last_token_at = Some(now);
-        if self.eog.contains(&tok) {
-            finish(s, StopReason::EndTurn, None, self.metrics);
-            return true;
-        }
-        if let Some(c) = s.req.constraints.as_mut() {
-            if !c.advance(tok) {
-                finish(s, StopReason::Policy, None, self.metrics);
-                return true;
-            }
-        }
-        s.generated += 1;
-        s.history.push(tok);
-        let piece = s.req.decoder.push(tok);
-        let (text, hit) = s.stops.push(&piece);
-        if !send_text(s, text) {
+        if !step.text.is_empty() && s.req.events.send(Event::Text(step.text)).is_err() {
             return true; // client gone: free at once
         }
-        if let Some(stop) = hit {
-            finish(s, StopReason::StopSequence, Some(stop), self.metrics);
-            true
-        } else if s.generated >= s.req.max_tokens || s.history.len() >= self.max_context {
-            finish(s, StopReason::MaxTokens, None, self.metrics);
-            true
-        } else {
-            s.phase = Phase::Decode(tok);
-            false
-        }
-    }
-}
-
-fn finish(s: &mut Seq, reason: StopReason, stop: Option<String>, metrics: &Metrics) {
-    if reason != StopReason::StopSequence {
-        // Flush held-back text: first any incomplete character, then text held for a stop prefix.
-        let tail = s.req.decoder.finish();
-        let (mut text, hit) = s.stops.push(&tail);
-        if let Some(stop) = hit {
-            send_text(s, text);
-            return finish_sent(s, StopReason::StopSequence, Some(stop), metrics);
-        }
-        text.push_str(&s.stops.flush());
-        send_text(s, text);
-    }
-    finish_sent(s, reason, stop, metrics)
-}
-
-/// Send model text through the request's pipeline (redaction, mandatory prefix). `false` when
-/// the client is gone.
-fn send_text(s: &mut Seq, text: String) -> bool {
-    let out = match s.req.pipeline.as_mut() {
-        Some(p) => p.push(&text),
-        None => text,
-    };
-    out.is_empty() || s.req.events.send(Event::Text(out)).is_ok()
-}
-
-fn finish_sent(s: &mut Seq, reason: StopReason, stop: Option<String>, metrics: &Metrics) {
-    if let Some(p) = s.req.pipeline.as_mut() {
-        let tail = p.finish();
-        if !tail.is_empty() {
-            let _ = s.req.events.send(Event::Text(tail));
-        }
-    }
-    let out = s.generated + s.req.extra_output_tokens;
-    metrics.tokens(s.req.prompt.len() as u64, out as u64);
-    let _ = s.req.events.send(Event::Done(Finish { reason, stop_sequence: stop, output_tokens: out, cached_tokens: s.cached, ttft: s.ttft }));
-}
-
-/// Finds stop sequences in streamed text, holding back any tail that may be the start of one.
-#[derive(Debug, Clone)]
-pub struct StopMatcher {
-    stops: Vec<String>,
-    buf: String,
-}
-
-impl StopMatcher {
-    pub fn new(stops: Vec<String>) -> Self {
-        StopMatcher { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), buf: String::new() }
-    }
-
-    /// Add text; returns the text safe to emit and the stop sequence that matched, if any (text
-    /// from the match on is dropped).
-    pub fn push(&mut self, text: &str) -> (String, Option<String>) {
-        if self.stops.is_empty() {
-            return (text.to_string(), None);
-        }
-        self.buf.push_str(text);
-        let mut best: Option<(usize, usize)> = None;
-        for (i, s) in self.stops.iter().enumerate() {
-            if let Some(p) = self.buf.find(s.as_str()) {
-                if best.map_or(true, |(bp, _)| p < bp) {
-                    best = Some((p, i));
-                }
+        match (step.end, step.sampled) {
+            (None, Some(tok)) => {
+                s.phase = Phase::Decode(tok);
+                false
+            }
+            (end, _) => {
+                let end = end.unwrap_or(End { reason: StopReason::EndTurn, stop_sequence: None });
+                finish(s, end, self.metrics);
+                true
             }
         }
-        if let Some((p, i)) = best {
-            let out = self.buf[..p].to_string();
-            self.buf.clear();
-            return (out, Some(self.stops[i].clone()));
-        }
-        let mut hold = 0;
-        for s in &self.stops {
-            for (k, _) in s.char_indices().skip(1).collect::<Vec<_>>().into_iter().rev() {
-                if k > hold && self.buf.ends_with(&s[..k]) {
-                    hold = k;
-                    break;
-                }
-            }
-        }
-        let cut = self.buf.len() - hold;
-        let out = self.buf[..cut].to_string();
-        self.buf.drain(..cut);
-        (out, None)
     }
+}
 
-    /// Everything held back.
-    pub fn flush(&mut self) -> String {
-        std::mem::take(&mut self.buf)
-    }
+/// Report a finished sequence: usage counts and the final event.
+fn finish(s: &mut Seq, end: End, metrics: &Metrics) {
+    let out = s.req.gen.generated().len() + s.req.extra_output_tokens;
+    metrics.tokens(s.req.gen.prompt().len() as u64, out as u64);
+    let _ = s.req.events.send(Event::Done(Finish { reason: end.reason, stop_sequence: end.stop_sequence, output_tokens: out, cached_tokens: s.cached, ttft: s.ttft }));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn run(stops: &[&str], pieces: &[&str]) -> (String, Option<String>) {
-        let mut m = StopMatcher::new(stops.iter().map(|s| s.to_string()).collect());
-        let mut out = String::new();
-        for p in pieces {
-            let (t, hit) = m.push(p);
-            out.push_str(&t);
-            if hit.is_some() {
-                return (out, hit);
-            }
-        }
-        out.push_str(&m.flush());
-        (out, None)
-    }
 
     #[test]
     fn prompt_chunks_never_split_off_one_token() {
@@ -676,18 +526,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn stop_sequences_never_leak() {
-        assert_eq!(run(&["END"], &["hello E", "N", "D more"]), ("hello ".into(), Some("END".into())));
-        assert_eq!(run(&["END"], &["hello E", "N", "x"]), ("hello ENx".into(), None));
-        assert_eq!(run(&[], &["a", "b"]), ("ab".into(), None));
-        assert_eq!(run(&["\n\n", "ab"], &["xa", "\n", "\nq"]), ("xa".into(), Some("\n\n".into())));
-        assert_eq!(run(&["é!"], &["caf", "é", "!"]), ("caf".into(), Some("é!".into())));
-        // Held text is released once it can no longer start a stop.
-        let mut m = StopMatcher::new(vec!["abc".into()]);
-        assert_eq!(m.push("xab"), ("x".into(), None));
-        assert_eq!(m.push("d"), ("abd".into(), None));
     }
 }

@@ -18,6 +18,7 @@
 
 mod fast;
 pub mod template;
+pub mod prompt;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -25,6 +26,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value as Json};
 
+pub use prompt::{Prompt, PromptBuilder, PromptError};
 pub use template::{ChatMessage, ChatTemplate};
 
 #[derive(Debug, thiserror::Error)]
@@ -490,10 +492,10 @@ impl StreamDecoder {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn tiny() -> Tokenizer {
+    pub(crate) fn tiny() -> Tokenizer {
         let b2c = byte_to_char_table();
         let mut tokens: Vec<String> = vec!["<|im_start|>".into(), "<|im_end|>".into()];
         tokens.extend((0..256).map(|b| b2c[b].to_string()));
