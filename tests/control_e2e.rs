@@ -10,7 +10,7 @@
 //! Needs APPLIANCED_TEST_GGUF.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 
 use applianced::bundle::recipe::Recipe;
@@ -18,7 +18,8 @@ use applianced::import::gguf::{GgufWriter, Value};
 use applianced::model::TensorType;
 use applianced::policy::control::ControlVector;
 
-const BIN: &str = env!("CARGO_BIN_EXE_applianced");
+mod common;
+use common::{Server, BIN};
 
 struct Built {
     root: PathBuf,
@@ -158,48 +159,12 @@ fn serve_applies_the_presets_vector_like_run() {
         String::from_utf8_lossy(&o.stdout).trim_end_matches('\n').to_string()
     };
     let steered_run = run("concise");
-    let sock = b.root.join("s.sock");
     // Peer → preset mapping: this uid may use concise and balanced, nobody else anything.
     let uid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap_or(0);
-    let cfg = b.root.join("serve.toml");
-    std::fs::write(&cfg, format!("[access.presets]\nrules = [{{ uid = {uid}, presets = [\"concise\", \"balanced\"] }}, {{ uid = {}, presets = [\"*\"] }}]\ndefault_presets = []\n", uid + 1)).unwrap();
-    let mut child = Command::new(BIN)
-        .arg("serve")
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--bundle")
-        .arg(&b.bundle)
-        .arg("--trust")
-        .arg(&b.pubkey)
-        .arg("--store")
-        .arg(b.root.join("store"))
-        .arg("--socket")
-        .arg(&sock)
-        .arg("--audit-log")
-        .arg(b.root.join("audit.jsonl"))
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let curl = |path: &str, body: &str| -> String {
-        let o = Command::new("curl")
-            .args(["-sS", "--max-time", "120", "--unix-socket"])
-            .arg(&sock)
-            .arg(format!("http://localhost{path}"))
-            .args(["-H", "content-type: application/json", "-d", body])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
-    let mut ready = false;
-    for _ in 0..300 {
-        let o = Command::new("curl").args(["-sf", "--unix-socket"]).arg(&sock).arg("http://localhost/readyz").output().unwrap();
-        if o.status.success() {
-            ready = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    assert!(ready, "server did not become ready");
+    let cfg = format!("threads = 2\n[access.presets]\nrules = [{{ uid = {uid}, presets = [\"concise\", \"balanced\"] }}, {{ uid = {}, presets = [\"*\"] }}]\ndefault_presets = []\n", uid + 1);
+    let args = ["--bundle".into(), b.bundle.display().to_string(), "--trust".into(), b.pubkey.display().to_string(), "--store".into(), b.root.join("store").display().to_string()];
+    let server = Server::start(&b.root, "serve", &args, &cfg);
+    let curl = |path: &str, body: &str| -> String { server.post(path, body).body };
     let ask = |model: &str| -> String {
         let body = serde_json::json!({"model": model, "seed": 7, "messages": [{"role": "user", "content": prompt}]}).to_string();
         let r = curl("/v1/chat/completions", &body);
@@ -228,10 +193,8 @@ fn serve_applies_the_presets_vector_like_run() {
     assert_eq!(v["error"]["type"], "permission_error", "{r}");
     let msg = v["error"]["message"].as_str().unwrap();
     assert!(msg.contains("`bank`") && msg.contains("balanced, concise"), "{msg}");
-    let o = Command::new("curl").args(["-sS", "--unix-socket"]).arg(&sock).arg("http://localhost/v1/models").output().unwrap();
-    let models = String::from_utf8_lossy(&o.stdout).into_owned();
-    let _ = Command::new("kill").arg(child.id().to_string()).status();
-    let _ = child.wait();
+    let models = server.request("GET", "/v1/models", None).body;
+    drop(server);
     println!("concise (run):   {steered_run}\nconcise (serve): {steered_serve}");
     println!("same sampling, no vector: {unsteered}");
     assert_eq!(steered_serve, steered_run, "serve and run disagree on the concise preset");

@@ -7,17 +7,15 @@
 use std::io::{Read as _, Write as _};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_applianced");
 const ASK: &str = r#"{"model":"default","max_tokens":8,"temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
 
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().unwrap()
-}
+mod common;
+use common::{cli as run, request, Server, BIN};
 
 /// A scratch box with a tiny signed bundle.
 struct Env {
@@ -57,123 +55,10 @@ fn root_join(r: &Path, x: &str) -> PathBuf {
     r.join(x)
 }
 
-struct Server {
-    child: Child,
-    sock: PathBuf,
-    audit: PathBuf,
-    log: PathBuf,
-}
-
-impl Server {
-    fn start(e: &Env, name: &str, config: &str) -> Server {
-        let sock = e.root.join(format!("{name}.sock"));
-        let audit = e.root.join(format!("{name}-audit.jsonl"));
-        let log = e.root.join(format!("{name}.log"));
-        let cfg = e.root.join(format!("{name}.toml"));
-        let audit_cfg = if config.contains("[audit]") { String::new() } else { format!("[audit]\npath = {:?}\n", audit.display().to_string()) };
-        std::fs::write(&cfg, format!("threads = 1\n{config}\n{audit_cfg}")).unwrap();
-        Self::spawn(e, sock, audit, log, cfg)
-    }
-
-    fn spawn(e: &Env, sock: PathBuf, audit: PathBuf, log: PathBuf, cfg: PathBuf) -> Server {
-        let child = Command::new(BIN)
-            .args(["serve", "--bundle", &e.p("tiny.zlb"), "--trust", &e.p("keys/dev.pub"), "--store", &e.p("store")])
-            .arg("--socket")
-            .arg(&sock)
-            .arg("--config")
-            .arg(&cfg)
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("LISTEN_PID")
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap()))
-            .spawn()
-            .unwrap();
-        let mut s = Server { child, sock, audit, log };
-        s.wait_ready(Duration::from_secs(60), true);
-        s
-    }
-
-    fn restart(mut self, e: &Env, name: &str) -> Server {
-        let _ = self.child.wait();
-        let cfg = e.root.join(format!("{name}.toml"));
-        let (sock, audit, log) = (self.sock.clone(), self.audit.clone(), self.log.clone());
-        std::mem::forget(self);
-        Self::spawn(e, sock, audit, log, cfg)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn alive(&mut self) {
-        if let Ok(Some(st)) = self.child.try_wait() {
-            panic!("server died ({st}); log:\n{}", self.log());
-        }
-    }
-
-    fn wait_ready(&mut self, limit: Duration, ready: bool) {
-        let until = Instant::now() + limit;
-        loop {
-            self.alive();
-            if let Ok((st, _)) = request(&self.sock, "GET", "/readyz", None) {
-                // 403: a test that refuses its own uid (it cannot see readiness).
-                if (ready && (st == 200 || st == 403)) || (!ready && st == 503) {
-                    return;
-                }
-            }
-            assert!(Instant::now() < until, "readyz never became {}: {}", if ready { 200 } else { 503 }, self.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn metric(&self, name: &str) -> f64 {
-        let (_, body) = request(&self.sock, "GET", "/metrics", None).unwrap();
-        body.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.trim().parse().ok())).unwrap_or(f64::NAN)
-    }
-
-    fn records(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.audit).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
-    }
-
-    fn term(&mut self) {
-        // SAFETY-free: kill(1) is enough here.
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        let until = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < until {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("server did not stop on SIGTERM: {}", self.log());
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// One HTTP/1.1 request with `Connection: close`; (status, body).
-fn request(sock: &Path, method: &str, path: &str, body: Option<&str>) -> std::io::Result<(u16, String)> {
-    let mut s = UnixStream::connect(sock)?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    let b = body.unwrap_or("");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
-    if body.is_some() {
-        req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()));
-    }
-    req.push_str("\r\n");
-    req.push_str(b);
-    s.write_all(req.as_bytes())?;
-    let mut out = Vec::new();
-    s.read_to_end(&mut out)?;
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text.get(9..12).and_then(|x| x.parse().ok()).ok_or_else(|| std::io::Error::other(format!("no status line: {text:?}")))?;
-    let body = text.split_once("\r\n\r\n").map(|x| x.1.to_string()).unwrap_or_default();
-    Ok((status, body))
+/// `applianced serve` on the scratch box's tiny bundle (see `common::Server::start`).
+fn start(e: &Env, name: &str, config: &str) -> Server {
+    let args = ["--bundle", &e.p("tiny.zlb"), "--trust", &e.p("keys/dev.pub"), "--store", &e.p("store")].map(String::from);
+    Server::start(&e.root, name, &args, config)
 }
 
 fn audit_verify(path: &Path) -> (i32, String) {
@@ -186,7 +71,7 @@ fn audit_verify(path: &Path) -> (i32, String) {
 #[test]
 fn clients_that_disconnect_at_any_point_do_not_stop_the_server() {
     let e = Env::new();
-    let mut s = Server::start(&e, "dc", "");
+    let mut s = start(&e, "dc", "");
     let body = ASK;
     let stream_body = ASK.replacen("\"max_tokens\":8", "\"max_tokens\":64,\"stream\":true", 1);
     let full = |b: &str| format!("POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len());
@@ -237,7 +122,7 @@ fn clients_that_disconnect_at_any_point_do_not_stop_the_server() {
 fn refused_peer_flood_costs_one_record_and_a_summary() {
     let e = Env::new();
     // Allow only a uid that is not ours (nor root).
-    let mut s = Server::start(&e, "refused", "[access]\nallow_uids = [4242424]\n");
+    let mut s = start(&e, "refused", "[access]\nallow_uids = [4242424]\n");
     for i in 0..300 {
         let mut c = UnixStream::connect(&s.sock).unwrap();
         let _ = c.write_all(format!("POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{ASK}", ASK.len()).as_bytes());
@@ -267,7 +152,7 @@ fn refused_peer_flood_costs_one_record_and_a_summary() {
 #[test]
 fn client_strings_are_capped_in_records_and_errors() {
     let e = Env::new();
-    let mut s = Server::start(&e, "caps", "");
+    let mut s = start(&e, "caps", "");
     let big = "m".repeat(1_000_000);
     let body = ASK.replacen("\"default\"", &format!("\"{big}\""), 1);
     let (st, resp) = request(&s.sock, "POST", "/v1/messages", Some(&body)).unwrap();
@@ -295,7 +180,7 @@ fn set_file_size_limit(pid: u32, soft: u64) {
 #[test]
 fn full_disk_rolls_back_then_recovers_without_a_restart() {
     let e = Env::new();
-    let mut s = Server::start(&e, "full", "");
+    let mut s = start(&e, "full", "");
     assert_eq!(request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
     let size = std::fs::metadata(&s.audit).unwrap().len();
     // Room for part of one more record only.
@@ -334,7 +219,7 @@ fn chattr(flag: &str, path: &Path) -> bool {
 #[test]
 fn immutable_audit_log_fails_closed_then_recovers() {
     let e = Env::new();
-    let mut s = Server::start(&e, "immutable", "");
+    let mut s = start(&e, "immutable", "");
     assert_eq!(request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
     let size = std::fs::metadata(&s.audit).unwrap().len();
     if !chattr("+i", &s.audit) {
@@ -361,7 +246,7 @@ fn immutable_audit_log_fails_closed_then_recovers() {
 #[test]
 fn torn_audit_tail_is_reported_and_repaired_at_start() {
     let e = Env::new();
-    let mut s = Server::start(&e, "torn", "");
+    let mut s = start(&e, "torn", "");
     assert_eq!(request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
     s.term();
     let mut f = std::fs::OpenOptions::new().append(true).open(&s.audit).unwrap();
@@ -370,7 +255,7 @@ fn torn_audit_tail_is_reported_and_repaired_at_start() {
     let (code, out) = audit_verify(&s.audit);
     assert_eq!(code, 17, "{out}");
     assert!(out.contains("torn tail"), "{out}");
-    let mut s = s.restart(&e, "torn");
+    let mut s = s.restart();
     assert!(s.log().contains("truncated a torn tail"), "{}", s.log());
     assert_eq!(request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
     s.term();
@@ -397,7 +282,7 @@ fn device_as_audit_log_is_refused() {
 #[test]
 fn sigkill_under_streaming_load_then_restart() {
     let e = Env::new();
-    let mut s = Server::start(&e, "kill", "");
+    let mut s = start(&e, "kill", "");
     let stream = ASK.replacen("\"max_tokens\":8", "\"max_tokens\":200,\"stream\":true", 1);
     let sock = s.sock.clone();
     let clients: Vec<_> = (0..6)
@@ -418,7 +303,7 @@ fn sigkill_under_streaming_load_then_restart() {
     }
     let (code, out) = audit_verify(&s.audit);
     assert!(code == 0 || code == 17, "{out}");
-    let mut s = s.restart(&e, "kill");
+    let mut s = s.restart();
     assert_eq!(request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
     s.term();
     assert_eq!(audit_verify(&s.audit).0, 0);
@@ -429,7 +314,7 @@ fn sigkill_under_streaming_load_then_restart() {
 #[test]
 fn ref_chain_is_refused_and_does_not_hold_other_schemas() {
     let e = Env::new();
-    let mut s = Server::start(&e, "chain", "[limits]\nschema_compile_timeout_secs = 5\n");
+    let mut s = start(&e, "chain", "[limits]\nschema_compile_timeout_secs = 5\n");
     let mut defs = serde_json::Map::new();
     let n = 30_000;
     for i in 0..n {
@@ -470,7 +355,7 @@ fn ref_chain_is_refused_and_does_not_hold_other_schemas() {
 #[test]
 fn concurrent_disconnect_storm() {
     let e = Env::new();
-    let mut s = Server::start(&e, "storm", "");
+    let mut s = start(&e, "storm", "");
     let stream_body = ASK.replacen("\"max_tokens\":8", "\"max_tokens\":48,\"stream\":true", 1);
     let req = |b: &str| format!("POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len()).into_bytes();
     let shapes = std::sync::Arc::new(vec![req(ASK), req(&stream_body), b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()]);
@@ -534,7 +419,7 @@ fn a_thousand_idle_connections_do_not_lock_clients_out() {
     let limit = raise_nofile();
     assert!(limit >= n as u64 + 200, "open-file limit {limit} too low for {n} client sockets (raise the hard limit)");
     let e = Env::new();
-    let mut s = Server::start(&e, "idle", "");
+    let mut s = start(&e, "idle", "");
     // A busy connection: head and half the body sent, the rest comes after the flood.
     let mut busy = UnixStream::connect(&s.sock).unwrap();
     let head = format!("POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", ASK.len());
@@ -602,7 +487,7 @@ schema = "ok"
 prefix = "x"
 "#;
     let e = Env::with_recipe(extra, &[("ok.json", r#"{"const": "ok"}"#)]);
-    let s = Server::start(&e, "prefix", "");
+    let s = start(&e, "prefix", "");
     for (path, body) in [
         ("/v1/messages", r#"{"model":"default","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#),
         ("/v1/chat/completions", r#"{"model":"default","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#),

@@ -6,27 +6,14 @@
 //!
 //! Tiny generated models keep everything but the load test fast.
 
-use std::io::{Read as _, Write as _};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_applianced");
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("spawn applianced")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+mod common;
+use common::{cli as run, request, stderr, stdout, Server, BIN};
 
 /// Exit code and exactly one `error:` line containing `needle`.
 fn expect_fail(o: &Output, code: i32, needle: &str) {
@@ -223,115 +210,11 @@ fn install_activate_list_rollback_gc() {
     assert_eq!(e.list().len(), 2);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Server helpers (patterns from tests/server_e2e.rs).
-
-struct Server {
-    child: Child,
-    sock: PathBuf,
-    log: PathBuf,
-}
-
-impl Server {
-    /// `applianced serve` with extra args and config text; waits for /readyz 200.
-    fn start(dir: &Path, name: &str, args: &[String], config: &str) -> Server {
-        let sock = dir.join(format!("{name}.sock"));
-        let log = dir.join(format!("{name}.log"));
-        let cfg = dir.join(format!("{name}.toml"));
-        std::fs::write(&cfg, format!("threads = 1\n{config}\n")).unwrap();
-        let child = Command::new(BIN)
-            .arg("serve")
-            .args(args)
-            .arg("--socket")
-            .arg(&sock)
-            .arg("--config")
-            .arg(&cfg)
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("LISTEN_PID")
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
-            .spawn()
-            .unwrap();
-        let mut s = Server { child, sock, log };
-        let until = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Ok(Some(st)) = s.child.try_wait() {
-                panic!("server exited early ({st}): {}", s.log());
-            }
-            if s.sock.exists() && s.request("GET", "/readyz", None).is_ok_and(|r| r.0 == 200) {
-                return s;
-            }
-            assert!(Instant::now() < until, "server not ready: {}", s.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// (status, body) of one request on a fresh connection.
-    fn request(&self, method: &str, path: &str, body: Option<&str>) -> std::io::Result<(u16, String)> {
-        let mut c = UnixStream::connect(&self.sock)?;
-        c.set_read_timeout(Some(Duration::from_secs(120)))?;
-        let mut r = format!("{method} {path} HTTP/1.1\r\nHost: applianced\r\nConnection: close\r\n");
-        match body {
-            Some(b) => r.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len())),
-            None => r.push_str("\r\n"),
-        }
-        c.write_all(r.as_bytes())?;
-        let mut buf = Vec::new();
-        c.read_to_end(&mut buf)?;
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(rest) } else { rest.to_string() };
-        Ok((status, body))
-    }
-
-    fn version(&self) -> u64 {
-        let (st, b) = self.request("GET", "/v1/models", None).unwrap();
-        assert_eq!(st, 200, "{b}");
-        serde_json::from_str::<Value>(&b).unwrap()["data"][0]["version"].as_u64().unwrap()
-    }
-
-    fn metric(&self, name: &str) -> f64 {
-        let (_, m) = self.request("GET", "/metrics", None).unwrap();
-        m.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' ')).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(-1.0)
-    }
-
-    fn hup(&self) {
-        Command::new("kill").arg("-HUP").arg(self.child.id().to_string()).status().unwrap();
-    }
-
-    /// Wait until the log has `n` lines containing `needle`.
-    fn wait_log(&self, needle: &str, n: usize, limit: Duration) {
-        let until = Instant::now() + limit;
-        while self.log().matches(needle).count() < n {
-            assert!(Instant::now() < until, "no {needle:?} in log: {}", self.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((len, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
-    }
-    out
+/// The serving bundle's version, from /v1/models.
+fn version(s: &Server) -> u64 {
+    let r = s.request("GET", "/v1/models", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()["data"][0]["version"].as_u64().unwrap()
 }
 
 const ASK: &str = r#"{"model":"default","max_tokens":8,"temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
@@ -347,20 +230,20 @@ fn reload_switches_and_refuses_tampered_or_rolled_back_bundles() {
     let args: Vec<String> = ["--trust", &e.p("keys/dev.pub"), "--store", &e.p("store"), "--state", &e.p("state")].iter().map(|s| s.to_string()).collect();
     let audit_cfg = format!("[audit]\npath = {:?}\n", e.p("audit.jsonl"));
     let s = Server::start(&e.root, "srv", &args, &audit_cfg);
-    assert_eq!(s.version(), 1);
-    assert_eq!(s.request("POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
+    assert_eq!(version(&s), 1);
+    assert_eq!(request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
 
     // SIGHUP with nothing new: unchanged.
-    s.hup();
+    s.signal("HUP");
     s.wait_log("is already serving; nothing to change", 1, Duration::from_secs(30));
     assert_eq!(s.metric("applianced_reloads_total{result=\"unchanged\"}"), 1.0);
 
     // Activate v2 + SIGHUP: new requests go to v2; the old engine is released.
     expect_ok(&e.bundle(&["activate", "tiny@2"]));
-    s.hup();
+    s.signal("HUP");
     s.wait_log("reload: switched from tiny@1", 1, Duration::from_secs(60));
-    assert_eq!(s.version(), 2);
-    assert_eq!(s.request("POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
+    assert_eq!(version(&s), 2);
+    assert_eq!(request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
     s.wait_log("reload: old bundle tiny@1", 1, Duration::from_secs(30));
     assert_eq!(s.metric("applianced_reloads_total{result=\"ok\"}"), 1.0);
     assert!(s.metric("applianced_last_reload_seconds") > 0.0);
@@ -369,11 +252,11 @@ fn reload_switches_and_refuses_tampered_or_rolled_back_bundles() {
     // Tampered on disk after activation: the reload is refused, v2 keeps serving.
     expect_ok(&e.bundle(&["activate", "tiny@3"]));
     corrupt_weights(&e.entry_dir(3));
-    s.hup();
+    s.signal("HUP");
     s.wait_log("reload failed (verify)", 1, Duration::from_secs(60));
     assert!(s.log().contains("digest mismatch"), "{}", s.log());
-    assert_eq!(s.version(), 2);
-    assert_eq!(s.request("POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
+    assert_eq!(version(&s), 2);
+    assert_eq!(request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
 
     // A rolled-back version (active.json pointed at v1 by hand, no override; v3 was accepted):
     // refused, v2 keeps serving.
@@ -381,11 +264,11 @@ fn reload_switches_and_refuses_tampered_or_rolled_back_bundles() {
     let v1 = e.list().into_iter().find(|x| x["version"] == 1).unwrap();
     let forged = serde_json::json!({"active": {"identity": v1["identity"], "name": "tiny", "version": 1}, "previous": st["active"], "downgrade_override": null, "changed": null});
     std::fs::write(e.p("store/active.json"), forged.to_string()).unwrap();
-    s.hup();
+    s.signal("HUP");
     s.wait_log("reload failed (verify)", 2, Duration::from_secs(60));
     assert!(s.log().contains("rollback refused: bundle tiny version 1 is older than accepted version 3"), "{}", s.log());
-    assert_eq!(s.version(), 2);
-    assert_eq!(s.request("POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
+    assert_eq!(version(&s), 2);
+    assert_eq!(request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
     assert_eq!(s.metric("applianced_reloads_total{result=\"failed\"}"), 2.0);
     assert_eq!(s.metric("applianced_ready"), 1.0);
 
@@ -418,7 +301,7 @@ fn gc_keeps_an_entry_a_server_has_loaded() {
     let j: Value = serde_json::from_str(&expect_ok(&o)).unwrap();
     assert_eq!(j["removed"].as_array().unwrap().len(), 0, "{j}");
     assert_eq!(j["in_use"][0]["version"], 1, "{j}");
-    assert_eq!(s.request("POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
+    assert_eq!(request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
     let _ = s.child.kill();
     let _ = s.child.wait();
     let j: Value = serde_json::from_str(&expect_ok(&e.bundle(&["gc", "--keep", "0", "--json"]))).unwrap();
@@ -448,24 +331,24 @@ fn expiry_while_serving_warns_then_refuses_by_default() {
         assert_eq!(s.metric("applianced_bundle_expiring"), 1.0);
         assert_eq!(s.metric("applianced_bundle_expired"), 0.0);
         assert_eq!(s.metric("applianced_bundle_expiry_timestamp_seconds"), expires as f64);
-        assert_eq!(s.request("POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
+        assert_eq!(request(&s.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
     }
     let wait = (expires - time::OffsetDateTime::now_utc().unix_timestamp() + 1).max(0) as u64;
     std::thread::sleep(Duration::from_secs(wait));
     // After expiry: fail closed by default, with a clear body on both APIs, /readyz 503.
-    let (st, body) = refuse.request("POST", "/v1/messages", Some(ASK)).unwrap();
+    let (st, body) = request(&refuse.sock, "POST", "/v1/messages", Some(ASK)).unwrap();
     assert_eq!(st, 503, "{body}");
     let j: Value = serde_json::from_str(&body).unwrap();
     let msg = j["error"]["message"].as_str().unwrap();
     assert!(msg.contains("bundle tiny@1 expired at") && msg.contains("installs and activates a newer bundle"), "{msg}");
-    let (st, body) = refuse.request("POST", "/v1/chat/completions", Some(ASK)).unwrap();
+    let (st, body) = request(&refuse.sock, "POST", "/v1/chat/completions", Some(ASK)).unwrap();
     assert_eq!(st, 503, "{body}");
-    assert_eq!(refuse.request("GET", "/readyz", None).unwrap().0, 503);
+    assert_eq!(request(&refuse.sock, "GET", "/readyz", None).unwrap().0, 503);
     assert_eq!(refuse.metric("applianced_bundle_expired"), 1.0);
     assert_eq!(refuse.metric("applianced_ready"), 0.0);
     refuse.wait_log("refusing new requests (on_expiry = \"refuse\")", 1, Duration::from_secs(10));
     // on_expiry = "warn": still serving, logged.
-    assert_eq!(warn.request("POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
+    assert_eq!(request(&warn.sock, "POST", "/v1/messages", Some(ASK)).unwrap().0, 200);
     warn.wait_log("still serving (on_expiry = \"warn\")", 1, Duration::from_secs(10));
     let rec: Vec<Value> = std::fs::read_to_string(e.p("audit-refuse.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert!(rec.iter().any(|r| r["event"] == "bundle_expired"), "{rec:?}");
@@ -548,7 +431,7 @@ fn reload_under_load_fails_no_request() {
                         ("/v1/chat/completions", format!(r#"{{"max_tokens":24,"temperature":0,"stream":{stream},"messages":[{{"role":"user","content":"Name a color, number {n}."}}]}}"#))
                     };
                     let t0 = Instant::now();
-                    let r = s.request("POST", path, Some(&body));
+                    let r = request(&s.sock, "POST", path, Some(&body));
                     let ok = match &r {
                         Ok((200, b)) => !stream || (b.contains("message_stop") || b.contains("[DONE]")) && !b.contains("\"error\""),
                         _ => false,
@@ -566,11 +449,11 @@ fn reload_under_load_fails_no_request() {
     for v in 2..=n_reloads + 1 {
         cli(&["activate", &format!("smollm2-135m-instruct@{v}")]);
         let hup_at = Instant::now();
-        s.hup();
+        s.signal("HUP");
         s.wait_log("reload: switched from", (v - 1) as usize, Duration::from_secs(120));
         s.wait_log("reload: old bundle", (v - 1) as usize, Duration::from_secs(120));
         figures.push((hup_at, s.metric("applianced_last_reload_seconds"), s.metric("applianced_last_reload_switch_seconds")));
-        assert_eq!(s.version(), v);
+        assert_eq!(version(&s), v);
         std::thread::sleep(Duration::from_secs(3));
     }
     stop.store(true, std::sync::atomic::Ordering::SeqCst);

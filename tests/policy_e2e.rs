@@ -3,7 +3,6 @@
 //! disclaimer is in every answer on both APIs, streaming and not. Needs APPLIANCED_TEST_GGUF.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use applianced::bundle::recipe::Recipe;
 use applianced::backend::{BackendKind, BackendPref};
@@ -12,7 +11,8 @@ use applianced::engine::EngineOptions;
 use applianced::runtime::LoadedBundle;
 use applianced::sampling::SamplingParams;
 
-const BIN: &str = env!("CARGO_BIN_EXE_applianced");
+mod common;
+use common::Server;
 const DISCLAIMER: &str = "This analysis is for reference only and is not investment advice.";
 
 /// Build the default recipe's bundle and unpack it; returns (bundle, pubkey, store entry).
@@ -113,41 +113,9 @@ fn disclaimer_and_structured_output_on_both_apis() {
         return;
     };
     let dir = bundle.parent().unwrap();
-    let sock = dir.join("s.sock");
-    let mut child = Command::new(BIN)
-        .args(["serve", "--bundle"])
-        .arg(&bundle)
-        .arg("--trust")
-        .arg(&pubkey)
-        .arg("--store")
-        .arg(dir.join("store"))
-        .arg("--socket")
-        .arg(&sock)
-        .arg("--audit-log")
-        .arg(dir.join("audit.jsonl"))
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let curl = |path: &str, body: &str| -> String {
-        let o = Command::new("curl")
-            .args(["-sS", "--max-time", "60", "--unix-socket"])
-            .arg(&sock)
-            .arg(format!("http://localhost{path}"))
-            .args(["-H", "content-type: application/json", "-d", body])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
-    let mut ready = false;
-    for _ in 0..300 {
-        let o = Command::new("curl").args(["-sf", "--unix-socket"]).arg(&sock).arg("http://localhost/readyz").output().unwrap();
-        if o.status.success() {
-            ready = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    assert!(ready, "server did not become ready");
+    let args = ["--bundle".into(), bundle.display().to_string(), "--trust".into(), pubkey.display().to_string(), "--store".into(), dir.join("store").display().to_string()];
+    let server = Server::start(dir, "s", &args, "threads = 2\n");
+    let curl = |path: &str, body: &str| -> String { server.post(path, body).body };
     let model = "smollm2-135m-instruct:bank";
     let prompts = ["Should I invest in bonds?", "Explain what a savings account is.", "Hi", "What is inflation?"];
     let mut total = 0;
@@ -201,6 +169,4 @@ fn disclaimer_and_structured_output_on_both_apis() {
     let o = curl("/v1/chat/completions", &serde_json::json!({"max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
         "response_format": {"type": "json_schema", "json_schema": {"name": "u", "schema": {"type": "array", "contains": {"type": "integer"}, "maxContains": 1}}}}).to_string());
     assert!(o.contains("maxContains") && o.contains("invalid_request_error"), "{o}");
-    let _ = Command::new("kill").arg(child.id().to_string()).status();
-    let _ = child.wait();
 }

@@ -4,11 +4,11 @@
 //! official `anthropic` and `openai` SDKs (scripts/setup-test-env.sh) — tests/py/sdk_client.py.
 //! Without `APPLIANCED_TEST_GGUF` every test prints "skipped".
 
-use std::collections::HashMap;
 use std::io::{Read as _, Write as _};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -16,7 +16,8 @@ use applianced::bundle::build::{pack_dir, BundleMeta};
 use applianced::import::{import_model, ImportOptions};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_applianced");
+mod common;
+use common::{parse_response, request_bytes, sse_events, Resp, Server, BIN};
 const MODEL: &str = "smollm2-135m-instruct";
 
 /// (bundle, public key), built once per test binary.
@@ -59,190 +60,15 @@ macro_rules! need_model {
     };
 }
 
-struct Server {
-    child: Child,
-    dir: tempfile::TempDir,
-    sock: PathBuf,
-    audit: PathBuf,
-}
-
-impl Server {
-    /// Start with `config` (TOML) and wait until /readyz answers 200.
-    fn start(b: &(PathBuf, PathBuf), config: &str) -> Server {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("api.sock");
-        let audit = dir.path().join("audit.jsonl");
-        let cfg = dir.path().join("config.toml");
-        let audit_cfg = if config.contains("[audit]") { String::new() } else { format!("[audit]\npath = {:?}\n", audit.display().to_string()) };
-        std::fs::write(&cfg, format!("threads = 2\n{config}\n{audit_cfg}")).unwrap();
-        let child = Command::new(BIN)
-            .args(["serve", "--bundle"])
-            .arg(&b.0)
-            .arg("--trust")
-            .arg(&b.1)
-            .arg("--store")
-            .arg(dir.path().join("store"))
-            .arg("--socket")
-            .arg(&sock)
-            .arg("--config")
-            .arg(&cfg)
-            .arg("--log-requests")
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("LISTEN_PID")
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(dir.path().join("server.log")).unwrap()))
-            .spawn()
-            .unwrap();
-        let mut s = Server { child, dir, sock, audit };
-        let until = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Ok(Some(st)) = s.child.try_wait() {
-                panic!("server exited early ({st}): {}", s.log());
-            }
-            if s.sock.exists() {
-                if let Ok(r) = s.try_request("GET", "/readyz", None, &[]) {
-                    // 403: a test that refuses its own uid (it cannot see readiness).
-                    if r.status == 200 || r.status == 403 {
-                        return s;
-                    }
-                }
-            }
-            assert!(Instant::now() < until, "server not ready: {}", s.log());
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
-    }
-
-    fn connect(&self) -> UnixStream {
-        let c = UnixStream::connect(&self.sock).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-        c
-    }
-
-    fn try_request(&self, method: &str, path: &str, body: Option<&str>, headers: &[(&str, &str)]) -> std::io::Result<Resp> {
-        let mut c = UnixStream::connect(&self.sock)?;
-        c.set_read_timeout(Some(Duration::from_secs(120)))?;
-        // The server may answer (413) and close before the whole body is written.
-        let _ = c.write_all(request_bytes(method, path, body, headers).as_bytes());
-        let mut buf = Vec::new();
-        if let Err(e) = c.read_to_end(&mut buf) {
-            if buf.is_empty() {
-                return Err(e);
-            }
-        }
-        Ok(parse_response(&buf))
-    }
-
-    fn request(&self, method: &str, path: &str, body: Option<&str>) -> Resp {
-        self.try_request(method, path, body, &[]).unwrap()
-    }
-
-    fn post(&self, path: &str, body: &str) -> Resp {
-        self.request("POST", path, Some(body))
-    }
-
-    fn metric(&self, name: &str) -> f64 {
-        let m = self.request("GET", "/metrics", None).body;
-        m.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' ')).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(-1.0)
-    }
-
-    fn audit_records(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.audit).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-    }
-
-    fn sigterm(&self) {
-        Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().unwrap();
-    }
-
-    fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let until = Instant::now() + limit;
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return st;
-            }
-            assert!(Instant::now() < until, "server did not exit: {}", self.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn request_bytes(method: &str, path: &str, body: Option<&str>, headers: &[(&str, &str)]) -> String {
-    let mut r = format!("{method} {path} HTTP/1.1\r\nHost: applianced\r\nConnection: close\r\n");
-    for (k, v) in headers {
-        r.push_str(&format!("{k}: {v}\r\n"));
-    }
-    if let Some(b) = body {
-        r.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len()));
-    } else {
-        r.push_str("\r\n");
-    }
-    r
-}
-
-#[derive(Debug)]
-struct Resp {
-    status: u16,
-    headers: HashMap<String, String>,
-    body: String,
-}
-
-impl Resp {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
-    }
-}
-
-fn parse_response(buf: &[u8]) -> Resp {
-    let text = String::from_utf8_lossy(buf).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let mut lines = head.lines();
-    let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let headers: HashMap<String, String> =
-        lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
-    let body = if headers.get("transfer-encoding").is_some_and(|v| v.contains("chunked")) { dechunk(rest) } else { rest.to_string() };
-    Resp { status, headers, body }
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((len, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
-    }
-    out
-}
-
-/// SSE events as (event name or "", data JSON or raw).
-fn sse_events(body: &str) -> Vec<(String, String)> {
-    body.split("\n\n")
-        .filter(|b| !b.trim().is_empty())
-        .map(|b| {
-            let mut ev = String::new();
-            let mut data = String::new();
-            for l in b.lines() {
-                if let Some(e) = l.strip_prefix("event: ") {
-                    ev = e.to_string();
-                } else if let Some(d) = l.strip_prefix("data: ") {
-                    data = d.to_string();
-                }
-            }
-            (ev, data)
-        })
-        .collect()
+/// `applianced serve` on the real bundle in a fresh directory under the test's temp root, with
+/// two threads, `--log-requests` and `config` (see `common::Server::start`).
+fn start(b: &(PathBuf, PathBuf), config: &str) -> Server {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("server_e2e").join(format!("srv-{}", N.fetch_add(1, Ordering::Relaxed)));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let args = ["--bundle".into(), b.0.display().to_string(), "--trust".into(), b.1.display().to_string(), "--store".into(), dir.join("store").display().to_string(), "--log-requests".into()];
+    Server::start(&dir, "api", &args, &format!("threads = 2\n{config}"))
 }
 
 fn curl(sock: &Path, args: &[&str]) -> Option<String> {
@@ -255,7 +81,7 @@ const HELLO: &str = r#"{"model":"smollm2-135m-instruct","max_tokens":24,"tempera
 #[test]
 fn e2e_apis_hostile_input_and_audit() {
     let b = need_model!();
-    let s = Server::start(
+    let s = start(
         b,
         "[limits]\nmax_body_bytes = 65536\nheader_timeout_secs = 2\nbody_timeout_secs = 2\nmax_connections = 64\nmax_tokens = 2048\nmax_context = 1024\n",
     );
@@ -482,7 +308,7 @@ fn e2e_apis_hostile_input_and_audit() {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(200));
-    let recs = s.audit_records();
+    let recs = s.records();
     assert!(recs.iter().any(|r| r["status"] == 499 && r["stream"] == true), "no 499 record");
 
     // Metrics are well-formed Prometheus text and count what happened.
@@ -500,14 +326,14 @@ fn e2e_apis_hostile_input_and_audit() {
     }
 
     // The audit chain verifies; no prompt text is in it by default; a hand edit is caught.
-    let recs = s.audit_records();
+    let recs = s.records();
     assert!(recs.len() > 30, "{} records", recs.len());
     let raw = std::fs::read_to_string(&s.audit).unwrap();
     assert!(!raw.contains("capital of France"), "prompt text leaked into the audit log");
     assert!(recs.iter().all(|r| r["identity"].as_str().unwrap().starts_with("sha256:")));
     let ok = Command::new(BIN).args(["audit", "verify"]).arg(&s.audit).output().unwrap();
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
-    let edited = s.dir.path().join("edited.jsonl");
+    let edited = s.sock.parent().unwrap().join("edited.jsonl");
     let mut lines: Vec<String> = raw.lines().map(str::to_owned).collect();
     lines[2] = lines[2].replacen("\"status\":200", "\"status\":201", 1).replacen("\"status\":400", "\"status\":401", 1);
     assert_ne!(lines[2], raw.lines().nth(2).unwrap());
@@ -521,7 +347,7 @@ fn e2e_apis_hostile_input_and_audit() {
 #[test]
 fn e2e_queue_full_gives_429() {
     let b = need_model!();
-    let s = Server::start(b, "[limits]\nmax_concurrent = 1\nqueue_size = 1\nprefix_cache_tokens = 0\n");
+    let s = start(b, "[limits]\nmax_concurrent = 1\nqueue_size = 1\nprefix_cache_tokens = 0\n");
     let body = r#"{"max_tokens":64,"messages":[{"role":"user","content":"Tell me a story."}]}"#;
     let handles: Vec<_> = (0..6)
         .map(|_| {
@@ -548,7 +374,7 @@ fn e2e_queue_full_gives_429() {
 #[test]
 fn e2e_sigterm_drains_then_cancels() {
     let b = need_model!();
-    let mut s = Server::start(b, "[limits]\ndrain_timeout_secs = 5\n");
+    let mut s = start(b, "[limits]\ndrain_timeout_secs = 5\n");
     // Greedy: this prompt makes the model write on for well over 1,500 tokens (checked), so the
     // long stream cannot end on its own before the 5 s drain deadline; a sampled one could.
     let open_stream = |max: usize| {
@@ -566,7 +392,7 @@ fn e2e_sigterm_drains_then_cancels() {
     };
     let (mut long, mut long_got) = open_stream(4000);
     let (mut short, mut short_got) = open_stream(20);
-    s.sigterm();
+    s.signal("TERM");
     std::thread::sleep(Duration::from_millis(300));
     // No new connections once draining.
     assert!(UnixStream::connect(&s.sock).is_err() || s.try_request("GET", "/readyz", None, &[]).map(|r| r.status).unwrap_or(503) == 503);
@@ -585,7 +411,7 @@ fn e2e_sigterm_drains_then_cancels() {
     let st = s.wait_exit(Duration::from_secs(20));
     assert!(st.success(), "exit status {st}: {}", s.log());
     assert!(!s.sock.exists(), "socket file left behind");
-    let recs = s.audit_records();
+    let recs = s.records();
     assert!(recs.iter().any(|r| r["status"] == 503 && r["stream"] == true), "no record of the cancelled stream");
     let ok = Command::new(BIN).args(["audit", "verify"]).arg(&s.audit).output().unwrap();
     assert!(ok.status.success());
@@ -598,7 +424,7 @@ fn e2e_refused_peer_and_audit_fail_closed() {
     // the client as another user needs root and a second account; excluding our own uid
     // exercises the same SO_PEERCRED check.)
     let uid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap_or(0);
-    let s = Server::start(b, &format!("[access]\nallow_uids = [{}]\n", uid + 4242));
+    let s = start(b, &format!("[access]\nallow_uids = [{}]\n", uid + 4242));
     // Start waits on /readyz, which is refused too, so wait on the socket and check 403s.
     let r = s.post("/v1/messages", HELLO);
     assert_eq!(r.status, 403);
@@ -607,7 +433,7 @@ fn e2e_refused_peer_and_audit_fail_closed() {
     assert_eq!(r.status, 403);
     assert_eq!(r.json()["error"]["type"], "permission_error");
     std::thread::sleep(Duration::from_millis(100));
-    let recs = s.audit_records();
+    let recs = s.records();
     // Refusals are recorded once per uid per interval (issue 22): the first one.
     assert_eq!(recs.iter().filter(|r| r["status"] == 403 && r["peer"]["uid"] == uid).count(), 1, "{recs:?}");
     drop(s);

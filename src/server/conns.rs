@@ -8,6 +8,10 @@
 //! closed to make room (an idle HTTP/1.1 connection may be closed at any time; clients reconnect),
 //! so a client that opens many connections and sends nothing cannot lock others out. Busy
 //! connections are never evicted; when every slot is busy the new connection is closed at once.
+//!
+//! The evicted connection's slot goes to the connection that evicted it, directly (a hand-over,
+//! not the semaphore's queue): under a flood of new connections each arrival waits only for its
+//! own victim to close, never behind every earlier arrival's eviction.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -17,7 +21,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes, HttpBody};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 
 /// How long a new connection waits for the slot of the connection it evicted.
 const EVICT_WAIT: Duration = Duration::from_secs(2);
@@ -29,6 +33,8 @@ pub struct Conn {
     /// Milliseconds since the table's epoch at which the connection last became idle (or opened).
     idle_since_ms: AtomicU64,
     evict: Notify,
+    /// Set when evicted: where this connection's slot goes when it closes.
+    handover: Mutex<Option<oneshot::Sender<OwnedSemaphorePermit>>>,
     table: Arc<ConnTable>,
 }
 
@@ -45,7 +51,7 @@ pub enum Admit {
     /// A free slot: serve it.
     Slot(OwnedSemaphorePermit),
     /// An idle connection was told to close; wait (off the accept loop) for its slot.
-    AfterEviction(Arc<Semaphore>),
+    AfterEviction(oneshot::Receiver<OwnedSemaphorePermit>),
     /// Every slot is busy: close the new connection.
     Full,
 }
@@ -68,27 +74,39 @@ impl ConnTable {
         if let Ok(p) = self.slots.clone().try_acquire_owned() {
             return Admit::Slot(p);
         }
-        let victim = self.lock().values().filter(|c| c.busy.load(Ordering::SeqCst) == 0).min_by_key(|c| c.idle_since_ms.load(Ordering::SeqCst)).cloned();
-        match victim {
-            Some(v) => {
-                // Out of the table at once, so the next arrival picks another victim.
-                self.lock().remove(&v.id);
-                v.evict.notify_one();
-                Admit::AfterEviction(self.slots.clone())
-            }
-            None => Admit::Full,
-        }
+        // Choose, mark and remove under one lock: a connection closing meanwhile
+        // ([`Conn::close`] takes the lock before [`Conn::release`]) is either not chosen or
+        // finds its hand-over set.
+        let mut conns = self.lock();
+        let Some(v) = conns.values().filter(|c| c.busy.load(Ordering::SeqCst) == 0).min_by_key(|c| c.idle_since_ms.load(Ordering::SeqCst)).cloned() else {
+            return Admit::Full;
+        };
+        let (tx, rx) = oneshot::channel();
+        *v.handover.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        // Out of the table at once, so the next arrival picks another victim.
+        conns.remove(&v.id);
+        drop(conns);
+        v.evict.notify_one();
+        Admit::AfterEviction(rx)
     }
 
-    /// Wait for a slot freed by an eviction ([`Admit::AfterEviction`]); None after [`EVICT_WAIT`].
-    pub async fn slot_after_eviction(slots: Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
-        tokio::time::timeout(EVICT_WAIT, slots.acquire_owned()).await.ok()?.ok()
+    /// Wait for the slot of the connection evicted for this one ([`Admit::AfterEviction`]);
+    /// None after [`EVICT_WAIT`].
+    pub async fn slot_after_eviction(slot: oneshot::Receiver<OwnedSemaphorePermit>) -> Option<OwnedSemaphorePermit> {
+        tokio::time::timeout(EVICT_WAIT, slot).await.ok()?.ok()
     }
 
     /// Enter a connection that holds a slot; it leaves the table when the returned entry drops.
     pub fn register(self: &Arc<Self>) -> Arc<Conn> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let c = Arc::new(Conn { id, busy: AtomicUsize::new(0), idle_since_ms: AtomicU64::new(self.now_ms()), evict: Notify::new(), table: self.clone() });
+        let c = Arc::new(Conn {
+            id,
+            busy: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(self.now_ms()),
+            evict: Notify::new(),
+            handover: Mutex::new(None),
+            table: self.clone(),
+        });
         self.lock().insert(id, c.clone());
         c
     }
@@ -123,6 +141,16 @@ impl Conn {
     /// Remove the entry (the connection closed).
     pub fn close(&self) {
         self.table.lock().remove(&self.id);
+    }
+
+    /// Give up the slot after [`Conn::close`]: to the connection that evicted this one, if any
+    /// (and still waiting), else back to the table.
+    pub fn release(&self, slot: OwnedSemaphorePermit) {
+        let to = self.handover.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(tx) = to {
+            // A receiver that gave up hands the slot back to the semaphore (dropped).
+            let _ = tx.send(slot);
+        }
     }
 }
 
@@ -178,11 +206,14 @@ mod tests {
         let Admit::Slot(p2) = t.admit() else { panic!("free slot") };
         let b = t.register();
         // Both idle: the older (a) goes first.
-        let Admit::AfterEviction(slots) = t.admit() else { panic!("evicts") };
+        let Admit::AfterEviction(slot) = t.admit() else { panic!("evicts") };
         tokio::time::timeout(Duration::from_secs(1), a.evicted()).await.expect("a notified");
         assert_eq!(t.len(), 1);
-        drop(p1); // a's task ends and gives its slot back
-        let p3 = ConnTable::slot_after_eviction(slots).await.expect("slot");
+        // a's task ends and hands its slot to the newcomer, not to the semaphore's queue.
+        a.close();
+        a.release(p1);
+        assert!(t.slots.available_permits() == 0);
+        let p3 = ConnTable::slot_after_eviction(slot).await.expect("slot");
         let c = t.register();
         // b busy, c idle: c goes, even though b is older.
         let g = b.busy();

@@ -763,7 +763,7 @@ async fn accept_loop(listener: UnixListener, current: Arc<Current>, metrics: Arc
         }
         let pending = match admit {
             conns::Admit::Slot(p) => Ok(p),
-            conns::Admit::AfterEviction(slots) => Err(slots),
+            conns::Admit::AfterEviction(slot) => Err(slot),
             conns::Admit::Full => {
                 metrics.connection_refused();
                 drop(stream);
@@ -781,7 +781,7 @@ async fn accept_loop(listener: UnixListener, current: Arc<Current>, metrics: Arc
         tokio::spawn(async move {
             let permit = match pending {
                 Ok(p) => p,
-                Err(slots) => match conns::ConnTable::slot_after_eviction(slots).await {
+                Err(slot) => match conns::ConnTable::slot_after_eviction(slot).await {
                     Some(p) => p,
                     None => {
                         m.connection_refused();
@@ -794,7 +794,7 @@ async fn accept_loop(listener: UnixListener, current: Arc<Current>, metrics: Arc
             serve_conn(stream, peer, cur, header_timeout, stop, conn.clone()).await;
             conn.close();
             m.connections_add(-1);
-            drop(permit);
+            conn.release(permit);
         });
     }
 }
