@@ -50,7 +50,15 @@ use std::sync::Mutex;
 use serde_json::{Map, Value};
 use sha2::Digest as _;
 
-pub use crate::server::config::FsyncPolicy;
+/// When the audit record must reach the disk (`[audit] fsync` in the server config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FsyncPolicy {
+    /// fdatasync after every record (default).
+    Always,
+    /// Leave it to the kernel (a crash may lose the last records; the chain still verifies).
+    Never,
+}
 
 /// `prev` of the first record.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";

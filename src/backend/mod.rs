@@ -4,7 +4,7 @@
 //! the choice is made once, at load, by [`BackendKind`] (the engine keeps one enum variant per
 //! backend and dispatches a whole forward pass through it, never per op).
 //!
-//! Design points that keep the trait usable for GPUs later (CUDA via precompiled PTX, WGSL via wgpu):
+//! Design points that let one engine drive the CPU and GPUs (CUDA via precompiled PTX, WGSL via wgpu):
 //! - Weights are registered once ([`Backend::weight`]) and referred to by a [`WeightId`] handle. The
 //!   CPU backend maps them straight from the bundle's memory map (no copy); a GPU backend uploads them.
 //! - Activations live in backend-owned buffers ([`Backend::Buf`]), row-major `(rows, cols)` f32;

@@ -22,23 +22,6 @@ pub struct MandatoryText {
     pub separator: String,
 }
 
-/// One piece of a wrapped stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Piece<T> {
-    /// The mandatory prefix (once, first, if non-empty).
-    Prefix(String),
-    /// An item of the model's stream, unchanged.
-    Model(T),
-    /// Separator + mandatory suffix (once, last, if the suffix is non-empty).
-    Suffix(String),
-}
-
-impl<T> Piece<T> {
-    pub fn is_mandatory(&self) -> bool {
-        !matches!(self, Piece::Model(_))
-    }
-}
-
 impl MandatoryText {
     pub fn new(prefix: impl Into<String>, suffix: impl Into<String>) -> MandatoryText {
         MandatoryText { prefix: prefix.into(), suffix: suffix.into(), separator: "\n\n".into() }
@@ -63,55 +46,6 @@ impl MandatoryText {
     pub fn apply(&self, model_text: &str) -> String {
         format!("{}{}{}", self.prefix, model_text, self.suffix_after(model_text.chars().last()))
     }
-
-    /// Wraps a stream of model text pieces (anything `AsRef<str>`: decoded token text).
-    pub fn wrap<I>(&self, inner: I) -> Wrapped<I>
-    where
-        I: Iterator,
-        I::Item: AsRef<str>,
-    {
-        Wrapped { text: self.clone(), inner, stage: 0, tail: None }
-    }
-}
-
-/// Iterator returned by [`MandatoryText::wrap`].
-#[derive(Debug)]
-pub struct Wrapped<I> {
-    text: MandatoryText,
-    inner: I,
-    stage: u8, // 0 prefix pending, 1 model, 2 done
-    tail: Option<char>,
-}
-
-impl<I> Iterator for Wrapped<I>
-where
-    I: Iterator,
-    I::Item: AsRef<str>,
-{
-    type Item = Piece<I::Item>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.stage == 0 {
-            self.stage = 1;
-            if !self.text.prefix.is_empty() {
-                return Some(Piece::Prefix(self.text.prefix.clone()));
-            }
-        }
-        if self.stage == 1 {
-            if let Some(item) = self.inner.next() {
-                if let Some(c) = item.as_ref().chars().last() {
-                    self.tail = Some(c);
-                }
-                return Some(Piece::Model(item));
-            }
-            self.stage = 2;
-            let s = self.text.suffix_after(self.tail);
-            if !s.is_empty() {
-                return Some(Piece::Suffix(s));
-            }
-        }
-        None
-    }
 }
 
 #[cfg(test)]
@@ -119,14 +53,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn wraps_in_order() {
+    fn prefix_first_suffix_last_with_a_separator() {
         let m = MandatoryText::new("Note: ", "Not advice.");
-        let out: Vec<Piece<&str>> = m.wrap(["a", "b"].into_iter()).collect();
-        assert_eq!(out, vec![Piece::Prefix("Note: ".into()), Piece::Model("a"), Piece::Model("b"), Piece::Suffix("\n\nNot advice.".into())]);
-        let out: Vec<Piece<&str>> = m.wrap(std::iter::empty()).collect();
-        assert_eq!(out, vec![Piece::Prefix("Note: ".into()), Piece::Suffix("Not advice.".into())]);
+        assert_eq!(m.apply("ab"), "Note: ab\n\nNot advice.");
+        assert_eq!(m.apply(""), "Note: Not advice.");
         assert_eq!(m.apply("x\n"), "Note: x\nNot advice.");
-        let none = MandatoryText::default();
-        assert_eq!(none.wrap(["a"].into_iter()).count(), 1);
+        assert_eq!(m.suffix_after(Some('b')), "\n\nNot advice.");
+        assert_eq!(MandatoryText::default().apply("a"), "a");
     }
 }

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use mandatory::{MandatoryText, Piece, Wrapped};
+pub use mandatory::MandatoryText;
 pub use presets::{Param, PeerAccess, PeerRule, Preset, PresetTable, RequestParams, Resolved};
 pub use redact::{Finding, Redactor, StreamRedactor};
 pub use safety::{combine, combine_into, Intersection, SafetyMask, SafetyState, SafetyVocab};

@@ -242,11 +242,6 @@ impl Preset {
         })
     }
 
-    /// The preset's own sampling parameters.
-    pub fn sampling_params(&self) -> SamplingParams {
-        SamplingParams::from(&self.sampling)
-    }
-
     /// Applies a request's parameters under the override rule (see the module docs).
     pub fn resolve_request(&self, req: &RequestParams) -> Result<Resolved, PolicyError> {
         let mut s = self.sampling.clone();

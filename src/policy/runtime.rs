@@ -360,11 +360,6 @@ impl TextPipeline {
         out.push_str(&self.mandatory.suffix_after(self.tail));
         out
     }
-
-    /// Text the pipeline adds that the model did not produce (for usage counts).
-    pub fn mandatory_text(&self) -> (&str, &str) {
-        (&self.mandatory.prefix, &self.mandatory.suffix)
-    }
 }
 
 #[cfg(test)]

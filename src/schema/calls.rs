@@ -15,7 +15,10 @@
 //! expansion.
 
 use super::automata::{Dfa, HashMap, DEAD};
-use super::lower::CALL;
+
+/// The call marker: `CALL hi lo` in a lowered automaton stands for one value of sub-automaton
+/// `hi * 256 + lo`. 0xFF never occurs in UTF-8 JSON text.
+pub(crate) const CALL: u8 = 0xFF;
 
 /// Deepest stack a run may build (calls form a DAG of at most 8192 sub-automata; decoded input
 /// that loops is cut here).

@@ -19,6 +19,7 @@ use std::hash::{Hash, Hasher};
 
 use super::automata::{self, Dfa, Nfa, Overflow, DEAD};
 use super::numbers::{self, Bound, Dec};
+use super::calls::CALL;
 use super::strings;
 use super::{CompileOptions, SchemaError, Whitespace};
 
@@ -179,9 +180,6 @@ pub(crate) struct Lowerer<'a> {
     sub_ids: HashMap<u64, Vec<u32>>,
 }
 
-/// The call marker: `CALL hi lo` in a lowered automaton stands for one value of sub-automaton
-/// `hi * 256 + lo`. 0xFF never occurs in UTF-8 JSON text.
-pub(crate) const CALL: u8 = 0xFF;
 
 static FALSE: Value = Value::Bool(false);
 

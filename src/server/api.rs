@@ -1,6 +1,7 @@
-//! The JSON edge: request bodies of both APIs parsed into typed values ([`ChatRequest`]), and
-//! the typed responses, stream events and errors rendered back in each API's own shape. Nothing
-//! past this module sees JSON.
+//! The JSON edge of both APIs: request bodies parsed into typed values ([`ChatRequest`]), and
+//! stream events, stop reasons and errors rendered in each API's own shape. Two things stay JSON
+//! past it: a request's JSON Schema (a `serde_json::Value` for the schema compiler) and the
+//! non-streamed response bodies, which `routes.rs` assembles with `json!`.
 //!
 //! Status codes (the one place they are chosen, [`ApiError`]):
 //! - 400 `invalid_request_error`: body not JSON, wrong types, missing fields, values out of range,

@@ -151,15 +151,8 @@ impl LimitsConfig {
     }
 }
 
-/// When the audit record must reach the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FsyncPolicy {
-    /// fdatasync after every record (default).
-    Always,
-    /// Leave it to the kernel (a crash may lose the last records; the chain still verifies).
-    Never,
-}
+/// `[audit] fsync` (the setting belongs to the audit log).
+pub use crate::audit::FsyncPolicy;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]

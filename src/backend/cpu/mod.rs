@@ -131,11 +131,6 @@ impl CpuBackend {
         self.pool.clone()
     }
 
-    /// Force the plain reference kernels (tests).
-    pub fn use_reference_kernels(&mut self) {
-        self.kernels = Kernels::reference();
-    }
-
     /// `w`'s panels, when it was repacked and the kernel set can use them.
     fn panels(&self, w: WeightId) -> Option<&Panels> {
         self.kernels.panel.and(self.registered[w.0 as usize].panels.as_ref())

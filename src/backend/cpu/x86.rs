@@ -1,6 +1,9 @@
-//! x86-64 SIMD dot kernels, picked at run time: AVX-512 VNNI (`vpdpbusd` on 256-bit lanes) or
-//! AVX2+FMA (`vpmaddubsw` + `vpmaddwd`). Same integer arithmetic as [`super::quant`]'s reference
-//! kernels; only the f32 accumulation order differs (tested against them with a tolerance).
+//! x86-64 kernel sets, picked at run time by [`detect`]: the AVX-512 VNNI set (dot products with
+//! `vpdpbusd` on 256-bit lanes, the panel kernel, activation quantization, attention scores, P·V,
+//! exp-sum, SiLU and f16 conversion on 512-bit lanes) and the AVX2+FMA+F16C set, whose kernels
+//! live in [`super::avx2`] (`APPLIANCED_CPU_KERNELS=avx2|avx512|scalar` forces one). Same integer
+//! arithmetic as [`super::quant`]'s reference kernels; only the f32 accumulation order differs
+//! (tested against them with a tolerance).
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
