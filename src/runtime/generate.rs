@@ -170,7 +170,7 @@ impl SeqGen {
         self.history.push(tok);
         let piece = self.decoder.push(tok);
         let (text, hit) = self.stops.push(&piece);
-        let mut text = self.emit(&text);
+        let mut text = self.emit(text);
         if let Some(stop) = hit {
             text.push_str(&self.close());
             return Step { text, sampled: Some(tok), end: Some(End { reason: StopReason::StopSequence, stop_sequence: Some(stop) }) };
@@ -184,10 +184,10 @@ impl SeqGen {
     }
 
     /// Model text through the pipeline.
-    fn emit(&mut self, text: &str) -> String {
+    fn emit(&mut self, text: String) -> String {
         match self.pipeline.as_mut() {
-            Some(p) => p.push(text),
-            None => text.to_string(),
+            Some(p) => p.push(&text),
+            None => text,
         }
     }
 
@@ -208,7 +208,7 @@ impl SeqGen {
                 End { reason, stop_sequence: stop }
             }
         };
-        let mut text = self.emit(&text);
+        let mut text = self.emit(text);
         text.push_str(&self.close());
         Step { text, sampled, end: Some(end) }
     }
