@@ -1,0 +1,262 @@
+//! Objects: declared, required, pattern and additional properties, `propertyNames` and
+//! property counts; and objects with a key outside a name set (negated `additionalProperties`).
+
+use crate::schema::automata::HashMap;
+use std::rc::Rc;
+
+use serde_json::Value;
+
+use crate::schema::automata::{Dfa, Nfa};
+use crate::schema::strings;
+use crate::schema::SchemaError;
+
+use super::{Lowerer, Node, PStep, Sub, T_OBJ};
+
+impl<'a> Lowerer<'a> {
+    /// An object with some key outside a name set (the negation of `additionalProperties`), for
+    /// objects whose own keys are closed: the union, over the node's declared keys outside the
+    /// set, of the node with that key required (and its value failing the negated schema).
+    pub(super) fn lower_undeclared(&mut self, mut node: Node<'a>, ptr: &str, any_depth: u32) -> Result<Dfa, SchemaError> {
+        let (names, fails) = node.undeclared.remove(0);
+        let closed = node.pattern_props.is_empty()
+            && match &node.additional {
+                Some(a) => a.iter().any(|s| s.v == &Value::Bool(false)),
+                None => !self.opts.allow_undeclared_properties,
+            };
+        if !closed {
+            return Err(SchemaError::Unsupported { keyword: "not (additionalProperties)".into(), pointer: ptr.to_string() });
+        }
+        node.types &= T_OBJ;
+        let keys: Vec<String> = node.props.iter().map(|(k, _)| k.clone()).filter(|k| !names.contains(k)).collect();
+        let mut parts = Vec::new();
+        for k in keys {
+            let mut v = node.clone();
+            if !v.required.contains(&k) {
+                v.required.push(k.clone());
+            }
+            if let Some(f) = &fails {
+                self.add_prop(&mut v, &k, f.clone())?;
+            }
+            let d = self.lower_node(v, ptr, any_depth)?;
+            if !d.is_empty() {
+                parts.push(d);
+            }
+        }
+        self.union(&parts, ptr)
+    }
+
+    pub(super) fn lower_object(&mut self, node: &Node<'a>, ptr: &str, any_depth: u32) -> Result<Dfa, SchemaError> {
+        let cap = self.cap;
+        let inner_depth = any_depth.saturating_sub(1);
+        // Key texts must satisfy propertyNames.
+        let names: Option<Dfa> = if node.prop_names.is_empty() {
+            None
+        } else {
+            let conj = node.prop_names.clone();
+            let d = self.lower_conj(conj, 0)?;
+            let strs = self.any_string(ptr)?;
+            Some(Dfa::intersect(&d, &strs, cap).map_err(self.overflow(ptr))?)
+        };
+        let mut pats: Vec<(Rc<Dfa>, Vec<Sub<'a>>)> = Vec::new();
+        for (p, c, pp) in &node.pattern_props {
+            let d = self.pattern(p, pp)?;
+            pats.push((d, c.clone()));
+        }
+        // Declared properties.
+        let mut decl: Vec<(Vec<u8>, Rc<Dfa>, bool)> = Vec::new();
+        for (name, c) in &node.props {
+            let text = strings::encode_literal(name);
+            let allowed_name = names.as_ref().is_none_or(|n| n.matches(&text));
+            let mut conj = c.clone();
+            for (pd, pc) in &pats {
+                if pd.matches(name.as_bytes()) {
+                    conj.extend(pc.iter().cloned());
+                }
+            }
+            self.path.push(PStep::Key(text.clone()));
+            let v = if allowed_name { self.lower_conj(conj, inner_depth) } else { Ok(Rc::new(Dfa::empty())) };
+            self.path.pop();
+            let v = v?;
+            let required = node.required.contains(name);
+            if v.is_empty() && required {
+                return Ok(Dfa::empty());
+            }
+            decl.push((text, v, required));
+        }
+        // Required keys that are not declared: they come from additional / pattern rules.
+        let mut req_extra: Vec<String> = node.required.iter().filter(|r| !node.props.iter().any(|(n, _)| n == *r)).cloned().collect();
+        // Such keys are emitted as declared properties (after the declared ones, in order).
+        for r in req_extra.drain(..) {
+            let text = strings::encode_literal(&r);
+            if names.as_ref().is_some_and(|n| !n.matches(&text)) {
+                return Ok(Dfa::empty());
+            }
+            let mut conj: Vec<Sub<'a>> = Vec::new();
+            let mut matched = false;
+            for (pd, pc) in &pats {
+                if pd.matches(r.as_bytes()) {
+                    conj.extend(pc.iter().cloned());
+                    matched = true;
+                }
+            }
+            self.path.push(PStep::Key(text.clone()));
+            let v = if !matched {
+                match &node.additional {
+                    Some(a) => self.lower_conj(a.clone(), inner_depth),
+                    None => self.any(inner_depth),
+                }
+            } else {
+                self.lower_conj(conj, inner_depth)
+            };
+            self.path.pop();
+            let v = v?;
+            if v.is_empty() {
+                return Ok(Dfa::empty());
+            }
+            decl.push((text, v, true));
+        }
+        // Extra keys: classes by which patterns match.
+        let declared_texts: Vec<Vec<u8>> = decl.iter().map(|d| d.0.clone()).collect();
+        let mut extras: Vec<(Dfa, Rc<Dfa>)> = Vec::new();
+        let additional_forbidden = node.additional.as_ref().is_some_and(|a| a.iter().any(|s| s.v == &Value::Bool(false)));
+        let allow_any = node.additional.is_none() && self.opts.allow_undeclared_properties && any_depth > 0;
+        let any_key = self.any_string(ptr)?;
+        let mut base_key = Dfa::minus(&any_key, &Dfa::literals(declared_texts.iter().map(|t| t.as_slice()), cap).map_err(self.overflow(ptr))?, cap).map_err(self.overflow(ptr))?;
+        if let Some(n) = &names {
+            base_key = Dfa::intersect(&base_key, n, cap).map_err(self.overflow(ptr))?;
+        }
+        if pats.len() > 4 {
+            if !pats.is_empty() {
+                return Err(SchemaError::Unsupported { keyword: "patternProperties".into(), pointer: ptr.to_string() });
+            }
+        }
+        let np = pats.len();
+        let mut enc_pats: Vec<Dfa> = Vec::with_capacity(pats.len());
+        for (d, _) in &pats {
+            enc_pats.push(self.encode(d, ptr)?);
+        }
+        for mask in 0..(1usize << np) {
+            let mut key = base_key.clone();
+            let mut conj: Vec<Sub<'a>> = Vec::new();
+            for (i, ep) in enc_pats.iter().enumerate() {
+                if mask & (1 << i) != 0 {
+                    key = Dfa::intersect(&key, ep, cap).map_err(self.overflow(ptr))?;
+                    conj.extend(pats[i].1.iter().cloned());
+                } else {
+                    key = Dfa::minus(&key, ep, cap).map_err(self.overflow(ptr))?;
+                }
+                if key.is_empty() {
+                    break;
+                }
+            }
+            if key.is_empty() {
+                continue;
+            }
+            let v = if mask != 0 {
+                self.path.push(PStep::AnyKey);
+                let r = self.lower_conj(conj, inner_depth);
+                self.path.pop();
+                r?
+            } else if additional_forbidden {
+                continue;
+            } else if let Some(a) = &node.additional {
+                self.path.push(PStep::AnyKey);
+                let r = self.lower_conj(a.clone(), inner_depth);
+                self.path.pop();
+                r?
+            } else if allow_any {
+                self.any(inner_depth)?
+            } else {
+                continue;
+            };
+            if !v.is_empty() {
+                extras.push((key, v));
+            }
+        }
+        // Assemble: states (i, count).
+        let counting = node.min_props > 0 || node.max_props.is_some();
+        let cmax: u64 = if counting { node.max_props.map_or(node.min_props, |m| m.max(node.min_props)) } else { 1 };
+        if cmax > 256 {
+            return Err(SchemaError::TooLarge { pointer: ptr.to_string(), what: "property count tracking".into(), limit: 256 });
+        }
+        let width = cmax as usize + 1;
+        let n = decl.len();
+        let mut nfa = Nfa::new();
+        let s = nfa.state();
+        let end = nfa.state();
+        let open = nfa.lit(s, b"{");
+        let st: Vec<Vec<u32>> = (0..=n).map(|_| (0..width).map(|_| nfa.state()).collect()).collect();
+        nfa.eps(open, st[0][0]);
+        let max_ok = |c: usize| node.max_props.is_none_or(|m| (c as u64) < m);
+        let bump = |c: usize| if counting { (c + 1).min(width - 1) } else { 1 };
+        for (i, (text, v, required)) in decl.iter().enumerate() {
+            if !*required {
+                for c in 0..width {
+                    nfa.eps(st[i][c], st[i + 1][c]);
+                }
+            }
+            if v.is_empty() {
+                continue;
+            }
+            // One embedding of the value per target count.
+            let mut entry: HashMap<usize, u32> = HashMap::default();
+            for c in 0..width {
+                if !max_ok(c) {
+                    continue;
+                }
+                let tgt = bump(c);
+                let e = match entry.get(&tgt) {
+                    Some(&e) => e,
+                    None => {
+                        let e = nfa.state();
+                        self.place(&mut nfa, e, v, st[i + 1][tgt]);
+                        entry.insert(tgt, e);
+                        e
+                    }
+                };
+                let k = if c == 0 {
+                    nfa.lit(st[i][c], text)
+                } else {
+                    let x = nfa.state();
+                    self.sep(&mut nfa, st[i][c], b",", x);
+                    nfa.lit(x, text)
+                };
+                self.sep(&mut nfa, k, b":", e);
+            }
+        }
+        for (key, v) in &extras {
+            let mut entry: HashMap<usize, u32> = HashMap::default();
+            for c in 0..width {
+                if !max_ok(c) {
+                    continue;
+                }
+                let tgt = bump(c);
+                let e = match entry.get(&tgt) {
+                    Some(&e) => e,
+                    None => {
+                        let e = nfa.state();
+                        self.place(&mut nfa, e, v, st[n][tgt]);
+                        entry.insert(tgt, e);
+                        e
+                    }
+                };
+                let kstart = if c == 0 {
+                    st[n][c]
+                } else {
+                    let x = nfa.state();
+                    self.sep(&mut nfa, st[n][c], b",", x);
+                    x
+                };
+                let k = nfa.embed(kstart, key);
+                self.sep(&mut nfa, k, b":", e);
+            }
+        }
+        for c in 0..width {
+            let ok = if counting { (c as u64) >= node.min_props } else { true };
+            if ok {
+                nfa.lit_to(st[n][c], b"}", end);
+            }
+        }
+        self.determinize(&nfa, s, end, ptr)
+    }
+}

@@ -1,0 +1,201 @@
+//! `$ref` resolution: the `$id` / anchor index, resolving a reference to its target and
+//! resource base, and the (bounded) set of targets reachable from a sub-schema.
+
+use std::rc::Rc;
+
+use serde_json::Value;
+
+use crate::schema::SchemaError;
+
+use super::{ptr_join, Lowerer, Sub};
+
+/// How deep [`Lowerer::reach`] follows references (one stack frame each).
+const MAX_REF_DEPTH: usize = 2048;
+/// How many reachable-target entries [`Lowerer::reach`] may memoise in one compilation.
+const MAX_REACH_ENTRIES: usize = 4_000_000;
+
+fn pointer_get<'v>(root: &'v Value, ptr: &str) -> Option<&'v Value> {
+    if ptr.is_empty() {
+        return Some(root);
+    }
+    root.pointer(ptr)
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl<'a> Lowerer<'a> {
+    /// Records `$id`s and anchors with their pointers.
+    pub(super) fn index(&mut self, v: &Value, ptr: Rc<str>) {
+        match v {
+            Value::Object(m) => {
+                if let Some(Value::String(id)) = m.get("$id").or_else(|| m.get("id").filter(|x| x.is_string())) {
+                    if let Some(a) = id.strip_prefix('#') {
+                        self.anchors.entry(a.to_string()).or_insert(ptr.clone());
+                    } else {
+                        let idn = id.split('#').next().unwrap_or("").trim_end_matches('/').to_string();
+                        self.ids.push((idn, ptr.clone()));
+                    }
+                }
+                for key in ["$anchor", "$dynamicAnchor"] {
+                    if let Some(Value::String(a)) = m.get(key) {
+                        self.anchors.entry(a.clone()).or_insert(ptr.clone());
+                    }
+                }
+                for (k, c) in m {
+                    if matches!(k.as_str(), "enum" | "const" | "default" | "examples" | "example") {
+                        continue;
+                    }
+                    self.index(c, ptr_join(&ptr, k));
+                }
+            }
+            Value::Array(a) => {
+                for (i, c) in a.iter().enumerate() {
+                    self.index(c, ptr_join(&ptr, &i.to_string()));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Resolves a reference relative to the resource at `base`.
+    pub(super) fn resolve(&self, r: &str, base: &str, ptr: &str) -> Result<(&'a Value, Rc<str>, Rc<str>), SchemaError> {
+        let (uri, frag) = match r.find('#') {
+            Some(i) => (&r[..i], &r[i + 1..]),
+            None => (r, ""),
+        };
+        let uri = uri.trim_end_matches('/');
+        let mut res_ptr: Rc<str> = base.into();
+        if !uri.is_empty() {
+            let found = self
+                .ids
+                .iter()
+                .find(|(id, _)| id == uri)
+                .or_else(|| {
+                    self.ids.iter().find(|(id, _)| {
+                        id.ends_with(&format!("/{uri}")) || uri.ends_with(&format!("/{id}")) || id.rsplit('/').next() == uri.rsplit('/').next() && !id.is_empty()
+                    })
+                })
+                .map(|(_, p)| p.clone());
+            match found {
+                Some(p) => res_ptr = p,
+                None => {
+                    return Err(SchemaError::UnresolvedRef { reference: r.to_string(), pointer: ptr.to_string() });
+                }
+            }
+        }
+        let target: Rc<str> = if frag.is_empty() {
+            res_ptr.clone()
+        } else if frag.starts_with('/') {
+            format!("{}{}", res_ptr, percent_decode(frag)).into()
+        } else {
+            match self.anchors.get(frag) {
+                Some(p) => p.clone(),
+                None => return Err(SchemaError::UnresolvedRef { reference: r.to_string(), pointer: ptr.to_string() }),
+            }
+        };
+        let v = pointer_get(self.root, &target)
+            .or_else(|| if frag.starts_with('/') { pointer_get(self.root, &percent_decode(frag)) } else { None })
+            .ok_or_else(|| SchemaError::UnresolvedRef { reference: r.to_string(), pointer: ptr.to_string() })?;
+        let tptr: Rc<str> = if pointer_get(self.root, &target).is_some() { target } else { percent_decode(frag).into() };
+        // The new base is the nearest resource root at or above the target.
+        let nb = self
+            .ids
+            .iter()
+            .filter(|(_, p)| tptr.starts_with(&**p) && (tptr.len() == p.len() || tptr.as_bytes()[p.len()] == b'/'))
+            .max_by_key(|(_, p)| p.len())
+            .map(|(_, p)| p.clone())
+            .unwrap_or_else(|| "".into());
+        Ok((v, tptr, nb))
+    }
+
+    /// Every reference target (as pointer) reachable from the sub-schema at `ptr`.
+    ///
+    /// Bounded: the recursion (one level per reference followed) stops at [`MAX_REF_DEPTH`] and
+    /// the memoised sets at [`MAX_REACH_ENTRIES`] entries in all, both refused as too large, and
+    /// the compile deadline is checked on every call. A chain of `$ref`s (`d0 → d1 → … → dN`)
+    /// costs N levels and N²/2 entries, so a long chain is refused in milliseconds instead of
+    /// lowering for minutes (or overflowing the stack).
+    pub(super) fn reach(&mut self, sub: &Sub<'a>, depth: usize) -> Result<Rc<Vec<Rc<str>>>, SchemaError> {
+        if let Some(r) = self.refs_under.get(&sub.ptr) {
+            return Ok(r.clone());
+        }
+        self.check_time(&sub.ptr)?;
+        if depth >= MAX_REF_DEPTH {
+            return Err(SchemaError::TooLarge { pointer: sub.ptr.to_string(), what: "`$ref` chain depth".into(), limit: MAX_REF_DEPTH });
+        }
+        // Placeholder against cycles.
+        self.refs_under.insert(sub.ptr.clone(), Rc::new(Vec::new()));
+        let mut direct: Vec<(String, Rc<str>)> = Vec::new();
+        collect_refs(sub.v, &sub.base, &mut direct);
+        let mut out: Vec<Rc<str>> = Vec::new();
+        let mut seen: std::collections::HashSet<Rc<str>> = std::collections::HashSet::new();
+        for (r, base) in direct {
+            if let Ok((v, t, nb)) = self.resolve(&r, &base, &sub.ptr) {
+                if seen.insert(t.clone()) {
+                    out.push(t.clone());
+                }
+                let inner = self.reach(&Sub { v, ptr: t, base: nb }, depth + 1)?;
+                for x in inner.iter() {
+                    if seen.insert(x.clone()) {
+                        out.push(x.clone());
+                    }
+                }
+            }
+        }
+        self.reach_entries += out.len();
+        if self.reach_entries > MAX_REACH_ENTRIES {
+            return Err(SchemaError::TooLarge { pointer: sub.ptr.to_string(), what: "`$ref` reachability sets".into(), limit: MAX_REACH_ENTRIES });
+        }
+        let out = Rc::new(out);
+        self.refs_under.insert(sub.ptr.clone(), out.clone());
+        Ok(out)
+    }
+}
+
+fn collect_refs(v: &Value, base: &Rc<str>, out: &mut Vec<(String, Rc<str>)>) {
+    let mut seen: std::collections::HashSet<String> = out.iter().map(|(r, _)| r.clone()).collect();
+    collect_refs_into(v, base, out, &mut seen);
+}
+
+fn collect_refs_into(v: &Value, base: &Rc<str>, out: &mut Vec<(String, Rc<str>)>, seen: &mut std::collections::HashSet<String>) {
+    match v {
+        Value::Object(m) => {
+            for key in ["$ref", "$recursiveRef"] {
+                if let Some(Value::String(r)) = m.get(key) {
+                    let r = if key == "$ref" { r.clone() } else { "#".to_string() };
+                    if seen.insert(r.clone()) {
+                        out.push((r, base.clone()));
+                    }
+                }
+            }
+            for (k, c) in m {
+                if matches!(k.as_str(), "enum" | "const" | "default" | "examples" | "example") {
+                    continue;
+                }
+                collect_refs_into(c, base, out, seen);
+            }
+        }
+        Value::Array(a) => {
+            for c in a {
+                collect_refs_into(c, base, out, seen);
+            }
+        }
+        _ => {}
+    }
+}
