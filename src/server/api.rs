@@ -1,7 +1,7 @@
 //! The JSON edge of both APIs: request bodies parsed into typed values ([`ChatRequest`]), and
-//! stream events, stop reasons and errors rendered in each API's own shape. Two things stay JSON
-//! past it: a request's JSON Schema (a `serde_json::Value` for the schema compiler) and the
-//! non-streamed response bodies, which `routes.rs` assembles with `json!`.
+//! responses, stream events, stop reasons and errors rendered in each API's own shape. Two things
+//! stay JSON past it: a request's JSON Schema (a `serde_json::Value` for the schema compiler) and
+//! the non-streamed response bodies (`chat_body`, `models_body`), assembled with `json!`.
 //!
 //! Status codes (the one place they are chosen, [`ApiError`]):
 //! - 400 `invalid_request_error`: body not JSON, wrong types, missing fields, values out of range,
@@ -14,9 +14,13 @@
 //!   413 body too large, 429 queue full (with `Retry-After`), 503 loading, draining or audit log
 //!   unwritable, 500 engine failure.
 
+use axum::body::Body;
 use bytes::{BufMut as _, Bytes, BytesMut};
+use hyper::Response;
 use serde_json::{json, Map, Value};
 
+use super::scheduler::{Finish, GenError};
+use super::State;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::ChatMessage;
 
@@ -658,6 +662,102 @@ impl SseTemplate {
     pub fn render(&self, text: &str) -> Bytes {
         self.render_into(text, &mut BytesMut::new())
     }
+}
+
+// ---- HTTP responses ----
+
+pub(crate) fn unix_now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+pub(crate) fn response(status: u16, content_type: &str, body: impl Into<Body>) -> Response<Body> {
+    let mut r = Response::new(body.into());
+    *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+pub(crate) fn json_response(status: u16, v: &Value) -> Response<Body> {
+    response(status, "application/json", v.to_string())
+}
+
+pub(crate) fn error_response(flavor: Flavor, e: &ApiError) -> Response<Body> {
+    let mut r = json_response(e.status, &e.body(flavor));
+    if let Some(s) = e.retry_after {
+        r.headers_mut().insert(hyper::header::RETRY_AFTER, s.into());
+    }
+    if e.status == 413 || e.status == 408 {
+        // The rest of the body was not read: do not reuse the connection.
+        r.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+    }
+    r
+}
+
+pub(crate) fn set_request_id(r: &mut Response<Body>, id: &str) {
+    if let Ok(v) = hyper::header::HeaderValue::from_str(id) {
+        r.headers_mut().insert("request-id", v.clone());
+        r.headers_mut().insert("x-request-id", v);
+    }
+}
+
+/// An engine failure as the client sees it.
+pub(crate) fn gen_error(e: GenError) -> ApiError {
+    match e {
+        GenError::Shutdown => ApiError::new(503, "the server is shutting down; the request was cancelled").retry(5),
+        GenError::Engine(m) => ApiError::new(500, format!("engine error: {m}")),
+    }
+}
+
+/// The body of a whole (non-streamed) answer: an Anthropic message or an OpenAI chat completion.
+pub(crate) fn chat_body(flavor: Flavor, id: &str, model: &str, fingerprint: &str, text: &str, f: &Finish, n: usize) -> Value {
+    match flavor {
+        Flavor::Anthropic => json!({
+            "id": id, "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": anthropic_stop(f.reason), "stop_sequence": f.stop_sequence,
+            "usage": {"input_tokens": n, "output_tokens": f.output_tokens},
+        }),
+        Flavor::OpenAi => json!({
+            "id": id, "object": "chat.completion", "created": unix_now(), "model": model,
+            "system_fingerprint": fingerprint,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": Value::Null}, "logprobs": Value::Null, "finish_reason": openai_finish(f.reason)}],
+            "usage": {"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens,
+                      "prompt_tokens_details": {"cached_tokens": f.cached_tokens}},
+        }),
+    }
+}
+
+pub(crate) fn model_entry(state: &State) -> Value {
+    let b = &state.bundle;
+    json!({
+        "id": b.name, "object": "model", "created": b.created_unix, "owned_by": "applianced",
+        "type": "model", "display_name": format!("{} v{}", b.name, b.version), "created_at": b.created,
+        "version": b.version, "identity": b.identity, "model_name": state.rt.config.name,
+        "context_length": state.info.get().map(|i| i.max_context),
+    })
+}
+
+/// Both APIs' list shapes in one body (OpenAI reads `object`/`data`, Anthropic `data`/`has_more`).
+pub(crate) fn models_body(state: &State) -> Value {
+    let name = &state.bundle.name;
+    let mut data = vec![model_entry(state)];
+    if let Some(t) = &state.rt.policy.presets {
+        for p in t.presets.values() {
+            let mut e = model_entry(state);
+            let id = format!("{name}:{}", p.name);
+            e["id"] = json!(id);
+            e["display_name"] = json!(format!("{} v{} preset {}", name, state.bundle.version, p.name));
+            e["preset"] = json!({"name": p.name, "description": p.description, "default": p.name == t.default,
+                "max_tokens": p.max_tokens, "safety": p.safety, "redact_output": p.redact_output,
+                "redact_input": p.redact_input, "schema": p.schema,
+                "overridable": p.overridable.iter().map(|x| x.name()).collect::<Vec<_>>()});
+            data.push(e);
+        }
+    }
+    let last = data.last().and_then(|e| e["id"].as_str()).unwrap_or(name).to_string();
+    json!({"object": "list", "data": data, "has_more": false, "first_id": name, "last_id": last})
 }
 
 #[cfg(test)]

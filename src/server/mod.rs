@@ -7,12 +7,14 @@
 //! queue, one engine thread, continuous batching). See docs/server.md.
 
 pub mod api;
+mod audit_record;
 pub mod auth;
 pub mod config;
 pub mod conns;
 pub mod metrics;
 mod routes;
 pub mod scheduler;
+mod stream;
 pub mod systemd;
 
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
 //! The AVX2 + FMA + F16C kernel set (issue 24): what most edge x86 boxes have (Intel Core
 //! 12th–14th gen and Core Ultra, Atom/N-series, AMD Zen 2/3). The same algorithms as the AVX-512
-//! set in `x86.rs`, on 256-bit registers:
+//! set in `x86/`, on 256-bit registers:
 //!
 //! - a [`super::panel`] kernel: the 16 interleaved rows of a panel are two halves of 8 rows (one
 //!   32-bit lane each). `vpmaddubsw` multiplies a weight group (4 columns of 8 rows) by 4
@@ -17,9 +17,9 @@
 
 use std::arch::x86_64::*;
 
-use super::kernels::{pv_ref, round_f16_ref, silu_mul_ref, to_f16_ref};
 use super::panel::{zero_point, Panels};
 use super::quant::Q8Act;
+use super::reference::{pv_ref, round_f16_ref, silu_mul_ref, to_f16_ref};
 use crate::model::TensorType;
 
 /// Whether this CPU has what every function here needs (`detect` checks it before handing any out).
@@ -132,7 +132,7 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], 
     }
 }
 
-/// [`super::panel::PanelFn`] on AVX2: tokens 4 at a time.
+/// [`super::kernels::PanelFn`] on AVX2: tokens 4 at a time.
 pub fn panel(ty: TensorType, panel: &[u8], q8: &Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize) {
     let nb = q8.cols / 32;
     let q8w = ty == TensorType::Q8_0;

@@ -1,6 +1,9 @@
-//! The dot-kernel table, chosen once at start-up from the CPU's features.
+//! The kernel table: every kernel's signature, one set of kernels ([`Kernels`]) and the reference
+//! set. Which set runs is chosen once at start-up from the CPU's features (`detect.rs`).
 
 use super::quant;
+use super::reference::{dot_f32_ref, exp_sum_ref, pv_ref, round_f16_ref, scores_ref, silu_mul_ref, to_f16_ref};
+use crate::model::TensorType;
 
 /// `dot(weight row bytes, activation int8 row, block scales d, Q8_1 sums s) -> f32`.
 pub type DotQ8Fn = fn(&[u8], &[i8], &[f32], &[f32]) -> f32;
@@ -31,6 +34,10 @@ pub type ToF16Fn = fn(&[f32], &mut [u16]);
 pub type SiluMulFn = fn(&mut [f32], &[f32]);
 /// Round every value to the nearest f16 (kept as f32).
 pub type RoundF16Fn = fn(&mut [f32]);
+/// A panel kernel: `out[t·stride + i] = row(16·p + i) · activation row (t0 + t)` for `i < 16` and
+/// `t < n`, where `panel` is one panel's block records ([`super::panel::Panels::panel`]) of type
+/// `ty`.
+pub type PanelFn = fn(ty: TensorType, panel: &[u8], q8: &super::quant::Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize);
 
 /// One set of kernels. Every entry is a safe function: SIMD entries are only handed out by
 /// [`Kernels::detect`] after the features they need were detected.
@@ -46,7 +53,7 @@ pub struct Kernels {
     pub q8_0_rows: Option<RowsQ8Fn>,
     /// Kernel over 16-row panels ([`super::panel`]); when present, the backend repacks Q4_0,
     /// Q4_1 and Q8_0 weights into panels at load time and every matmul on them runs through it.
-    pub panel: Option<super::panel::PanelFn>,
+    pub panel: Option<PanelFn>,
     pub quantize: QuantizeFn,
     pub dot_f32: DotF32Fn,
     pub scores: ScoresFn,
@@ -107,94 +114,5 @@ impl Kernels {
         for h in 0..g {
             (self.pv)(&p[h * stride..h * stride + n], &v[..n * hd], &mut out[h * hd..(h + 1) * hd]);
         }
-    }
-
-    /// The fastest set this CPU supports. `APPLIANCED_CPU_KERNELS` forces one: `scalar` (the
-    /// reference set), `avx2` (the AVX2 + FMA + F16C set, also on an AVX-512 machine) or `avx512`
-    /// (AVX-512 VNNI, which is also the default where present); a set this CPU lacks falls back to
-    /// the best it has. The chosen set's name is in `doctor`, `bench` and the startup log.
-    pub fn detect() -> Kernels {
-        if std::env::var("APPLIANCED_CPU_KERNELS").is_ok_and(|v| v == "scalar") {
-            return Kernels::reference();
-        }
-        #[cfg(target_arch = "x86_64")]
-        if let Some(k) = super::x86::detect() {
-            return k;
-        }
-        #[cfg(target_arch = "aarch64")]
-        if let Some(k) = super::neon::detect() {
-            return k;
-        }
-        Kernels::reference()
-    }
-}
-
-/// f32 dot with 8 independent accumulators (auto-vectorizes on every target).
-pub fn dot_f32_ref(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
-}
-
-#[inline]
-fn h2f(h: u16) -> f32 {
-    half::f16::from_bits(h).to_f32()
-}
-
-pub fn to_f16_ref(src: &[f32], dst: &mut [u16]) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d = half::f16::from_f32(s).to_bits();
-    }
-}
-
-pub fn scores_ref(q: &[f32], kt: &[u16], out: &mut [f32]) {
-    let hd = q.len();
-    for (tile, o) in kt.chunks_exact(hd * 16).zip(out.chunks_exact_mut(16)) {
-        o.fill(0.0);
-        for (d, &qd) in q.iter().enumerate() {
-            for (l, ol) in o.iter_mut().enumerate() {
-                *ol += qd * h2f(tile[d * 16 + l]);
-            }
-        }
-    }
-}
-
-pub fn exp_sum_ref(x: &mut [f32], max: f32) -> f32 {
-    let mut sum = 0.0f32;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    sum
-}
-
-pub fn pv_ref(p: &[f32], v: &[u16], out: &mut [f32]) {
-    let hd = out.len();
-    for (&pj, vj) in p.iter().zip(v.chunks_exact(hd)) {
-        for (o, &x) in out.iter_mut().zip(vj) {
-            *o += pj * h2f(x);
-        }
-    }
-}
-
-pub fn silu_mul_ref(g: &mut [f32], u: &[f32]) {
-    for (g, &u) in g.iter_mut().zip(u) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
-}
-
-pub fn round_f16_ref(x: &mut [f32]) {
-    for v in x.iter_mut() {
-        *v = quant::round_f16(*v);
     }
 }

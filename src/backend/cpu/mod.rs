@@ -3,7 +3,7 @@
 //! work split along output rows), a private rayon pool for whole steps and load-time work, dot
 //! kernels picked once at start-up by runtime CPU feature detection ([`kernels`]).
 //!
-//! Kernel sets: AVX-512 VNNI and AVX2 + FMA + F16C on x86-64 (`x86.rs`, `avx2.rs`), NEON on
+//! Kernel sets: AVX-512 VNNI and AVX2 + FMA + F16C on x86-64 (`x86/`, `avx2.rs`), NEON on
 //! aarch64 (`neon.rs`, dot kernels only so far), the scalar reference everywhere. Where the set
 //! has a panel kernel (both x86 sets), Q4_0, Q4_1 and Q8_0 weights are
 //! repacked at load into 16-row [`panel`]s (in parallel, about 40 ms for the default model on two
@@ -12,13 +12,15 @@
 //! kernels (for comparison); `APPLIANCED_CPU_KERNELS=scalar|avx2|avx512` forces a kernel set
 //! ([`Kernels::detect`]), so the AVX2 path can be measured and tested on an AVX-512 machine.
 //!
-//! The plain reference kernels live in [`quant`]; SIMD variants in `x86.rs` / `neon.rs` are tested
-//! against them.
+//! The plain reference kernels live in [`quant`] and [`mod@reference`]; SIMD variants in `x86/`
+//! and `neon.rs` are tested against them.
 
+mod detect;
 pub mod kernels;
 pub(crate) mod ops;
 pub mod panel;
 pub mod quant;
+pub mod reference;
 pub mod team;
 #[cfg(target_arch = "x86_64")]
 mod avx2;

@@ -4,7 +4,8 @@
 
 use std::arch::aarch64::*;
 
-use super::kernels::{dot_f32_ref, Kernels};
+use super::kernels::Kernels;
+use super::reference::dot_f32_ref;
 
 /// NEON is architecturally guaranteed on aarch64.
 pub fn detect() -> Option<Kernels> {

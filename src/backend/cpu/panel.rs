@@ -131,12 +131,8 @@ pub fn zero_point(ty: TensorType) -> i32 {
     }
 }
 
-/// A panel kernel: `out[t·stride + i] = row(16·p + i) · activation row (t0 + t)` for `i < 16` and
-/// `t < n`, where `panel` is one panel's block records ([`Panels::panel`]) of type `ty`.
-pub type PanelFn = fn(ty: TensorType, panel: &[u8], q8: &super::quant::Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize);
-
-/// The plain reference for [`PanelFn`] over the panel layout (the oracle of the SIMD kernels'
-/// tests, and a readable statement of the layout's arithmetic).
+/// The plain reference for [`super::kernels::PanelFn`] over the panel layout (the oracle of the
+/// SIMD kernels' tests, and a readable statement of the layout's arithmetic).
 pub fn panel_ref(ty: TensorType, panel: &[u8], q8: &super::quant::Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize) {
     let Some(blk) = Panels::block_bytes(ty) else { return };
     let nb = q8.cols / 32;
@@ -171,6 +167,7 @@ pub fn panel_ref(ty: TensorType, panel: &[u8], q8: &super::quant::Q8Act, t0: usi
 
 #[cfg(test)]
 mod tests {
+    use super::super::kernels::PanelFn;
     use super::super::quant::{testutil::*, Q8Act};
     use super::*;
 

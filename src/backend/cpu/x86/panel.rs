@@ -1,0 +1,127 @@
+//! The AVX-512 VNNI panel kernel: a matmul over 16 interleaved weight rows
+//! ([`super::super::panel`]), 8 tokens at a time on 512-bit lanes.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use super::super::quant::Q8Act;
+use crate::model::TensorType;
+
+// ---- Panel kernel (AVX-512 VNNI, 512-bit): 16 interleaved weight rows, see `cpu::panel`. ----
+//
+// Per block: 4 (Q4) or 8 (Q8) aligned 64-byte loads give the weight codes of 16 rows; for each
+// token, 8 `vpdpbusd` against 4 broadcast activation bytes each leave one block dot product per
+// row in each 32-bit lane, then `acc += f32(Σ) · (d_w · d_x) + m_w · s_x` on 16 lanes at once.
+// Tokens are taken 8 at a time so the accumulators and unpacked weights stay in registers.
+
+/// How many block records ahead the panel kernel prefetches.
+const PREFETCH: usize = 16;
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], z: i32, nb: usize, out: &mut [f32], stride: usize) {
+    let blk = super::super::panel::Panels::block_bytes(if Q8 { TensorType::Q8_0 } else { TensorType::Q4_1 }).unwrap_or(0);
+    let qb = blk - 64;
+    let cols = nb * 32;
+    assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
+    assert!(NT == 0 || out.len() >= (NT - 1) * stride + 16);
+    let m4 = _mm512_set1_epi8(0x0F);
+    // Eight slots whatever NT (constant indices only; the unused ones are dead code).
+    let mut acc = [_mm512_setzero_ps(); 8];
+    let mut accm = [_mm512_setzero_ps(); 8]; // the min terms (Q4_1), summed apart as the row kernels do
+    for b in 0..nb {
+        // SAFETY: record b is blk bytes inside `panel` (asserted); 64-byte groups at 0..qb, then
+        // 16 f16 d at qb and 16 f16 m at qb + 32.
+        let (w, dw, mw) = unsafe {
+            let base = panel.as_ptr().add(b * blk);
+            // Decode streams the panels from DRAM: fetch the record PREFETCH records ahead, line
+            // by line (the loads below do not come in address order, which the hardware
+            // prefetcher would need). Past the end it touches nothing (prefetches never fault).
+            let ahead = base.wrapping_add(PREFETCH * blk);
+            for line in 0..blk / 64 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
+            }
+            let mut w = [_mm512_setzero_si512(); 8];
+            if Q8 {
+                for (k, wk) in w.iter_mut().enumerate() {
+                    *wk = _mm512_loadu_si512(base.add(64 * k) as *const _);
+                }
+            } else {
+                for k in 0..4 {
+                    let g = _mm512_loadu_si512(base.add(64 * k) as *const _);
+                    w[k] = _mm512_and_si512(g, m4);
+                    w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(g, 4), m4);
+                }
+            }
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(qb) as *const __m256i));
+            let mw = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(qb + 32) as *const __m256i));
+            (w, dw, mw)
+        };
+        // One token's block: written out per literal index so the accumulators stay in registers.
+        macro_rules! token {
+            ($($t:literal)*) => {$(
+                if $t < NT {
+                    let t: usize = $t;
+                    // SAFETY: token t's block b is 32 bytes at (t·cols + 32b) of xs (asserted length).
+                    let x = unsafe { xs.as_ptr().add(t * cols + b * 32) } as *const i32;
+                    // Group k of a Q4 record pairs with activation bytes 4k.. (low nibbles) and
+                    // 16+4k.. (high nibbles, w[k + 4]); a Q8 record's group k with 4k.. — both are
+                    // x[k] in i32 units.
+                    macro_rules! bc {
+                        ($k:literal) => {
+                            // SAFETY: k < 8: inside token t's 32-byte block.
+                            _mm512_set1_epi32(unsafe { x.add($k).read_unaligned() })
+                        };
+                    }
+                    // Start from −z·Σq: the zero point comes off in integers (exact, as the reference).
+                    let mut s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-z * qsum[t * nb + b]), w[0], bc!(0));
+                    let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bc!(1));
+                    s0 = _mm512_dpbusd_epi32(s0, w[2], bc!(2));
+                    s1 = _mm512_dpbusd_epi32(s1, w[3], bc!(3));
+                    s0 = _mm512_dpbusd_epi32(s0, w[4], bc!(4));
+                    s1 = _mm512_dpbusd_epi32(s1, w[5], bc!(5));
+                    s0 = _mm512_dpbusd_epi32(s0, w[6], bc!(6));
+                    s1 = _mm512_dpbusd_epi32(s1, w[7], bc!(7));
+                    let s = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t * nb + b]));
+                    acc[$t] = _mm512_fmadd_ps(s, scale, acc[$t]);
+                    if z == 0 {
+                        accm[$t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[t * nb + b]), accm[$t]);
+                    }
+                }
+            )*};
+        }
+        token!(0 1 2 3 4 5 6 7);
+    }
+    for t in 0..NT {
+        // SAFETY: out holds (NT-1)·stride + 16 floats (asserted).
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(t * stride), _mm512_add_ps(acc[t], accm[t])) };
+    }
+}
+
+pub(super) fn panel_vnni(ty: TensorType, panel: &[u8], q8: &Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize) {
+    let nb = q8.cols / 32;
+    let q8w = ty == TensorType::Q8_0;
+    let z = super::super::panel::zero_point(ty);
+    assert!(t0 + n <= q8.n, "panel kernel: tokens out of range");
+    let mut t = 0;
+    while t < n {
+        let nt = (n - t).min(8);
+        let row = t0 + t;
+        let (xs, dx, sx, qsum) = (&q8.qs[row * q8.cols..], &q8.d[row * nb..], &q8.s[row * nb..], &q8.qsum[row * nb..]);
+        let o = &mut out[t * stride..];
+        macro_rules! go {
+            ($($k:literal)*) => {
+                match (nt, q8w) {
+                    // SAFETY: handed out by `detect()` only after avx512f/bw/vnni, avx2, fma and
+                    // f16c were detected; the inner function asserts every length it reads.
+                    $(($k, false) => unsafe { panel_inner::<$k, false>(panel, xs, dx, sx, qsum, z, nb, o, stride) },
+                      ($k, true) => unsafe { panel_inner::<$k, true>(panel, xs, dx, sx, qsum, z, nb, o, stride) },)*
+                    _ => unreachable!("1 ≤ nt ≤ 8"),
+                }
+            };
+        }
+        go!(1 2 3 4 5 6 7 8);
+        t += nt;
+    }
+}

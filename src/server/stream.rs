@@ -1,0 +1,198 @@
+//! A streamed response: engine events turned into the server-sent events of either API, with the
+//! request's record finished when the stream ends.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::api::{self, gen_error, unix_now, ApiError, Flavor};
+use super::audit_record::{cpu_since, thread_cpu, Record};
+use super::scheduler::{Event, Finish};
+use super::InflightGuard;
+
+/// Turns engine events into server-sent events of either API.
+pub(super) struct Streamer {
+    rx: UnboundedReceiver<Event>,
+    rec: Record,
+    flavor: Flavor,
+    model: String,
+    created: i64,
+    input_tokens: usize,
+    include_usage: bool,
+    text: String,
+    /// The text-delta event of this stream, rendered once (per event: escape the text, copy).
+    delta: Arc<api::SseTemplate>,
+    /// Where the text deltas are rendered (see `SseTemplate::render_into`).
+    buf: BytesMut,
+    queue: VecDeque<Bytes>,
+    done: bool,
+    _guard: InflightGuard,
+}
+
+impl Streamer {
+    pub(super) fn new(rx: UnboundedReceiver<Event>, rec: Record, flavor: Flavor, model: String, input_tokens: usize, include_usage: bool, guard: InflightGuard) -> Streamer {
+        let t0 = thread_cpu();
+        let mut s = Streamer {
+            rx,
+            rec,
+            flavor,
+            model,
+            created: unix_now(),
+            input_tokens,
+            include_usage,
+            text: String::with_capacity(512),
+            delta: Arc::default(), // set below: the OpenAI chunk needs the fields
+            buf: BytesMut::new(),
+            queue: VecDeque::with_capacity(8),
+            done: false,
+            _guard: guard,
+        };
+        s.delta = match flavor {
+            Flavor::Anthropic => {
+                // The same for every stream: built once.
+                static DELTA: std::sync::OnceLock<Arc<api::SseTemplate>> = std::sync::OnceLock::new();
+                DELTA
+                    .get_or_init(|| {
+                        Arc::new(api::SseTemplate::new(Some("content_block_delta"), |t| {
+                            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}})
+                        }))
+                    })
+                    .clone()
+            }
+            Flavor::OpenAi => Arc::new(api::SseTemplate::new(None, |t| s.chunk(json!({"content": t}), Value::Null))),
+        };
+        match flavor {
+            Flavor::Anthropic => {
+                let start = api::anthropic_message_start(&s.rec.id, &s.model, input_tokens);
+                s.queue.push_back(Bytes::from(start));
+                s.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_START));
+                s.queue.push_back(Bytes::from_static(api::PING));
+            }
+            Flavor::OpenAi => {
+                let c = s.chunk(json!({"role": "assistant", "content": ""}), Value::Null);
+                s.data(&c);
+            }
+        }
+        s.rec.overhead += cpu_since(t0);
+        s
+    }
+
+    fn event(&mut self, name: &str, v: Value) {
+        self.queue.push_back(Bytes::from(api::sse(Some(name), &v)));
+    }
+
+    fn data(&mut self, v: &Value) {
+        self.queue.push_back(Bytes::from(api::sse(None, v)));
+    }
+
+    fn chunk(&self, delta: Value, finish: Value) -> Value {
+        let mut c = json!({
+            "id": self.rec.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+            "system_fingerprint": Value::Null,
+            "choices": [{"index": 0, "delta": delta, "logprobs": Value::Null, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+
+    fn error(&mut self, e: &ApiError) {
+        match self.flavor {
+            Flavor::Anthropic => self.event("error", e.body(Flavor::Anthropic)),
+            Flavor::OpenAi => {
+                self.data(&e.body(Flavor::OpenAi));
+                self.queue.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+            }
+        }
+    }
+
+    fn finish_ok(&mut self, f: Finish) {
+        self.rec.output_tokens = f.output_tokens;
+        self.rec.stop_reason = Some(api::anthropic_stop(f.reason));
+        self.rec.ttft = f.ttft;
+        self.rec.response = Some(std::mem::take(&mut self.text));
+        self.rec.status = 200;
+        // The closing events are rendered before the audit append, while this thread's caches
+        // still hold the stream's state (the append may sleep in fdatasync), and dropped for an
+        // error event when the append fails.
+        let queued = self.queue.len();
+        match self.flavor {
+            Flavor::Anthropic => {
+                self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_STOP));
+                self.event("message_delta", json!({"type": "message_delta",
+                    "delta": {"stop_reason": api::anthropic_stop(f.reason), "stop_sequence": f.stop_sequence},
+                    "usage": {"input_tokens": self.input_tokens, "output_tokens": f.output_tokens}}));
+                self.queue.push_back(Bytes::from_static(api::MESSAGE_STOP));
+            }
+            Flavor::OpenAi => {
+                let c = self.chunk(json!({}), api::openai_finish(f.reason).into());
+                self.data(&c);
+                if self.include_usage {
+                    let n = self.input_tokens;
+                    let mut u = self.chunk(json!({}), Value::Null);
+                    u["choices"] = json!([]);
+                    u["usage"] = json!({"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens,
+                                        "prompt_tokens_details": {"cached_tokens": f.cached_tokens}});
+                    self.data(&u);
+                }
+                self.queue.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+            }
+        }
+        if let Err(e) = self.rec.finish() {
+            self.queue.truncate(queued);
+            self.error(&e);
+        }
+    }
+
+    pub(super) async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(b) = self.queue.pop_front() {
+                return Some(b);
+            }
+            if self.done {
+                return None;
+            }
+            let event = self.rx.recv().await;
+            if let Some(Event::Text(t)) = &event {
+                // A text delta is a few hundred nanoseconds of work with no await: the monotonic
+                // clock (vDSO, ~25 ns) stands in for the thread CPU clock here, whose two
+                // syscalls per event would cost more than the event itself. A preemption inside
+                // the span can only make the figure larger.
+                let t0 = Instant::now();
+                self.text.push_str(t);
+                // The queue is empty here (it is drained before each receive): send it at once.
+                let b = self.delta.render_into(t, &mut self.buf);
+                self.rec.overhead += t0.elapsed();
+                return Some(b);
+            }
+            let t0 = thread_cpu();
+            match event {
+                Some(Event::Text(_)) => {}
+                Some(Event::Done(f)) => {
+                    self.done = true;
+                    self.finish_ok(f);
+                    if self.rec.status == 200 {
+                        self.rec.report_overhead(cpu_since(t0));
+                    }
+                }
+                other => {
+                    self.done = true;
+                    let e = match other {
+                        Some(Event::Error(e)) => gen_error(e),
+                        _ => ApiError::new(500, "the engine stopped"),
+                    };
+                    self.rec.status = e.status;
+                    self.rec.error = Some(e.message.clone());
+                    self.rec.response = Some(std::mem::take(&mut self.text));
+                    let _ = self.rec.finish();
+                    self.error(&e);
+                }
+            }
+        }
+    }
+}
