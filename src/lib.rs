@@ -4,8 +4,8 @@
 //! store, threshold, rollback state), [`import`] (GGUF / Hugging Face → the bundle's model layout),
 //! [`model`] (that layout), [`tokenizer`] (tokenizer and chat templates), [`engine`] (the Llama
 //! forward pass and KV cache) over [`backend`] (one trait, one module per backend), [`sampling`]
-//! (samplers and token masks), [`schema`] (JSON Schema → token automaton), [`policy`] (safety
-//! masks, redaction, presets), [`runtime`] (a verified bundle loaded for generation: the one
+//! (samplers and token masks), [`tokenmask`] (the DFA + token-mask core and its wire codec),
+//! [`schema`] (JSON Schema → token automaton), [`policy`] (safety masks, redaction, presets), [`runtime`] (a verified bundle loaded for generation: the one
 //! loader, prompt builder and generation step every caller uses), [`server`] (the Unix-socket API), [`audit`] (hash-chained log),
 //! [`cli`] (the `applianced` command line).
 #![deny(unsafe_code)]
@@ -23,4 +23,5 @@ pub mod sampling;
 pub mod schema;
 pub mod server;
 pub mod tokenizer;
+pub mod tokenmask;
 pub mod trust;

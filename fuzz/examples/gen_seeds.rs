@@ -48,7 +48,7 @@ fn bundles() {
             vec![("model/config.json", b"{\"a\":1}"), ("model/weights.safetensors", &weights), ("tokenizer/tokenizer.json", b"{}")],
         ),
         ("one", vec![("tokenizer/chat_template.json", b"{\"family\":\"chatml\",\"default_system\":null}")]),
-        ("nested", vec![("a/b/c/d.bin", b"x"), ("a/b/e.bin", b""), ("policy/safety/bank.bin", b"ZLSAFE\0\x01")]),
+        ("nested", vec![("a/b/c/d.bin", b"x"), ("a/b/e.bin", b""), ("policy/safety/bank.bin", b"ZLSAFE\0\x02")]),
     ];
     for (name, members) in &sets {
         let zlb = valid_bundle(name, members);

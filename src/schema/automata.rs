@@ -49,7 +49,7 @@ impl FxHasher {
 pub(crate) type HashMap<K, V> = StdHashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// The dead state of every [`Dfa`].
-pub(crate) const DEAD: u32 = 0;
+pub(crate) use crate::tokenmask::DEAD;
 
 /// The construction ran past its state cap.
 #[derive(Debug, Clone, Copy)]

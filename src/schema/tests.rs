@@ -1,0 +1,642 @@
+//! Unit tests of the schema compiler: lowering, masks, calls, the wire codec and the run-time
+//! matcher, each against a definition or a brute-force oracle.
+
+use super::*;
+use serde_json::json;
+
+/// A seeded xorshift64 generator for randomised tests: `rnd(m)` is uniform-ish in `0..m`.
+pub(crate) fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |m: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % m
+    }
+}
+
+pub(crate) fn byte_vocab() -> Vec<Vec<u8>> {
+    let mut v: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+    for s in ["{\"", "\":", "\": ", "\",", "\", \"", "true", "false", "null", "12", "00", "ab", "\"}", "}}", "]}", "\"]}", "\\\"", "é"] {
+        v.push(s.as_bytes().to_vec());
+    }
+    v.push(Vec::new()); // EOS
+    v
+}
+
+pub(crate) fn accepts(c: &CompiledSchema, text: &str) -> bool {
+    let mut m = Matcher::new(c);
+    m.advance_bytes(text.as_bytes()) && m.is_accepting()
+}
+
+fn compile(s: Value) -> CompiledSchema {
+    let v = byte_vocab();
+    let eos = (v.len() - 1) as u32;
+    CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap()
+}
+
+#[test]
+fn object_basic() {
+    let c = compile(json!({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},"required":["a"],"additionalProperties":false}));
+    assert!(accepts(&c, r#"{"a":1}"#));
+    assert!(accepts(&c, r#"{"a": 1, "b": "x"}"#));
+    assert!(!accepts(&c, r#"{"b":"x"}"#));
+    assert!(!accepts(&c, r#"{"a":1,"c":2}"#));
+    assert!(!accepts(&c, r#"{"a":1.5}"#));
+    // masks: in start state only '{' tokens
+    let m = c.allowed(c.start());
+    assert!(m[(b'{' as usize) / 64] & (1 << (b'{' % 64)) != 0);
+    assert!(m[(b'[' as usize) / 64] & (1 << (b'[' % 64)) == 0);
+    let bytes = c.to_bytes();
+    let d = CompiledSchema::from_bytes(&bytes).unwrap();
+    assert_eq!(d.to_bytes(), bytes);
+    for cut in [0, 5, bytes.len() / 2, bytes.len() - 1] {
+        assert!(CompiledSchema::from_bytes(&bytes[..cut]).is_err());
+    }
+    // One encoding per value: a set padding bit after the last state's accept bit (which a
+    // decoder that ignored it would re-encode as clear) is refused. (Found by the
+    // schema_decode fuzz target in CI.)
+    let n = c.dfa.n_states();
+    assert!(n % 8 != 0, "this schema's automaton has padding bits to test ({n} states)");
+    {
+        let core = 2 + 256 + 4 + c.dfa.trans.len() * 4 + 8 + c.table.masks.len() * 8 + n * 4;
+        let at = 8 + 1 + 4 + 4 + 4 * c.vocab.eos.len() + c.vocab.tokens.iter().map(|t| 2 + t.len()).sum::<usize>() + core + 4 + n / 8;
+        let mut bad = bytes.clone();
+        bad[at] |= 0x80;
+        let e = CompiledSchema::from_bytes(&bad).err().expect("padding bit refused");
+        assert!(e.to_string().contains("padding"), "{e}");
+    }
+}
+
+#[test]
+fn anyof_refs_enums() {
+    let c = compile(json!({"$defs":{"n":{"anyOf":[{"type":"null"},{"$ref":"#"}]}},"type":"array","items":{"$ref":"#/$defs/n"},"maxItems":2}));
+    assert!(accepts(&c, "[]") && accepts(&c, "[null,[]]") && accepts(&c, "[[null]]"));
+    assert!(!accepts(&c, "[1]") && !accepts(&c, "[null,null,null]"));
+    let c = compile(json!({"enum":["a", 1, null, {"x":[1,2]}]}));
+    for t in ["\"a\"", "1", "1.0", "null", "{\"x\":[1,2]}", "{\"x\": [1, 2]}"] {
+        assert!(accepts(&c, t), "{t}");
+    }
+    assert!(!accepts(&c, "\"b\""));
+}
+
+#[cfg(test)]
+mod debug_tests {
+    use super::*;
+
+    #[test]
+    fn dbg_file() {
+        let Ok(path) = std::env::var("DBG_SCHEMA") else { return };
+        let full: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let r = CompiledSchema::compile(&full, &v, &[eos], &CompileOptions::default());
+        eprintln!("full: {:?}", r.as_ref().map(|c| c.stats()).err());
+        if let Some(props) = full.get("properties").and_then(|p| p.as_object()) {
+            for (k, sub) in props {
+                let mut s2 = full.clone();
+                s2.as_object_mut().unwrap().remove("properties");
+                s2.as_object_mut().unwrap().remove("required");
+                s2["properties"] = serde_json::json!({ k: sub });
+                s2["required"] = serde_json::json!([k]);
+                let r = CompiledSchema::compile(&s2, &v, &[eos], &CompileOptions::default());
+                eprintln!("prop {k}: {:?}", r.err());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod unique_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn unique_enum_items_never_corner_the_answer() {
+        // With "ab-major" taken, "ab-m" may only go on as "ab-minor": a byte that leads to the
+        // taken member (whose only ending is its closing quote) is masked before it is taken,
+        // so a greedy walk never reaches a state with nothing allowed.
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let s = json!({"type": "array", "items": {"type": "string", "enum": ["ab-major", "ab-minor", "ab-patch"]}, "uniqueItems": true, "minItems": 1});
+        let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
+        let mut m = Matcher::new(&c);
+        let mut buf = vec![0u64; c.mask_words()];
+        for b in br#"["ab-major","ab-m"#.iter() {
+            assert!(m.advance(*b as u32));
+        }
+        m.allowed(&mut buf);
+        let allowed = |buf: &[u64], b: u8| buf[b as usize / 64] >> (b % 64) & 1 == 1;
+        assert!(!allowed(&buf, b'a'), "'a' can only end as the duplicate \"ab-major\"");
+        assert!(allowed(&buf, b'i'));
+        // Greedy walks (lowest allowed token first, and highest) finish with valid, unique items,
+        // also where a comma would ask for a fourth member.
+        for highest in [false, true] {
+            let mut m = Matcher::new(&c);
+            let mut text = Vec::new();
+            for b in br#"["ab-major","#.iter() {
+                assert!(m.advance(*b as u32));
+                text.push(*b);
+            }
+            for _ in 0..200 {
+                if m.is_accepting() {
+                    break;
+                }
+                m.allowed(&mut buf);
+                let mut ids = (0..v.len() as u32 - 1).filter(|&id| buf[id as usize / 64] >> (id % 64) & 1 == 1);
+                let id = if highest { ids.last() } else { ids.next() };
+                let id = id.unwrap_or_else(|| panic!("nothing allowed after {:?}", String::from_utf8_lossy(&text)));
+                assert!(m.advance(id));
+                text.extend_from_slice(&v[id as usize]);
+            }
+            let val: Value = serde_json::from_slice(&text).expect("valid JSON");
+            let items = val.as_array().unwrap();
+            let set: std::collections::HashSet<_> = items.iter().map(|x| x.to_string()).collect();
+            assert_eq!(set.len(), items.len(), "unique: {}", String::from_utf8_lossy(&text));
+        }
+    }
+
+    #[test]
+    fn unique_items_never_corner_a_random_walk() {
+        // Random walks over allowed tokens (single bytes and multi-byte tokens that spell parts
+        // of the members) must end in a valid document with unique items, never with nothing
+        // allowed: prefixes that branch into several taken members, a comma after every member
+        // has been used (maxItems above the set's size), number members, members inside objects.
+        let mut v = tests::byte_vocab();
+        v.pop();
+        for s in ["\"ver", "sion-", "semver-m", "major\"", "minor\"", "-patch\"", "\",", "\"]", "\", ", "\"ab-m", "aj", "in", "1,", "2]", ", \""] {
+            v.push(s.as_bytes().to_vec());
+        }
+        v.push(Vec::new()); // EOS
+        let eos = (v.len() - 1) as u32;
+        let members = json!(["version-semver-major", "version-semver-minor", "version-semver-patch", "version-other"]);
+        let schemas = [
+            json!({"type": "array", "items": {"type": "string", "enum": members}, "uniqueItems": true, "maxItems": 9}),
+            json!({"type": "array", "items": {"enum": ["ab-major", "ab-minor", "ab-mid", "ab"]}, "uniqueItems": true, "minItems": 1}),
+            json!({"type": "array", "items": {"type": "integer", "enum": [1, 2, 12, 21]}, "uniqueItems": true}),
+            json!({"type": "object", "properties": {"u": {"type": "array", "items": {"enum": ["x", "xy", "xyz"]}, "uniqueItems": true}}, "required": ["u"], "additionalProperties": false}),
+            json!({"type": "array", "items": {"type": "array", "items": {"enum": ["p", "q"]}, "uniqueItems": true, "maxItems": 3}, "uniqueItems": true, "maxItems": 3}),
+        ];
+        let mut rnd = tests::xorshift(0x9e37_79b9_7f4a_7c15);
+        let mut buf = Vec::new();
+        for s in &schemas {
+            let c = CompiledSchema::compile(s, &v, &[eos], &CompileOptions::default()).unwrap();
+            buf.resize(c.mask_words(), 0);
+            for walk in 0..200 {
+                let mut m = Matcher::new(&c);
+                let mut text = Vec::new();
+                for _ in 0..400 {
+                    m.allowed(&mut buf);
+                    let ids: Vec<u32> = (0..v.len() as u32).filter(|&id| buf[id as usize / 64] >> (id % 64) & 1 == 1).collect();
+                    assert!(!ids.is_empty(), "schema {s}, walk {walk}: nothing allowed after {:?}", String::from_utf8_lossy(&text));
+                    // Prefer going on over ending, so the walks reach the full sets.
+                    let go_on: Vec<u32> = ids.iter().copied().filter(|&id| id != eos).collect();
+                    let id = if go_on.is_empty() || rnd(8) == 0 && ids.contains(&eos) { eos } else { go_on[rnd(go_on.len() as u64) as usize] };
+                    if id == eos {
+                        break;
+                    }
+                    assert!(m.advance(id));
+                    text.extend_from_slice(&v[id as usize]);
+                }
+                assert!(m.is_accepting(), "schema {s}, walk {walk}: unfinished {:?}", String::from_utf8_lossy(&text));
+                let val: Value = serde_json::from_slice(&text).expect("valid JSON");
+                let mut arrays = vec![&val];
+                while let Some(x) = arrays.pop() {
+                    match x {
+                        Value::Array(items) => {
+                            let set: std::collections::HashSet<String> = items.iter().map(|x| x.to_string()).collect();
+                            assert_eq!(set.len(), items.len(), "schema {s}: duplicate in {}", String::from_utf8_lossy(&text));
+                            arrays.extend(items);
+                        }
+                        Value::Object(o) => arrays.extend(o.values()),
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unique_items_at_run_time() {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let s = json!({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": true},
+            "n": {"type": "array", "items": {"type": "number"}, "uniqueItems": true}, "free": {"type": "array", "items": {"type": "string"}}}});
+        let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
+        assert!(c.needs_matcher());
+        let run = |text: &str| -> bool {
+            let mut m = Matcher::new(&c);
+            let mut buf = vec![0u64; c.mask_words()];
+            for b in text.bytes() {
+                m.allowed(&mut buf);
+                let id = b as u32;
+                let masked = buf[id as usize / 64] >> (id % 64) & 1 == 1;
+                let ok = m.advance(id);
+                assert_eq!(masked, ok, "mask/advance disagree at {text:?}");
+                if !ok {
+                    return false;
+                }
+            }
+            m.is_accepting()
+        };
+        assert!(run(r#"{"tags":["a","b"]}"#));
+        assert!(!run(r#"{"tags":["a","a"]}"#));
+        assert!(!run(r#"{"tags":["a", "b", "a"]}"#));
+        assert!(run(r#"{"free":["a","a"]}"#));
+        assert!(!run(r#"{"n":[1,1.0]}"#) && !run(r#"{"n":[1.50,1.5]}"#) && run(r#"{"n":[1,10]}"#));
+        let s2 = json!({"type": "array", "uniqueItems": true, "items": {"type": "object"}});
+        let c2 = CompiledSchema::compile(&s2, &v, &[eos], &CompileOptions::default()).unwrap();
+        let run2 = |text: &str| -> bool {
+            let mut m = Matcher::new(&c2);
+            let mut buf = vec![0u64; c2.mask_words()];
+            for b in text.bytes() {
+                m.allowed(&mut buf);
+                let masked = buf[b as usize / 64] >> (b % 64) & 1 == 1;
+                let ok = m.advance(b as u32);
+                assert_eq!(masked, ok, "mask/advance disagree at {text:?}");
+                if !ok {
+                    return false;
+                }
+            }
+            m.is_accepting()
+        };
+        assert!(run2(r#"[{"a":1},{"a":2}]"#) && !run2(r#"[{"a":1,"b":[true]},{"b": [true], "a": 1.0}]"#));
+        // multi-byte token completing a duplicate is masked
+        let mut m = Matcher::new(&c);
+        for b in r#"{"tags":["ab","a"#.bytes() {
+            assert!(m.advance(b as u32));
+        }
+        let mut buf = vec![0u64; c.mask_words()];
+        m.allowed(&mut buf);
+        let tok = v.iter().position(|t| t == br#""]}"#).unwrap() as u32;
+        let tok_b = v.iter().position(|t| t == b"b").unwrap() as u32;
+        assert!(buf[tok as usize / 64] >> (tok % 64) & 1 == 1, "a then a closing token is fine");
+        assert!(m.advance(tok_b));
+        m.allowed(&mut buf);
+        assert!(buf[tok as usize / 64] >> (tok % 64) & 1 == 0, "ab again is a duplicate");
+        let bytes = c.to_bytes();
+        let d = CompiledSchema::from_bytes(&bytes).unwrap();
+        assert_eq!(d.to_bytes(), bytes);
+    }
+}
+
+#[cfg(test)]
+mod negation_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn acc(s: &Value, t: &str) -> bool {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let c = CompiledSchema::compile(s, &v, &[eos], &CompileOptions::default()).unwrap();
+        tests::accepts(&c, t)
+    }
+
+    #[test]
+    fn not_and_if() {
+        let s = json!({"not": {"type": "integer"}});
+        assert!(acc(&s, "\"a\"") && acc(&s, "1.5") && !acc(&s, "1") && !acc(&s, "1.0") && !acc(&s, "1e3") && acc(&s, "null"));
+        let s = json!({"type": "string", "not": {"enum": ["a", "b"]}});
+        assert!(acc(&s, "\"c\"") && !acc(&s, "\"a\""));
+        let s = json!({"type": "integer", "not": {"const": 3}});
+        assert!(acc(&s, "4") && !acc(&s, "3"));
+        let s = json!({"type": "number", "not": {"const": 3}});
+        assert!(acc(&s, "4") && !acc(&s, "3") && !acc(&s, "3.00") && acc(&s, "3.5"));
+        let s = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "not": {"required": ["a"]}});
+        assert!(acc(&s, "{}") && !acc(&s, "{\"a\":1}"));
+        let s = json!({"type": "object", "properties": {"k": {"enum": ["x", "y"]}, "v": {}}, "required": ["k"],
+            "if": {"properties": {"k": {"const": "x"}}}, "then": {"properties": {"v": {"type": "integer"}}}, "else": {"properties": {"v": {"type": "string"}}}});
+        assert!(acc(&s, "{\"k\":\"x\",\"v\":1}") && !acc(&s, "{\"k\":\"x\",\"v\":\"s\"}"));
+        assert!(acc(&s, "{\"k\":\"y\",\"v\":\"s\"}") && !acc(&s, "{\"k\":\"y\",\"v\":1}") && acc(&s, "{\"k\":\"y\"}"));
+        let s = json!({"type": "string", "not": {"pattern": "^a"}});
+        assert!(acc(&s, "\"ba\"") && !acc(&s, "\"ab\""));
+        let s = json!({"oneOf": [{"type": ["string", "null"]}, {"type": ["integer", "null"]}]});
+        assert!(acc(&s, "\"a\"") && acc(&s, "1") && !acc(&s, "null"));
+    }
+}
+
+#[cfg(test)]
+mod one_of_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn overlapping_one_of_is_exact() {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let s = json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+            "oneOf": [{"required": ["a"]}, {"required": ["b"]}]});
+        let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc(r#"{"a":"x"}"#) && acc(r#"{"b":"x"}"#) && !acc(r#"{"a":"x","b":"y"}"#) && !acc("{}"));
+        let s = json!({"not": {"not": {"type": "string"}}});
+        let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
+        assert!(tests::accepts(&c, "\"x\""));
+        assert!(!Matcher::new(&c).advance_bytes(b"1"));
+    }
+
+    /// Random walks through the automaton (shortest completion at the end): every document
+    /// produced must satisfy `valid`, the oneOf semantics written out by hand.
+    fn walks_are_valid(c: &CompiledSchema, eos: u32, valid: impl Fn(&Value) -> bool) {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut m = vec![0u64; c.mask_words()];
+        let mut checked = 0;
+        for _ in 0..300 {
+            let mut s = Matcher::new(c);
+            let mut text = Vec::new();
+            for _ in 0..40 {
+                s.allowed(&mut m);
+                let ids: Vec<u32> = (0..c.mask_bits() as u32).filter(|&i| m[i as usize / 64] >> (i % 64) & 1 == 1).collect();
+                assert!(!ids.is_empty(), "stuck after {}", String::from_utf8_lossy(&text));
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let id = ids[(seed >> 33) as usize % ids.len()];
+                if id == eos {
+                    break;
+                }
+                text.extend_from_slice(c.vocabulary().token_bytes(id));
+                assert!(s.advance(id));
+            }
+            if !s.is_accepting() {
+                let rest = s.shortest_completion().expect("every live state can finish");
+                text.extend_from_slice(&rest);
+                assert!(s.advance_bytes(&rest) && s.is_accepting());
+            }
+            let v: Value = match serde_json::from_slice(&text) {
+                Ok(v) => v,
+                // JSON numbers have no range; serde_json's f64 does (`1E999` is valid JSON).
+                Err(e) if e.to_string().starts_with("number out of range") => continue,
+                Err(e) => panic!("{e}: {}", String::from_utf8_lossy(&text)),
+            };
+            assert!(valid(&v), "invalid under oneOf: {}", String::from_utf8_lossy(&text));
+            checked += 1;
+        }
+        assert!(checked >= 200, "only {checked} of 300 walks gave a document serde_json reads");
+    }
+
+    /// `oneOf` over open objects that overlap: each branch is narrowed apart from the others (a
+    /// key another branch requires is left out of it; closed objects with disjoint key sets
+    /// drop `{}`), and the rest of the node is distributed into each branch.
+    #[test]
+    fn overlapping_object_branches_are_narrowed_apart() {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let compile = |s: &Value| CompiledSchema::compile(s, &v, &[eos], &CompileOptions::default()).unwrap();
+        let obj = |v: &Value| v.as_object().cloned().unwrap_or_default();
+        let int = |x: &Value| x.is_i64() || x.is_u64() || x.as_f64().is_some_and(|f| f.fract() == 0.0);
+
+        // Required keys (dependabot's `directory` / `directories`), open objects, and an
+        // `anyOf` elsewhere in the node (distributed into both branches).
+        let s = json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}, "n": {"type": "integer"}},
+            "anyOf": [{"required": ["n"]}, {"maxProperties": 1}],
+            "oneOf": [{"required": ["a"]}, {"required": ["b"]}]});
+        let c = compile(&s);
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc(r#"{"a":"x"}"#) && acc(r#"{"b":"y","n":1}"#) && acc(r#"{"a":"x","n":2}"#));
+        assert!(!acc(r#"{"a":"x","b":"y"}"#) && !acc(r#"{"a":"x","b":"y","n":1}"#) && !acc("{}") && !acc(r#"{"a":"x","z":1}"#));
+        walks_are_valid(&c, eos, |v| {
+            let o = obj(v);
+            let s = |k: &str| o.get(k).is_none_or(|x| x.is_string());
+            let n = o.get("n").is_none_or(int);
+            v.is_object() && s("a") && s("b") && n && (o.contains_key("n") || o.len() <= 1) && (o.contains_key("a") != o.contains_key("b"))
+        });
+        // The narrowing: `{"a":"x","b":5}` satisfies only the first branch (its `b` fails the
+        // second's rule) yet is left out, because the first branch never writes `b`.
+        let s = json!({"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"], "properties": {"b": {"type": "string"}}}]});
+        let c = compile(&s);
+        assert!(tests::accepts(&c, r#"{"a":5}"#) && tests::accepts(&c, r#"{"b":"y"}"#) && tests::accepts(&c, r#"{"b":"y","c":1}"#));
+        assert!(!tests::accepts(&c, r#"{"a":"x","b":"y"}"#) && !tests::accepts(&c, r#"{"b":"y","a":1}"#));
+        assert!(!tests::accepts(&c, r#"{"a":"x","b":5}"#), "documented narrowing");
+        walks_are_valid(&c, eos, |v| {
+            let o = obj(v);
+            let one = o.contains_key("a");
+            let two = o.get("b").is_some_and(|b| b.is_string());
+            v.is_object() && one != two
+        });
+
+        // Closed objects whose key patterns do not meet (snapcraft's grammar): only `{}`
+        // satisfies several branches, so no branch keeps it.
+        let s = json!({"oneOf": [{"type": "string"},
+            {"type": "object", "additionalProperties": false, "patternProperties": {"^on ": {"type": "integer"}}},
+            {"type": "object", "additionalProperties": false, "patternProperties": {"^to ": {"type": "integer"}}}]});
+        let c = compile(&s);
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc(r#"{"on x":1}"#) && acc(r#"{"to y":2,"to z":3}"#) && acc(r#""s""#));
+        assert!(!acc("{}") && !acc(r#"{"on x":1,"to y":2}"#) && !acc(r#"{"x":1}"#));
+        walks_are_valid(&c, eos, |v| {
+            let o = obj(v);
+            let on = !o.is_empty() && o.iter().all(|(k, x)| k.starts_with("on ") && int(x));
+            let to = !o.is_empty() && o.iter().all(|(k, x)| k.starts_with("to ") && int(x));
+            v.is_string() || (v.is_object() && on != to)
+        });
+
+        // A key one branch requires and the other declares with a disjoint value (hayson's
+        // `_kind`): disjoint as written, nothing narrowed; `{}` is only the first's.
+        let s = json!({"oneOf": [
+            {"type": "object", "properties": {"_kind": {"enum": ["dict"]}}, "additionalProperties": false, "patternProperties": {"^[a-z]": {"type": "integer"}}},
+            {"type": "object", "required": ["_kind"], "properties": {"_kind": {"enum": ["marker"]}}, "additionalProperties": false}]});
+        let c = compile(&s);
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc("{}") && acc(r#"{"_kind":"marker"}"#) && acc(r#"{"_kind":"dict","ab":1}"#) && acc(r#"{"ab":1}"#));
+        assert!(!acc(r#"{"_kind":"marker","ab":1}"#) && !acc(r#"{"_kind":"other"}"#));
+
+        // Arrays whose first items are disjoint (tslint's options): disjoint branches.
+        let s = json!({"oneOf": [{"type": "array", "minItems": 1, "items": {"type": "string"}}, {"type": "array", "minItems": 1, "items": {"type": "array"}}]});
+        let c = compile(&s);
+        assert!(tests::accepts(&c, r#"["a"]"#) && tests::accepts(&c, "[[1]]") && !tests::accepts(&c, "[]") && !tests::accepts(&c, r#"["a",[1]]"#));
+    }
+
+    /// `allOf` members that close their objects with `patternProperties`: a key declared by
+    /// another member falls under the patterns that match it, else under
+    /// `additionalProperties` (hayson's `gridMeta`, web-types).
+    #[test]
+    fn all_of_merges_declared_keys_with_foreign_patterns() {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let compile = |s: &Value| CompiledSchema::compile(s, &v, &[eos], &CompileOptions::default()).unwrap();
+        let closed = json!({"type": "object", "additionalProperties": false, "patternProperties": {"^[a-z]": {"type": "string"}}});
+        let s = json!({"allOf": [closed], "required": ["ver"], "properties": {"ver": {"enum": ["3.0", 3]}}});
+        let c = compile(&s);
+        assert!(tests::accepts(&c, r#"{"ver":"3.0"}"#) && tests::accepts(&c, r#"{"ver":"3.0","ab":"x"}"#));
+        assert!(!tests::accepts(&c, r#"{"ver":3}"#) && !tests::accepts(&c, r#"{"ver":"3.0","Ab":"x"}"#));
+        // The same, with the members in the other order.
+        let s = json!({"allOf": [{"properties": {"ver": {"enum": ["3.0", 3]}, "Up": {}}}, closed]});
+        let c = compile(&s);
+        assert!(tests::accepts(&c, r#"{"ver":"3.0"}"#) && !tests::accepts(&c, r#"{"ver":3}"#) && !tests::accepts(&c, r#"{"Up":1}"#));
+    }
+}
+
+#[cfg(test)]
+mod mask_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Every precomputed mask equals the token-by-token definition.
+    #[test]
+    fn masks_match_definition() {
+        let mut v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        // Tokens that enter a string body from its first character or an escape and leave it
+        // again (the walks that read a looping state's mask instead of the token's bytes).
+        let extra = ["hello", "a\"b", "é\"", "x\\n", "12.5", "\", \"b\": ", "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyz",
+            "ab\"", "n\"}", "nx\"]", "b\\\"", "\"a", "xx", "x\"}", "\\n", "tab\t", "u0041\"", "a\":"];
+        for e in extra {
+            v.insert(v.len() - 1, e.as_bytes().to_vec());
+        }
+        let eos = eos + extra.len() as u32;
+        for s in [
+            json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string", "maxLength": 3}, "c": {"type": "number"}, "d": {}}}),
+            json!({"type": "array", "items": {"type": "string", "minLength": 1}}),
+            json!({"type": "object", "properties": {"k": {"type": "string", "minLength": 2}, "p": {"type": "string", "pattern": "^[^x]*x"}}, "required": ["k"]}),
+        ] {
+            let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
+            for st in 1..c.dfa.n_states() as u32 {
+                let m = c.allowed(StateId(st));
+                for id in 0..v.len() as u32 {
+                    let expect = if id == eos { c.is_accepting(StateId(st)) } else { c.advance(StateId(st), id).is_some() };
+                    assert_eq!(m[id as usize / 64] >> (id % 64) & 1 == 1, expect, "{s}: state {st} token {id} {:?}", String::from_utf8_lossy(&v[id as usize]));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod calls_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pair(s: &Value) -> (CompiledSchema, CompiledSchema) {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let plain = CompiledSchema::compile(s, &v, &[eos], &CompileOptions { call_min_states: 0, ..Default::default() }).unwrap();
+        let called = CompiledSchema::compile(s, &v, &[eos], &CompileOptions { call_min_states: 4, ..Default::default() }).unwrap();
+        assert!(!plain.has_calls());
+        assert!(called.has_calls(), "the schema should produce calls: {s}");
+        assert!(called.stats().sub_automata > 0);
+        (plain, called)
+    }
+
+    fn schemas() -> Vec<Value> {
+        vec![
+            json!({"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 3}}, "required": ["v"], "additionalProperties": false}}, "$ref": "#/$defs/node"}),
+            json!({"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}, "b": {"enum": [1, 2]}}, "required": ["a"], "additionalProperties": false}, "minItems": 1, "maxItems": 5}),
+            json!({"anyOf": [{"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"], "additionalProperties": false},
+                             {"type": "array", "items": {"type": "object", "properties": {"y": {"type": "null"}}, "additionalProperties": false}},
+                             {"type": "string", "maxLength": 2}]}),
+            json!({"type": "object", "properties": {"p": {"$ref": "#/$defs/pt"}, "q": {"$ref": "#/$defs/pt"}, "list": {"type": "array", "items": {"$ref": "#/$defs/pt"}, "uniqueItems": true}},
+                   "$defs": {"pt": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 99}, "y": {"type": "integer"}}, "required": ["x", "y"], "additionalProperties": false}}}),
+        ]
+    }
+
+    fn rng(seed: &mut u64) -> u64 {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    }
+
+    #[test]
+    fn calls_match_the_flat_automaton_token_by_token() {
+        for s in schemas() {
+            let (plain, called) = pair(&s);
+            let decoded = CompiledSchema::from_bytes(&called.to_bytes()).unwrap();
+            assert_eq!(decoded.to_bytes(), called.to_bytes());
+            assert!(decoded.has_calls());
+            let words = plain.mask_words();
+            let eos = (plain.mask_bits() - 1) as u32;
+            let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+            for _walk in 0..40 {
+                let (mut a, mut b, mut d) = (Matcher::new(&plain), Matcher::new(&called), Matcher::new(&decoded));
+                let (mut ma, mut mb, mut md) = (vec![0u64; words], vec![0u64; words], vec![0u64; words]);
+                for _step in 0..80 {
+                    a.allowed(&mut ma);
+                    b.allowed(&mut mb);
+                    d.allowed(&mut md);
+                    assert_eq!(ma, mb, "masks differ for {s}");
+                    assert_eq!(mb, md, "decoded masks differ for {s}");
+                    assert_eq!(a.is_accepting(), b.is_accepting());
+                    assert_eq!(a.tokens_to_finish(), b.tokens_to_finish(), "distances differ for {s}");
+                    let (ca, cb) = (a.shortest_completion().unwrap(), b.shortest_completion().unwrap());
+                    assert_eq!(ca.len(), cb.len());
+                    let mut done = b.clone();
+                    assert!(done.advance_bytes(&cb) && done.is_accepting(), "completion finishes the document");
+                    let ids: Vec<u32> = (0..plain.mask_bits() as u32).filter(|&i| ma[i as usize / 64] >> (i % 64) & 1 == 1).collect();
+                    assert!(!ids.is_empty());
+                    let t = ids[(rng(&mut seed) % ids.len() as u64) as usize];
+                    if t == eos {
+                        break;
+                    }
+                    assert!(a.advance(t) && b.advance(t) && d.advance(t));
+                }
+            }
+            let bytes = called.to_bytes();
+            for cut in [8, bytes.len() / 3, bytes.len() - 41, bytes.len() - 1] {
+                assert!(CompiledSchema::from_bytes(&bytes[..cut]).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn calls_accept_and_reject_like_the_flat_automaton() {
+        let s = &schemas()[0];
+        let (plain, called) = pair(s);
+        for (text, ok) in [
+            (r#"{"v":1}"#, true),
+            (r#"{"v":1,"kids":[{"v":2},{"v":3,"kids":[{"v":4}]}]}"#, true),
+            (r#"{"v": 1, "kids": [{"v": 2, "kids": []}]}"#, true),
+            (r#"{"v":1,"kids":[{"v":2},{"v":3},{"v":4},{"v":5}]}"#, false),
+            (r#"{"v":1,"kids":[{"w":2}]}"#, false),
+            (r#"{"v":1,"kids":[{"v":2}]"#, false),
+            (r#"{"v":1}}"#, false),
+        ] {
+            for c in [&plain, &called] {
+                let mut m = Matcher::new(c);
+                assert_eq!(m.advance_bytes(text.as_bytes()) && m.is_accepting(), ok, "{text}");
+            }
+        }
+        // The same value is one sub-automaton wherever it is used.
+        let (_, c) = pair(&schemas()[3]);
+        assert!(c.stats().states < pair(&schemas()[3]).0.stats().states);
+    }
+}
+
+#[cfg(test)]
+mod class_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Masks shared across states alike over short strings equal the masks computed state by
+    /// state, long tokens included, with and without calls.
+    #[test]
+    fn shared_masks_equal_per_state_masks() {
+        let mut v = tests::byte_vocab();
+        let eos_tok = v.pop().unwrap();
+        for s in ["aaaaaaaaaaaaaaaaaaaa", "\"aaaaaaaaaaaaaaaaaaaaaaaaa\"}", "abababababababababababab\",", "\", \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "}]}]}]}]}]}]}]}]}]}]",
+            "ab\"", "n\"}", "nx\"]", "\"a", "x\"}", "\\n", "a\",\"e\":\"", "aa\"}]"] {
+            v.push(s.as_bytes().to_vec());
+        }
+        v.push(eos_tok);
+        let eos = (v.len() - 1) as u32;
+        let schema = json!({"type": "array", "maxItems": 4, "items": {"type": "object", "properties": {
+            "a": {"type": "string", "maxLength": 120}, "b": {"type": "string", "minLength": 3, "maxLength": 90},
+            "c": {"type": "array", "items": {"type": "string", "maxLength": 40}, "maxItems": 3},
+            "d": {"type": "string"}, "e": {"type": "string", "minLength": 2}}, "additionalProperties": false}});
+        for calls in [0, 64] {
+            let o = CompileOptions { call_min_states: calls, ..Default::default() };
+            let c = CompiledSchema::compile(&schema, &v, &[eos], &o).unwrap();
+            assert_eq!(c.has_calls(), calls > 0);
+            assert!(c.dfa.n_states() > 2000, "large enough to share masks: {}", c.dfa.n_states());
+            let loops = c.vocab.loop_tables_for(&c.dfa);
+            let (mut buf, mut unc, mut stack) = (vec![0u64; c.table.words], Vec::new(), Vec::new());
+            for q in 1..c.dfa.n_states() as u32 {
+                match &c.calls {
+                    Some(k) => {
+                        c.vocab.mask_calls(&c.dfa, k, q, &loops, None, &mut buf, &mut unc);
+                        assert_eq!(unc, c.unc[c.state_unc[q as usize] as usize], "run-time list of state {q}");
+                    }
+                    None => c.vocab.mask(&c.dfa, q, &loops, None, &mut buf, &mut stack),
+                }
+                assert_eq!(buf.as_slice(), c.allowed(StateId(q)), "mask of state {q} (calls {calls})");
+            }
+        }
+    }
+}
