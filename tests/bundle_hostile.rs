@@ -1,6 +1,12 @@
 //! Hostile-input tests for the bundle reader (FORMAT.md §8). Each case builds a bundle that is
 //! wrong in exactly one way from valid parts and names the error it must produce; none may panic
 //! or leave anything in the store.
+//!
+//! The cases verified with default options are also FORMAT.md §11's test vectors: each is
+//! compared byte for byte with `tests/vectors/bundle/NAME.zlb` (signed with the test key
+//! `tests/vectors/bundle/vectors.key`), and a `fail_*` case's error line with `NAME.error`.
+//! `APPLIANCED_WRITE_VECTORS=1 cargo test --test bundle_hostile` rewrites them after a deliberate
+//! format change.
 
 use std::path::{Path, PathBuf};
 
@@ -22,10 +28,62 @@ struct Fixture {
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
-    let key = generate("test");
+    // The vectors' key, copied to a 0600 file (git does not keep file modes; the reader refuses
+    // a secret key others can read).
+    let key_file = root.join("vectors.key");
+    std::fs::copy(vectors_dir().join("vectors.key"), &key_file).unwrap();
+    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let key = SecretKey::read(&key_file).unwrap();
     let mut trust = TrustStore { threshold: 1, ..Default::default() };
     trust.add_key(key.public().clone());
     Fixture { _dir: dir, root, key, trust }
+}
+
+fn vectors_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/bundle")
+}
+
+/// Checks (or, with `APPLIANCED_WRITE_VECTORS=1`, writes) the test vector `name`: the bundle at
+/// `p` and, for a failure, the reader's error line.
+fn vector(name: &str, p: &Path, err: Option<&BundleError>) {
+    let dir = vectors_dir();
+    let bytes = std::fs::read(p).unwrap();
+    let want_err = err.map(|e| format!("{e}\n"));
+    if std::env::var_os("APPLIANCED_WRITE_VECTORS").is_some() {
+        std::fs::write(dir.join(format!("{name}.zlb")), &bytes).unwrap();
+        if let Some(e) = &want_err {
+            std::fs::write(dir.join(format!("{name}.error")), e).unwrap();
+        }
+        return;
+    }
+    let on_disk = std::fs::read(dir.join(format!("{name}.zlb"))).unwrap_or_else(|e| panic!("vector {name}: {e}"));
+    assert!(on_disk == bytes, "tests/vectors/bundle/{name}.zlb differs from what the test builds (rewrite with APPLIANCED_WRITE_VECTORS=1 after a deliberate format change)");
+    if let Some(e) = want_err {
+        assert_eq!(std::fs::read_to_string(dir.join(format!("{name}.error"))).unwrap(), e, "vector {name}");
+    }
+}
+
+/// Every vector on disk, read as a second implementation would: `ok_*` verifies under a trust
+/// store holding `vectors.pub`, each `fail_*` fails with the line in its `.error` file.
+#[test]
+fn vectors_on_disk_verify_as_documented() {
+    let dir = vectors_dir();
+    let mut trust = TrustStore { threshold: 1, ..Default::default() };
+    trust.add_key(applianced::trust::PublicKey::read(&dir.join("vectors.pub")).unwrap());
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let p = entry.unwrap().path();
+        let Some(name) = p.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".zlb")) else { continue };
+        let r = verify_file(&p, &VerifyOptions::new(&trust), None, &mut |_, _| {});
+        if name.starts_with("ok_") {
+            r.unwrap_or_else(|e| panic!("{name}: {e}"));
+        } else {
+            let want = std::fs::read_to_string(dir.join(format!("{name}.error"))).unwrap();
+            assert_eq!(format!("{}\n", r.err().unwrap_or_else(|| panic!("{name} verified"))), want, "{name}");
+        }
+        n += 1;
+    }
+    assert!(n >= 20, "only {n} vectors in {}", dir.display());
 }
 
 fn meta(name: &str, version: u64) -> BundleMeta {
@@ -139,6 +197,7 @@ fn ok_valid_bundle_verifies_and_is_deterministic() {
     let f = fixture();
     let p = valid_bundle(&f, "good", 1);
     verify(&f, &p).unwrap();
+    vector("ok_valid_bundle_verifies_and_is_deterministic", &p, None);
     let q = f.root.join("again.zlb");
     let src = f.root.join("src-good-1");
     pack_dir(&src, &meta("good", 1), std::slice::from_ref(&f.key), &q, &mut |_| {}).unwrap();
@@ -152,6 +211,7 @@ fn ok_crafted_baseline_verifies() {
     let f = fixture();
     let p = crafted(&f, "baseline", &ab_manifest(), vec![raw("model/a", A), raw("model/b", B)], &[]);
     verify(&f, &p).unwrap();
+    vector("ok_crafted_baseline_verifies", &p, None);
 }
 
 #[test]
@@ -160,6 +220,7 @@ fn fail_absolute_path_in_manifest() {
     let m = to_canonical(&manifest_value(&[("/etc/passwd", A)])).unwrap();
     let p = crafted(&f, "abs", &m, vec![raw("model/a", A)], &[]);
     let e = verify(&f, &p).unwrap_err();
+    vector("fail_absolute_path_in_manifest", &p, Some(&e));
     assert!(matches!(e, BundleError::Format(FormatError::Member { ref msg, .. }) if msg.contains("absolute")), "{e}");
 }
 
@@ -169,6 +230,7 @@ fn fail_dotdot_path_in_manifest() {
     let m = to_canonical(&manifest_value(&[("model/../../x", A)])).unwrap();
     let p = crafted(&f, "dotdot", &m, vec![], &[]);
     let e = verify(&f, &p).unwrap_err();
+    vector("fail_dotdot_path_in_manifest", &p, Some(&e));
     assert!(matches!(e, BundleError::Format(FormatError::Member { ref msg, .. }) if msg.contains("..")), "{e}");
 }
 
@@ -186,6 +248,7 @@ fn fail_absolute_path_in_archive_not_in_manifest() {
     h.set_cksum();
     let p = crafted(&f, "abs2", &ab_manifest(), vec![raw("model/a", A), raw("model/b", B), Raw { header: *h.as_bytes(), data: vec![b'x'] }], &[]);
     let e = verify(&f, &p).unwrap_err();
+    vector("fail_absolute_path_in_archive_not_in_manifest", &p, Some(&e));
     assert!(matches!(e, BundleError::Extra { ref path } if path == "/etc/passwd"), "{e}");
 }
 
@@ -198,6 +261,7 @@ fn fail_symlink() {
     });
     let p = crafted(&f, "symlink", &ab_manifest(), vec![raw("model/a", A), link], &[]);
     let e = verify(&f, &p).unwrap_err();
+    vector("fail_symlink", &p, Some(&e));
     assert!(member_err(e).contains("a symlink"));
 }
 
@@ -209,7 +273,9 @@ fn fail_hard_link() {
         h.set_link_name("model/a").unwrap();
     });
     let p = crafted(&f, "hardlink", &ab_manifest(), vec![raw("model/a", A), link], &[]);
-    assert!(member_err(verify(&f, &p).unwrap_err()).contains("a hard link"));
+    let e = verify(&f, &p).unwrap_err();
+    vector("fail_hard_link", &p, Some(&e));
+    assert!(member_err(e).contains("a hard link"));
 }
 
 #[test]
@@ -217,7 +283,9 @@ fn fail_device_file() {
     let f = fixture();
     let dev = raw_with("model/b", B, |h| h.set_entry_type(tar::EntryType::Char));
     let p = crafted(&f, "device", &ab_manifest(), vec![raw("model/a", A), dev], &[]);
-    assert!(member_err(verify(&f, &p).unwrap_err()).contains("a device file"));
+    let e = verify(&f, &p).unwrap_err();
+    vector("fail_device_file", &p, Some(&e));
+    assert!(member_err(e).contains("a device file"));
 }
 
 #[test]
@@ -225,7 +293,9 @@ fn fail_non_canonical_header() {
     let f = fixture();
     let odd = raw_with("model/b", B, |h| h.set_mode(0o4755));
     let p = crafted(&f, "mode", &ab_manifest(), vec![raw("model/a", A), odd], &[]);
-    assert!(member_err(verify(&f, &p).unwrap_err()).contains("non-canonical tar header"));
+    let e = verify(&f, &p).unwrap_err();
+    vector("fail_non_canonical_header", &p, Some(&e));
+    assert!(member_err(e).contains("non-canonical tar header"));
 }
 
 #[test]
@@ -233,6 +303,7 @@ fn fail_duplicate_names() {
     let f = fixture();
     let p = crafted(&f, "dup", &ab_manifest(), vec![raw("model/a", A), raw("model/a", A), raw("model/b", B)], &[]);
     let e = verify(&f, &p).unwrap_err();
+    vector("fail_duplicate_names", &p, Some(&e));
     assert!(e.to_string().contains("model/a: duplicate name"), "{e}");
 }
 
@@ -241,7 +312,9 @@ fn fail_duplicate_control_member() {
     let f = fixture();
     let m = ab_manifest();
     let p = crafted(&f, "dupctl", &m, vec![raw("applianced/manifest.json", &m), raw("model/a", A), raw("model/b", B)], &[]);
-    assert!(verify(&f, &p).unwrap_err().to_string().contains("duplicate name"));
+    let e = verify(&f, &p).unwrap_err();
+    vector("fail_duplicate_control_member", &p, Some(&e));
+    assert!(e.to_string().contains("duplicate name"));
 }
 
 #[test]
@@ -249,6 +322,7 @@ fn fail_member_not_in_manifest() {
     let f = fixture();
     let p = crafted(&f, "extra", &ab_manifest(), vec![raw("model/a", A), raw("model/b", B), raw("model/c", b"c")], &[]);
     let e = verify(&f, &p).unwrap_err();
+    vector("fail_member_not_in_manifest", &p, Some(&e));
     assert_eq!(e.to_string(), "member model/c: not listed in the manifest");
 }
 
@@ -257,6 +331,7 @@ fn fail_member_larger_than_manifest_says() {
     let f = fixture();
     let p = crafted(&f, "larger", &ab_manifest(), vec![raw("model/a", A), raw("model/b", b"member b data plus more")], &[]);
     let e = verify(&f, &p).unwrap_err();
+    vector("fail_member_larger_than_manifest_says", &p, Some(&e));
     assert!(matches!(e, BundleError::Size { expected: 13, actual: 23, .. }), "{e}");
 }
 
@@ -265,6 +340,7 @@ fn fail_missing_member() {
     let f = fixture();
     let p = crafted(&f, "missing", &ab_manifest(), vec![raw("model/a", A)], &[]);
     let e = verify(&f, &p).unwrap_err();
+    vector("fail_missing_member", &p, Some(&e));
     assert_eq!(e.to_string(), "member model/b: missing from the archive");
 }
 
@@ -272,7 +348,9 @@ fn fail_missing_member() {
 fn fail_digest_mismatch() {
     let f = fixture();
     let p = crafted(&f, "digest", &ab_manifest(), vec![raw("model/a", A), raw("model/b", b"member B data")], &[]);
-    assert_eq!(verify(&f, &p).unwrap_err().to_string(), "member model/b: digest mismatch");
+    let e = verify(&f, &p).unwrap_err();
+    vector("fail_digest_mismatch", &p, Some(&e));
+    assert_eq!(e.to_string(), "member model/b: digest mismatch");
 }
 
 #[test]
@@ -288,6 +366,7 @@ fn fail_decompression_bomb_declared() {
     let m = to_canonical(&big).unwrap();
     let p = crafted(&f, "bomb", &m, vec![], &[]);
     let e = verify(&f, &p).unwrap_err();
+    vector("fail_decompression_bomb_declared", &p, Some(&e));
     assert!(matches!(e, BundleError::Format(FormatError::Bomb { .. })), "{e}");
 }
 
@@ -300,6 +379,7 @@ fn fail_decompression_bomb_in_control_member() {
     let p = f.root.join("ctlbomb.zlb");
     std::fs::write(&p, zstd_bytes(&tar_bytes(&all, &[]))).unwrap();
     let e = verify(&f, &p).unwrap_err();
+    vector("fail_decompression_bomb_in_control_member", &p, Some(&e));
     assert!(e.to_string().contains("exceeds cap") || matches!(e, BundleError::Format(FormatError::Bomb { .. })), "{e}");
 }
 
@@ -311,6 +391,7 @@ fn fail_truncated_file() {
     for cut in [bytes.len() / 2, bytes.len() - 1, 10] {
         std::fs::write(&p, &bytes[..cut]).unwrap();
         let e = verify(&f, &p).unwrap_err();
+        vector(&format!("fail_truncated_file_at_{cut}"), &p, Some(&e));
         assert!(matches!(e, BundleError::Format(_)), "cut at {cut}: {e}");
     }
 }
@@ -322,7 +403,9 @@ fn fail_trailing_garbage_after_frame() {
     let mut bytes = std::fs::read(&p).unwrap();
     bytes.extend_from_slice(b"garbage");
     std::fs::write(&p, &bytes).unwrap();
-    assert!(matches!(verify(&f, &p).unwrap_err(), BundleError::Format(_)));
+    let e = verify(&f, &p).unwrap_err();
+    vector("fail_trailing_garbage_after_frame", &p, Some(&e));
+    assert!(matches!(e, BundleError::Format(_)));
 }
 
 #[test]
@@ -330,6 +413,7 @@ fn fail_trailing_data_inside_archive() {
     let f = fixture();
     let p = crafted(&f, "trail2", &ab_manifest(), vec![raw("model/a", A), raw("model/b", B)], b"more bytes after the end");
     let e = verify(&f, &p).unwrap_err();
+    vector("fail_trailing_data_inside_archive", &p, Some(&e));
     assert!(matches!(e, BundleError::Format(FormatError::Trailing)), "{e}");
 }
 
@@ -339,6 +423,7 @@ fn fail_non_canonical_manifest() {
     let pretty = serde_json::to_vec_pretty(&manifest_value(&[("model/a", A)])).unwrap();
     let p = crafted(&f, "noncanon", &pretty, vec![raw("model/a", A)], &[]);
     let e = verify(&f, &p).unwrap_err();
+    vector("fail_non_canonical_manifest", &p, Some(&e));
     assert!(e.to_string().contains("not in canonical form"), "{e}");
 }
 
@@ -351,6 +436,7 @@ fn fail_unknown_signature_algorithm() {
     let p = f.root.join("alg.zlb");
     std::fs::write(&p, zstd_bytes(&tar_bytes(&all, &[]))).unwrap();
     let e = verify(&f, &p).unwrap_err();
+    vector("fail_unknown_signature_algorithm", &p, Some(&e));
     assert!(matches!(e, BundleError::Trust(TrustError::UnknownAlgorithm { .. })), "{e}");
 }
 
@@ -362,6 +448,7 @@ fn fail_non_utf8_name() {
     h.set_cksum();
     let p = crafted(&f, "utf8", &ab_manifest(), vec![raw("model/a", A), Raw { header: *h.as_bytes(), data: B.to_vec() }], &[]);
     let e = verify(&f, &p).unwrap_err();
+    vector("fail_non_utf8_name", &p, Some(&e));
     assert!(e.to_string().contains("not UTF-8"), "{e}");
 }
 
@@ -417,7 +504,9 @@ fn fail_tampered_signature() {
     let all = [raw("applianced/manifest.json", &m), raw("applianced/signatures.json", &sigs), raw("model/a", A), raw("model/b", B)];
     let p = f.root.join("badsig.zlb");
     std::fs::write(&p, zstd_bytes(&tar_bytes(&all, &[]))).unwrap();
-    assert!(matches!(verify(&f, &p).unwrap_err(), BundleError::Trust(TrustError::BadSignature { .. })));
+    let e = verify(&f, &p).unwrap_err();
+    vector("fail_tampered_signature", &p, Some(&e));
+    assert!(matches!(e, BundleError::Trust(TrustError::BadSignature { .. })));
 }
 
 #[test]
@@ -601,6 +690,7 @@ fn fail_member_that_is_a_directory_of_another() {
         let entries = ms.iter().map(|(p, d)| raw(p, d)).collect();
         let p = crafted(&f, "prefix", &m, entries, &[]);
         let e = verify(&f, &p).unwrap_err();
+        vector(&format!("fail_member_that_is_a_directory_of_another_{}", outer.replace('/', "_")), &p, Some(&e));
         assert!(member_err(e).contains("is also a member"), "{outer} + {inner}");
     }
 }
