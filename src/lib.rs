@@ -22,6 +22,7 @@ pub mod runtime;
 pub mod sampling;
 pub mod schema;
 pub mod server;
+pub mod sys;
 pub mod tokenizer;
 pub mod tokenmask;
 pub mod trust;

@@ -192,9 +192,7 @@ fn audit_append(audit: Option<&AuditLog>, event: &str, fields: Value) -> Result<
     let mut m = Map::new();
     m.insert("ts".into(), Value::from(time_rfc3339_now()));
     m.insert("event".into(), Value::from(event));
-    #[allow(unsafe_code)]
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    let uid = crate::sys::uid();
     m.insert("uid".into(), Value::from(uid));
     if let Value::Object(f) = fields {
         m.extend(f);

@@ -37,9 +37,7 @@ impl Store {
 
     /// `/var/lib/applianced/store` for root, else `$XDG_CACHE_HOME/applianced/store` (or `~/.cache/...`).
     pub fn default_root() -> PathBuf {
-        #[allow(unsafe_code)]
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let euid = unsafe { libc::geteuid() };
+        let euid = crate::sys::euid();
         if euid == 0 {
             return PathBuf::from(SYSTEM_STORE);
         }

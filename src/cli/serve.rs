@@ -53,14 +53,9 @@ pub struct Args {
 /// a write to a socket whose peer has gone must be an `EPIPE` error on that one connection, not
 /// the end of the process and every request in flight. SIGXFSZ likewise: a file-size limit
 /// reached by the audit log is an `EFBIG` write error, handled like a full disk.
-#[allow(unsafe_code)]
 fn ignore_server_signals() {
-    // SAFETY: `signal` with SIG_IGN installs no handler code; the disposition is process-wide
-    // and changing it is async-signal-safe and thread-safe.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-    }
+    crate::sys::set_signal(libc::SIGPIPE, crate::sys::Disposition::Ignore);
+    crate::sys::set_signal(libc::SIGXFSZ, crate::sys::Disposition::Ignore);
 }
 
 fn server_err(e: ServerError) -> CliError {

@@ -10,7 +10,6 @@ use std::time::Instant;
 use super::common::CliError;
 use crate::backend::BackendPref;
 use crate::engine::{Engine, EngineOptions};
-use crate::import::testutil::Rng;
 use crate::model::{ModelConfig, RopeScaling, TensorMeta, TensorType};
 
 /// Named shapes: (name, hidden, intermediate, layers, heads, kv heads, head dim, vocab, bias, tied).
@@ -186,4 +185,16 @@ pub fn bench(shape: &str, backend: BackendPref, threads: usize, prompt: usize, t
         })
     );
     Ok(())
+}
+
+/// A xorshift* generator: random weights need no more (and no dependency).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
 }

@@ -565,19 +565,23 @@ impl GgufFile {
     }
 }
 
-/// Minimal GGUF v3 writer, used by tests and [`super::testutil`].
+/// Minimal GGUF v3 writer, used by tests and [`super::testutil`] (feature `testutil`; not in
+/// the release binary).
+#[cfg(any(test, feature = "testutil"))]
 pub struct GgufWriter {
     kvs: Vec<(String, Value)>,
     tensors: Vec<(String, Vec<u64>, TensorType, Vec<u8>)>,
     alignment: u64,
 }
 
+#[cfg(any(test, feature = "testutil"))]
 impl Default for GgufWriter {
     fn default() -> Self {
         Self::new()
     }
 }
 
+#[cfg(any(test, feature = "testutil"))]
 impl GgufWriter {
     pub fn new() -> Self {
         GgufWriter { kvs: Vec::new(), tensors: Vec::new(), alignment: 32 }

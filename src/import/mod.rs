@@ -7,7 +7,7 @@
 //!
 //! GGUF parsing lives in [`gguf`] (spec: github.com/ggml-org/ggml/blob/master/docs/gguf.md), the
 //! Hugging Face reader in [`hf`], (de)quantization in [`quant`], and a tiny-model generator for tests
-//! in [`testutil`].
+//! in `testutil` (feature `testutil`: tests and fuzz seeds only, not in the release binary).
 //!
 //! Supported architectures: `llama`, `mistral` and `qwen2` (all run by the engine's llama block).
 //! Q/K projection rows are stored in GGUF llama order (RoPE on adjacent pairs): Hugging Face weights
@@ -17,6 +17,7 @@
 pub mod gguf;
 pub mod hf;
 pub mod quant;
+#[cfg(any(test, feature = "testutil"))]
 pub mod testutil;
 
 use std::collections::BTreeMap;

@@ -254,11 +254,7 @@ impl Weights {
 /// heap top shrinks, which it rarely does; loaders call this when they finish. A no-op where the
 /// C library has no `malloc_trim` (musl).
 pub fn release_freed_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free memory of the allocator's own arenas to the kernel.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    crate::sys::malloc_trim();
 }
 
 /// Use one malloc arena for the whole process (call first thing in `main`, before any thread
@@ -267,11 +263,7 @@ pub fn release_freed_heap() {
 /// bench's peak RSS varied by 12 MiB from run to run with the same work, with one it does not.
 /// The few allocations left on the hot paths make the shared lock cheap. No-op off glibc.
 pub fn use_one_malloc_arena() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes the allocator's tuning; called before other threads exist.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
+    crate::sys::one_malloc_arena();
 }
 
 /// Bytes a tensor of this type and logical shape occupies.

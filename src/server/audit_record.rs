@@ -27,14 +27,7 @@ fn now_rfc3339() -> String {
 /// figure is the work itself, not also the time a handler waited for a core the engine's threads
 /// held (two cores, two compute threads: wall time would mostly measure that wait).
 pub(super) fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    #[allow(unsafe_code)]
-    // SAFETY: clock_gettime writes one timespec that we own.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec.clamp(0, 999_999_999) as u32)
+    crate::sys::thread_cpu_time()
 }
 
 /// Thread CPU time spent since `t0` (a [`thread_cpu`] reading on this thread, with no `.await`

@@ -24,11 +24,7 @@ impl Peer {
 
 /// The effective uid of this process.
 pub fn own_uid() -> u32 {
-    #[allow(unsafe_code)]
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe {
-        libc::geteuid()
-    }
+    crate::sys::euid()
 }
 
 /// The resolved allowlist.

@@ -316,19 +316,21 @@ unsafe fn scores_group_inner<const G: usize>(qs: &[f32], hd: usize, kt: &[u16], 
     for t in 0..tiles {
         let mut acc = [[_mm256_setzero_ps(); 2]; G];
         for d in 0..hd {
-            // SAFETY (all raw accesses): the caller checked kt holds `tiles` tiles of hd·16 values,
+            // SAFETY: every raw access below is in bounds: the caller checked kt holds `tiles` tiles of hd·16 values,
             // qs (G-1)·hd + hd floats and out (G-1)·stride + 16·tiles floats.
             let (k0, k1) = unsafe {
                 let p = kt.as_ptr().add((t * hd + d) * 16);
                 (load_h8(p), load_h8(p.add(8)))
             };
             for (h, a) in acc.iter_mut().enumerate() {
+                // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
                 let q = _mm256_set1_ps(unsafe { *qs.get_unchecked(h * hd + d) });
                 a[0] = _mm256_fmadd_ps(q, k0, a[0]);
                 a[1] = _mm256_fmadd_ps(q, k1, a[1]);
             }
         }
         for (h, a) in acc.iter().enumerate() {
+            // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
             unsafe {
                 _mm256_storeu_ps(out.as_mut_ptr().add(h * stride + t * 16), a[0]);
                 _mm256_storeu_ps(out.as_mut_ptr().add(h * stride + t * 16 + 8), a[1]);
@@ -440,13 +442,14 @@ unsafe fn pv_group_inner<const G: usize>(p: &[f32], stride: usize, n: usize, v: 
         let mut acc = [[[_mm256_setzero_ps(); 2]; 2]; G];
         for j in 0..n {
             let par = j & 1;
-            // SAFETY (all raw accesses): the caller checked v holds n rows of hd values, p
+            // SAFETY: every raw access below is in bounds: the caller checked v holds n rows of hd values, p
             // (G-1)·stride + n floats and out G·hd; c0 + 16 <= hd.
             let (v0, v1) = unsafe {
                 let r = v.as_ptr().add(j * hd + c0);
                 (load_h8(r), load_h8(r.add(8)))
             };
             for (h, a) in acc.iter_mut().enumerate() {
+                // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
                 let pj = _mm256_set1_ps(unsafe { *p.get_unchecked(h * stride + j) });
                 a[par][0] = _mm256_fmadd_ps(pj, v0, a[par][0]);
                 a[par][1] = _mm256_fmadd_ps(pj, v1, a[par][1]);
@@ -454,6 +457,7 @@ unsafe fn pv_group_inner<const G: usize>(p: &[f32], stride: usize, n: usize, v: 
         }
         for (h, a) in acc.iter().enumerate() {
             for c in 0..2 {
+                // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
                 unsafe {
                     let o = out.as_mut_ptr().add(h * hd + c0 + 8 * c);
                     _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_add_ps(a[0][c], a[1][c])));

@@ -161,38 +161,34 @@ struct Nvrtc {
 }
 
 fn open_nvrtc(path: &str) -> Result<Nvrtc, String> {
-    let c = std::ffi::CString::new(path).map_err(|e| e.to_string())?;
-    // SAFETY: dlopen with a valid C string; the handle is kept for the life of the process.
-    let lib = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if lib.is_null() {
-        return Err(format!("{path} could not be loaded"));
+    let lib = crate::sys::DynLib::open(path, false)?;
+    /// # Safety
+    /// `T` must be the entry point's C signature as a function-pointer type.
+    unsafe fn sym<T: Copy>(lib: &crate::sys::DynLib, name: &str) -> Result<T, String> {
+        // SAFETY: the caller's contract.
+        unsafe { lib.symbol(name) }.map_err(|_| format!("the NVRTC library lacks {name}"))
     }
-    fn sym<T: Copy>(lib: *mut std::ffi::c_void, name: &str) -> Result<T, String> {
-        let c = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
-        // SAFETY: dlsym on a live handle.
-        let p = unsafe { libc::dlsym(lib, c.as_ptr()) };
-        if p.is_null() {
-            return Err(format!("the NVRTC library lacks {name}"));
-        }
-        // SAFETY: T is the matching function-pointer type (pointer-sized).
-        Ok(unsafe { std::mem::transmute_copy::<*mut std::ffi::c_void, T>(&p) })
-    }
-    let version: Version = sym(lib, "nvrtcVersion")?;
+    let lib = &lib;
+    // SAFETY: `Version` is nvrtcVersion's C signature.
+    let version: Version = unsafe { sym(lib, "nvrtcVersion") }?;
     let (mut a, mut b) = (0, 0);
     // SAFETY: out-parameters.
     if unsafe { version(&mut a, &mut b) } != 0 {
         return Err(format!("{path}: nvrtcVersion failed"));
     }
-    Ok(Nvrtc {
-        version: (a, b),
-        create: sym(lib, "nvrtcCreateProgram")?,
-        compile: sym(lib, "nvrtcCompileProgram")?,
-        ptx_size: sym(lib, "nvrtcGetPTXSize")?,
-        ptx: sym(lib, "nvrtcGetPTX")?,
-        log_size: sym(lib, "nvrtcGetProgramLogSize")?,
-        log: sym(lib, "nvrtcGetProgramLog")?,
-        destroy: sym(lib, "nvrtcDestroyProgram")?,
-    })
+    // SAFETY: each field's type alias is its entry point's C signature.
+    unsafe {
+        Ok(Nvrtc {
+            version: (a, b),
+            create: sym(lib, "nvrtcCreateProgram")?,
+            compile: sym(lib, "nvrtcCompileProgram")?,
+            ptx_size: sym(lib, "nvrtcGetPTXSize")?,
+            ptx: sym(lib, "nvrtcGetPTX")?,
+            log_size: sym(lib, "nvrtcGetProgramLogSize")?,
+            log: sym(lib, "nvrtcGetProgramLog")?,
+            destroy: sym(lib, "nvrtcDestroyProgram")?,
+        })
+    }
 }
 
 fn nvrtc() -> Result<&'static Nvrtc, CompileError> {

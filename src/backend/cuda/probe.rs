@@ -7,7 +7,9 @@
 //! fake libraries through it).
 #![allow(unsafe_code)] // FFI: the driver and NVRTC C APIs, kernel launches
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_uint, CStr};
+
+use crate::sys::DynLib;
 
 /// What the driver reported.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,27 +48,13 @@ const ATTR_MULTIPROCESSOR_COUNT: c_int = 16;
 const ATTR_CC_MAJOR: c_int = 75;
 const ATTR_CC_MINOR: c_int = 76;
 
-fn sym<T: Copy>(lib: *mut c_void, name: &str) -> Result<T, String> {
-    let c = CString::new(name).map_err(|e| e.to_string())?;
-    // SAFETY: dlsym on a live handle; the pointer is only transmuted to the matching C signature.
-    let p = unsafe { libc::dlsym(lib, c.as_ptr()) };
-    if p.is_null() {
-        return Err(format!("the driver library lacks {name}"));
-    }
-    debug_assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
-    // SAFETY: T is a function-pointer type of pointer size.
-    Ok(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
-}
-
-fn dlerror() -> String {
-    // SAFETY: dlerror returns a thread-local C string or null.
-    let e = unsafe { libc::dlerror() };
-    if e.is_null() {
-        "unknown error".into()
-    } else {
-        // SAFETY: non-null, NUL-terminated.
-        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-    }
+/// A driver entry point as `T`.
+///
+/// # Safety
+/// `T` must be the entry point's C signature as a function-pointer type.
+unsafe fn sym<T: Copy>(lib: &DynLib, name: &str) -> Result<T, String> {
+    // SAFETY: the caller's contract.
+    unsafe { lib.symbol(name) }.map_err(|_| format!("the driver library lacks {name}"))
 }
 
 fn check(what: &str, r: c_int) -> Result<(), String> {
@@ -83,19 +71,21 @@ fn check(what: &str, r: c_int) -> Result<(), String> {
 /// Open and initialise the driver; report its version and devices. Never panics.
 pub fn probe() -> Result<DriverReport, String> {
     let library = std::env::var("APPLIANCED_LIBCUDA").unwrap_or_else(|_| "libcuda.so.1".into());
-    let c = CString::new(library.clone()).map_err(|e| e.to_string())?;
-    // SAFETY: dlopen with a valid path; the handle stays open for the process (cudarc reuses it).
-    let lib = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-    if lib.is_null() {
-        return Err(format!("no NVIDIA driver ({})", dlerror()));
-    }
-    let init: CuInit = sym(lib, "cuInit")?;
-    let version: CuDriverGetVersion = sym(lib, "cuDriverGetVersion")?;
-    let count: CuDeviceGetCount = sym(lib, "cuDeviceGetCount")?;
-    let get: CuDeviceGet = sym(lib, "cuDeviceGet")?;
-    let name: CuDeviceGetName = sym(lib, "cuDeviceGetName")?;
-    let attr: CuDeviceGetAttribute = sym(lib, "cuDeviceGetAttribute")?;
-    let mem: CuDeviceTotalMem = sym(lib, "cuDeviceTotalMem_v2")?;
+    // Global, and kept open for the process: cudarc reuses it.
+    let lib = DynLib::open(&library, true).map_err(|e| format!("no NVIDIA driver ({e})"))?;
+    let lib = &lib;
+    // SAFETY: the type aliases above are the entry points' C signatures.
+    let (init, version, count, get, name, attr, mem) = unsafe {
+        (
+            sym::<CuInit>(lib, "cuInit")?,
+            sym::<CuDriverGetVersion>(lib, "cuDriverGetVersion")?,
+            sym::<CuDeviceGetCount>(lib, "cuDeviceGetCount")?,
+            sym::<CuDeviceGet>(lib, "cuDeviceGet")?,
+            sym::<CuDeviceGetName>(lib, "cuDeviceGetName")?,
+            sym::<CuDeviceGetAttribute>(lib, "cuDeviceGetAttribute")?,
+            sym::<CuDeviceTotalMem>(lib, "cuDeviceTotalMem_v2")?,
+        )
+    };
     // SAFETY: resolved driver entry points called with valid out-pointers, per the driver API.
     unsafe {
         check("cuInit", init(0))?;

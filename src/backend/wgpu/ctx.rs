@@ -59,29 +59,15 @@ const DRIVER_CHATTER: &[&str] = &["XDG_RUNTIME_DIR"];
 
 /// Run `f` with stderr (fd 2) sent to an anonymous file, then write back every captured line but
 /// the driver chatter above. Output of other threads in that window is delayed, not lost.
-#[allow(unsafe_code)]
 fn without_driver_chatter<T>(f: impl FnOnce() -> T) -> T {
     use std::io::{Read as _, Seek as _, Write as _};
-    use std::os::fd::AsRawFd as _;
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let Ok(mut sink) = tempfile::tempfile() else { return f() };
     let _ = std::io::stderr().flush();
-    // SAFETY: dup/dup2/close on file descriptors this function owns (the duplicate of fd 2 and
-    // the temporary file); fd 2 always refers to an open file during and after the swap.
-    let saved = unsafe { libc::dup(2) };
-    if saved < 0 || unsafe { libc::dup2(sink.as_raw_fd(), 2) } < 0 {
-        if saved >= 0 {
-            unsafe { libc::close(saved) };
-        }
-        return f();
-    }
+    let Some(redirect) = crate::sys::redirect_stderr(&sink) else { return f() };
     let out = f();
-    // SAFETY: as above: restore fd 2 from the saved duplicate, then close the duplicate.
-    unsafe {
-        libc::dup2(saved, 2);
-        libc::close(saved);
-    }
+    drop(redirect);
     let mut captured = String::new();
     if sink.rewind().is_ok() && sink.read_to_string(&mut captured).is_ok() {
         let mut err = std::io::stderr().lock();

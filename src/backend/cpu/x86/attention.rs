@@ -138,17 +138,20 @@ unsafe fn scores_group_inner<const G: usize>(qs: &[f32], hd: usize, kt: &[u16], 
     while t + 2 <= tiles {
         let mut acc = [[_mm512_setzero_ps(); 2]; G];
         for d in 0..hd {
-            // SAFETY (all raw accesses): the caller checked kt holds `tiles` tiles of hd·16, qs G·hd
+            // SAFETY: every raw access below is in bounds: the caller checked kt holds `tiles` tiles of hd·16, qs G·hd
             // floats and out (G-1)·stride + 16·tiles floats.
             let k0 = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(kt.as_ptr().add((t * hd + d) * 16) as *const __m256i)) };
+            // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
             let k1 = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(kt.as_ptr().add(((t + 1) * hd + d) * 16) as *const __m256i)) };
             for (h, a) in acc.iter_mut().enumerate() {
+                // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
                 let q = _mm512_set1_ps(unsafe { *qs.get_unchecked(h * hd + d) });
                 a[0] = _mm512_fmadd_ps(q, k0, a[0]);
                 a[1] = _mm512_fmadd_ps(q, k1, a[1]);
             }
         }
         for (h, a) in acc.iter().enumerate() {
+            // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
             unsafe {
                 _mm512_storeu_ps(out.as_mut_ptr().add(h * stride + t * 16), a[0]);
                 _mm512_storeu_ps(out.as_mut_ptr().add(h * stride + (t + 1) * 16), a[1]);
@@ -159,12 +162,15 @@ unsafe fn scores_group_inner<const G: usize>(qs: &[f32], hd: usize, kt: &[u16], 
     if t < tiles {
         let mut acc = [_mm512_setzero_ps(); G];
         for d in 0..hd {
+            // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
             let k0 = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(kt.as_ptr().add((t * hd + d) * 16) as *const __m256i)) };
             for (h, a) in acc.iter_mut().enumerate() {
+                // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
                 *a = _mm512_fmadd_ps(_mm512_set1_ps(unsafe { *qs.get_unchecked(h * hd + d) }), k0, *a);
             }
         }
         for (h, a) in acc.iter().enumerate() {
+            // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
             unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(h * stride + t * 16), *a) };
         }
     }
@@ -177,7 +183,7 @@ unsafe fn scores_group_inner<const G: usize>(qs: &[f32], hd: usize, kt: &[u16], 
 unsafe fn pv_group_inner<const G: usize>(p: &[f32], stride: usize, n: usize, v: &[u16], out: &mut [f32]) {
     let mut acc = [[[_mm512_setzero_ps(); 4]; 2]; G];
     let row = |j: usize| -> [__m512; 4] {
-        // SAFETY (all raw accesses): the caller checked v holds n rows of 64 and p (G-1)·stride + n
+        // SAFETY: every raw access below is in bounds: the caller checked v holds n rows of 64 and p (G-1)·stride + n
         // floats, out G·64.
         core::array::from_fn(|c| unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(v.as_ptr().add(j * 64 + c * 16) as *const __m256i)) })
     };
@@ -186,6 +192,7 @@ unsafe fn pv_group_inner<const G: usize>(p: &[f32], stride: usize, n: usize, v: 
         let par = j & 1;
         let r = row(j);
         for (h, a) in acc.iter_mut().enumerate() {
+            // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
             let pj = _mm512_set1_ps(unsafe { *p.get_unchecked(h * stride + j) });
             for c in 0..4 {
                 a[par][c] = _mm512_fmadd_ps(pj, r[c], a[par][c]);
@@ -195,6 +202,7 @@ unsafe fn pv_group_inner<const G: usize>(p: &[f32], stride: usize, n: usize, v: 
     }
     for (h, a) in acc.iter().enumerate() {
         for c in 0..4 {
+            // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
             unsafe {
                 let o = _mm512_loadu_ps(out.as_ptr().add(h * 64 + c * 16));
                 _mm512_storeu_ps(out.as_mut_ptr().add(h * 64 + c * 16), _mm512_add_ps(o, _mm512_add_ps(a[0][c], a[1][c])));

@@ -116,6 +116,7 @@ pub(super) fn panel_vnni(ty: TensorType, panel: &[u8], q8: &Q8Act, t0: usize, n:
                     // SAFETY: handed out by `detect()` only after avx512f/bw/vnni, avx2, fma and
                     // f16c were detected; the inner function asserts every length it reads.
                     $(($k, false) => unsafe { panel_inner::<$k, false>(panel, xs, dx, sx, qsum, z, nb, o, stride) },
+                      // SAFETY: as for the arm above.
                       ($k, true) => unsafe { panel_inner::<$k, true>(panel, xs, dx, sx, qsum, z, nb, o, stride) },)*
                     _ => unreachable!("1 ≤ nt ≤ 8"),
                 }
