@@ -8,9 +8,14 @@
 //! Continuous batching: [`Engine::forward`] takes several sequences at once, each with a prefill
 //! chunk or one decode token; all their rows go through every weight matrix in one pass.
 //!
-//! Deviations from llama.cpp, flagged: K-quant matrices are dotted in f32 against dequantized
-//! weights instead of Q8_K integer dots; f32 summation orders differ (see tests/engine_reference.rs
-//! for what that does to the logits).
+//! Deviations from llama.cpp, flagged: on the CPU every quantized matrix is dotted in integers
+//! against activations quantized per 32 values (Q8_0/Q8_1 blocks, as llama.cpp does for Q4_0,
+//! Q4_1, Q5_0, Q5_1 and Q8_0), also the K-quants, where llama.cpp quantizes activations per 256
+//! values (Q8_K); a K-quant's sub-block scale `d·sc` (and `dmin·m`) is rounded to f16 when the
+//! weights are repacked into panels (at most 2⁻¹¹ relative; `backend/cpu/panel.rs` states the
+//! arithmetic per type); f32 summation orders differ. tests/engine_reference.rs says what that
+//! does to the logits: KL against llama.cpp's mean 0.004–0.006 on the Q4_1 model, 0.013–0.015
+//! on its Q4_K_M requantization (`scripts/check-kquants.sh`).
 
 pub mod kv_cache;
 pub mod llama;

@@ -1,113 +1,24 @@
-//! Dequantization of every [`TensorType`] to f32 and quantization to Q8_0, following GGML's
-//! reference code (ggml-quants.c, `dequantize_row_*` / `quantize_row_q8_0_ref`) and block layouts
-//! (ggml-common.h). Used by the importer's optional requantization; not on the inference path.
+//! Dequantization of every [`TensorType`] to f32 (the CPU backend's decoder) and quantization to
+//! Q8_0 and Q4_1, following GGML's reference code (ggml-quants.c, `quantize_row_q8_0_ref`) and
+//! block layouts (ggml-common.h). Used by the importer's optional requantization; not on the
+//! inference path.
 
-use half::{bf16, f16};
+use half::f16;
 
+use crate::backend::cpu::quant::dequantize_row;
 use crate::model::TensorType;
 
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-}
 
 /// Dequantize `data` (whole blocks of `ty`) to f32. Returns None if `data` is not whole blocks.
+/// (One decoder for every block layout: the CPU backend's [`dequantize_row`].)
 pub fn dequantize(ty: TensorType, data: &[u8]) -> Option<Vec<f32>> {
     let bb = ty.block_bytes();
     if data.len() % bb != 0 {
         return None;
     }
-    let mut out = Vec::with_capacity(data.len() / bb * ty.block_elems());
-    for b in data.chunks_exact(bb) {
-        match ty {
-            TensorType::F32 => out.push(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            TensorType::F16 => out.push(f16_at(b, 0)),
-            TensorType::Bf16 => out.push(bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-            TensorType::Q8_0 => {
-                let d = f16_at(b, 0);
-                out.extend(b[2..34].iter().map(|&q| q as i8 as f32 * d));
-            }
-            TensorType::Q4_0 => {
-                let d = f16_at(b, 0);
-                let qs = &b[2..18];
-                out.extend(qs.iter().map(|&q| ((q & 0xF) as i32 - 8) as f32 * d));
-                out.extend(qs.iter().map(|&q| ((q >> 4) as i32 - 8) as f32 * d));
-            }
-            TensorType::Q4_1 => {
-                let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-                let qs = &b[4..20];
-                out.extend(qs.iter().map(|&q| (q & 0xF) as f32 * d + m));
-                out.extend(qs.iter().map(|&q| (q >> 4) as f32 * d + m));
-            }
-            TensorType::Q4K => {
-                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-                let scales = &b[4..16];
-                let qs = &b[16..144];
-                for (j, q) in qs.chunks_exact(32).enumerate() {
-                    let (sc1, m1) = scale_min_k4(2 * j, scales);
-                    let (sc2, m2) = scale_min_k4(2 * j + 1, scales);
-                    let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
-                    let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
-                    out.extend(q.iter().map(|&x| d1 * (x & 0xF) as f32 - m1));
-                    out.extend(q.iter().map(|&x| d2 * (x >> 4) as f32 - m2));
-                }
-            }
-            TensorType::Q5K => {
-                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-                let scales = &b[4..16];
-                let qh = &b[16..48];
-                let ql = &b[48..176];
-                for (j, q) in ql.chunks_exact(32).enumerate() {
-                    let (sc1, m1) = scale_min_k4(2 * j, scales);
-                    let (sc2, m2) = scale_min_k4(2 * j + 1, scales);
-                    let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
-                    let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
-                    let (u1, u2) = (1u8 << (2 * j), 2u8 << (2 * j));
-                    for l in 0..32 {
-                        let h = if qh[l] & u1 != 0 { 16 } else { 0 };
-                        out.push(d1 * ((q[l] & 0xF) + h) as f32 - m1);
-                    }
-                    for l in 0..32 {
-                        let h = if qh[l] & u2 != 0 { 16 } else { 0 };
-                        out.push(d2 * ((q[l] >> 4) + h) as f32 - m2);
-                    }
-                }
-            }
-            TensorType::Q6K => {
-                let ql_all = &b[0..128];
-                let qh_all = &b[128..192];
-                let sc_all = &b[192..208];
-                let d = f16_at(b, 208);
-                for n in 0..2 {
-                    let ql = &ql_all[64 * n..64 * n + 64];
-                    let qh = &qh_all[32 * n..32 * n + 32];
-                    let sc = &sc_all[8 * n..8 * n + 8];
-                    let mut y = [0f32; 128];
-                    for l in 0..32 {
-                        let is = l / 16;
-                        let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
-                        let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-                        let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-                        let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
-                        y[l] = d * (sc[is] as i8 as f32) * q1 as f32;
-                        y[l + 32] = d * (sc[is + 2] as i8 as f32) * q2 as f32;
-                        y[l + 64] = d * (sc[is + 4] as i8 as f32) * q3 as f32;
-                        y[l + 96] = d * (sc[is + 6] as i8 as f32) * q4 as f32;
-                    }
-                    out.extend_from_slice(&y);
-                }
-            }
-        }
-    }
+    let mut out = vec![0f32; data.len() / bb * ty.block_elems()];
+    dequantize_row(ty, data, &mut out);
     Some(out)
-}
-
-/// `get_scale_min_k4` from ggml-quants.c: the 6-bit scale and min of sub-block `j` (0..8).
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
-    }
 }
 
 /// Quantize to Q8_0 (`quantize_row_q8_0_ref`). None if `x.len()` is not a multiple of 32.

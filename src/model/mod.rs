@@ -39,6 +39,8 @@ pub enum TensorType {
     Q8_0,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q4K,
     Q5K,
     Q6K,
@@ -49,7 +51,7 @@ impl TensorType {
     pub fn block_elems(self) -> usize {
         match self {
             TensorType::F32 | TensorType::F16 | TensorType::Bf16 => 1,
-            TensorType::Q8_0 | TensorType::Q4_0 | TensorType::Q4_1 => 32,
+            TensorType::Q8_0 | TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q5_0 | TensorType::Q5_1 => 32,
             TensorType::Q4K | TensorType::Q5K | TensorType::Q6K => 256,
         }
     }
@@ -61,6 +63,8 @@ impl TensorType {
             TensorType::Q8_0 => 34,
             TensorType::Q4_0 => 18,
             TensorType::Q4_1 => 20,
+            TensorType::Q5_0 => 22,
+            TensorType::Q5_1 => 24,
             TensorType::Q4K => 144,
             TensorType::Q5K => 176,
             TensorType::Q6K => 210,
@@ -81,6 +85,8 @@ impl TensorType {
             TensorType::Q8_0 => "q8_0",
             TensorType::Q4_0 => "q4_0",
             TensorType::Q4_1 => "q4_1",
+            TensorType::Q5_0 => "q5_0",
+            TensorType::Q5_1 => "q5_1",
             TensorType::Q4K => "q4_k",
             TensorType::Q5K => "q5_k",
             TensorType::Q6K => "q6_k",

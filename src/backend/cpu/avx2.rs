@@ -6,9 +6,9 @@
 //!   32-bit lane each). `vpmaddubsw` multiplies a weight group (4 columns of 8 rows) by 4
 //!   broadcast activation bytes and adds pairs into 16-bit lanes; for Q4 the eight groups of a
 //!   block are summed in 16 bits (each partial sum is at most 15·127·2, eight of them at most
-//!   30 480, so nothing saturates or wraps) and widened once with `vpmaddwd`. Q8_0 codes go
-//!   through the sign trick (|w| × x with w's sign, at most 2·128·127 per pair) and are widened per
-//!   group. The zero point comes off in integers as in the AVX-512 kernel, so the integer sums
+//!   30 480, so nothing saturates or wraps) and widened once with `vpmaddwd`. Byte codes (the
+//!   `Q8_0`, `Q8Min` and `Q8Split` formats) go through the sign trick (|w| × x with w's sign, at
+//!   most 2·128·127 per pair) and are widened per group. The zero point comes off in integers as in the AVX-512 kernel, so the integer sums
 //!   are the reference's exactly; only the f32 accumulation order differs.
 //! - activation quantization, bit for bit the reference's (`vcvtps2dq` rounds to nearest even);
 //! - attention scores against the tiled f16 key cache, `exp` + sum, P·V, SiLU·up and the f16
@@ -17,10 +17,9 @@
 
 use std::arch::x86_64::*;
 
-use super::panel::{zero_point, Panels};
+use super::panel::PanelFormat;
 use super::quant::Q8Act;
 use super::reference::{pv_ref, round_f16_ref, silu_mul_ref, to_f16_ref};
-use crate::model::TensorType;
 
 /// Whether this CPU has what every function here needs (`detect` checks it before handing any out).
 pub fn available() -> bool {
@@ -38,8 +37,9 @@ const NT_MAX: usize = 4;
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], z: i32, nb: usize, out: &mut [f32], stride: usize) {
-    let blk = Panels::block_bytes(if Q8 { TensorType::Q8_0 } else { TensorType::Q4_1 }).unwrap_or(0);
+unsafe fn panel_inner<const NT: usize, const Q8: bool>(format: PanelFormat, panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], nb: usize, out: &mut [f32], stride: usize) {
+    let blk = format.block_bytes();
+    let (z, min, split) = (format.zero_point(), format.has_min(), format.split());
     let qb = blk - 64;
     let cols = nb * 32;
     assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
@@ -98,14 +98,21 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], 
                         _mm256_set1_epi32(unsafe { x.add($k).read_unaligned() })
                     };
                 }
+                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(dx[t * nb + b]));
                 let sumi = if Q8 {
-                    // Σ w·x per group: |w| (unsigned) × x carrying w's sign, pairs widened at once.
-                    let mut s = _mm256_setzero_si256();
+                    // Σ w·x per group: |w| (unsigned) × x carrying w's sign, pairs widened at once;
+                    // Q8Split: columns 0..16 (groups 0..4) and 16..32 apart, each with its scale.
+                    let mut s = [_mm256_setzero_si256(); 2];
                     for (k, &wk) in w.iter().enumerate() {
                         let p = _mm256_maddubs_epi16(_mm256_sign_epi8(wk, wk), _mm256_sign_epi8(bc!(k), wk));
-                        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+                        let h = usize::from(split && k >= 4);
+                        s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(p, ones));
                     }
-                    s
+                    if split {
+                        let scale_hi = _mm256_mul_ps(mw, _mm256_set1_ps(dx[t * nb + b]));
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[1]), scale_hi, acc[t]);
+                    }
+                    s[0]
                 } else {
                     // Group k's low nibbles pair with activation bytes 4k.. (x[k]), its high
                     // nibbles (w[k + 4]) with 16 + 4k.. (x[k + 4]).
@@ -116,9 +123,8 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], 
                     // −z·Σq: the zero point comes off in integers (exact, as the reference).
                     _mm256_sub_epi32(_mm256_madd_epi16(p, ones), _mm256_set1_epi32(z * qsum[t * nb + b]))
                 };
-                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(dx[t * nb + b]));
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), scale, acc[t]);
-                if !Q8 && z == 0 {
+                if min {
                     accm[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx[t * nb + b]), accm[t]);
                 }
             }
@@ -133,10 +139,9 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], 
 }
 
 /// [`super::kernels::PanelFn`] on AVX2: tokens 4 at a time.
-pub fn panel(ty: TensorType, panel: &[u8], q8: &Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize) {
+pub fn panel(format: PanelFormat, panel: &[u8], q8: &Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize) {
     let nb = q8.cols / 32;
-    let q8w = ty == TensorType::Q8_0;
-    let z = zero_point(ty);
+    let q8w = !format.nibbles();
     assert!(t0 + n <= q8.n, "panel kernel: tokens out of range");
     let mut t = 0;
     while t < n {
@@ -148,14 +153,14 @@ pub fn panel(ty: TensorType, panel: &[u8], q8: &Q8Act, t0: usize, n: usize, out:
         // inner function asserts every length it reads.
         unsafe {
             match (nt, q8w) {
-                (1, false) => panel_inner::<1, false>(panel, xs, dx, sx, qsum, z, nb, o, stride),
-                (2, false) => panel_inner::<2, false>(panel, xs, dx, sx, qsum, z, nb, o, stride),
-                (3, false) => panel_inner::<3, false>(panel, xs, dx, sx, qsum, z, nb, o, stride),
-                (_, false) => panel_inner::<4, false>(panel, xs, dx, sx, qsum, z, nb, o, stride),
-                (1, true) => panel_inner::<1, true>(panel, xs, dx, sx, qsum, z, nb, o, stride),
-                (2, true) => panel_inner::<2, true>(panel, xs, dx, sx, qsum, z, nb, o, stride),
-                (3, true) => panel_inner::<3, true>(panel, xs, dx, sx, qsum, z, nb, o, stride),
-                (_, true) => panel_inner::<4, true>(panel, xs, dx, sx, qsum, z, nb, o, stride),
+                (1, false) => panel_inner::<1, false>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (2, false) => panel_inner::<2, false>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (3, false) => panel_inner::<3, false>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (_, false) => panel_inner::<4, false>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (1, true) => panel_inner::<1, true>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (2, true) => panel_inner::<2, true>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (3, true) => panel_inner::<3, true>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (_, true) => panel_inner::<4, true>(format, panel, xs, dx, sx, qsum, nb, o, stride),
             }
         }
         t += nt;

@@ -1,9 +1,9 @@
 //! The kernel table: every kernel's signature, one set of kernels ([`Kernels`]) and the reference
 //! set. Which set runs is chosen once at start-up from the CPU's features (`detect.rs`).
 
+use super::panel::PanelFormat;
 use super::quant;
 use super::reference::{dot_f32_ref, exp_sum_ref, pv_ref, round_f16_ref, scores_ref, silu_mul_ref, to_f16_ref};
-use crate::model::TensorType;
 
 /// `dot(weight row bytes, activation int8 row, block scales d, Q8_1 sums s) -> f32`.
 pub type DotQ8Fn = fn(&[u8], &[i8], &[f32], &[f32]) -> f32;
@@ -35,9 +35,10 @@ pub type SiluMulFn = fn(&mut [f32], &[f32]);
 /// Round every value to the nearest f16 (kept as f32).
 pub type RoundF16Fn = fn(&mut [f32]);
 /// A panel kernel: `out[t·stride + i] = row(16·p + i) · activation row (t0 + t)` for `i < 16` and
-/// `t < n`, where `panel` is one panel's block records ([`super::panel::Panels::panel`]) of type
-/// `ty`.
-pub type PanelFn = fn(ty: TensorType, panel: &[u8], q8: &super::quant::Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize);
+/// `t < n`, where `panel` is one panel's block records ([`super::panel::Panels::panel`]) in
+/// `format`. The `Q8Split` format reads the activations' half-block sums
+/// ([`super::quant::Q8Act::half_sums`]).
+pub type PanelFn = fn(format: PanelFormat, panel: &[u8], q8: &super::quant::Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize);
 
 /// One set of kernels. Every entry is a safe function: SIMD entries are only handed out by
 /// [`Kernels::detect`] after the features they need were detected.
@@ -51,8 +52,8 @@ pub struct Kernels {
     pub q4_0_rows: Option<RowsQ8Fn>,
     pub q4_1_rows: Option<RowsQ8Fn>,
     pub q8_0_rows: Option<RowsQ8Fn>,
-    /// Kernel over 16-row panels ([`super::panel`]); when present, the backend repacks Q4_0,
-    /// Q4_1 and Q8_0 weights into panels at load time and every matmul on them runs through it.
+    /// Kernel over 16-row panels ([`super::panel`]); when present, the backend repacks every
+    /// quantized weight into panels at load time and every matmul on them runs through it.
     pub panel: Option<PanelFn>,
     pub quantize: QuantizeFn,
     pub dot_f32: DotF32Fn,

@@ -5,8 +5,8 @@
 //!
 //! Kernel sets: AVX-512 VNNI and AVX2 + FMA + F16C on x86-64 (`x86/`, `avx2.rs`), NEON on
 //! aarch64 (`neon.rs`, dot kernels only so far), the scalar reference everywhere. Where the set
-//! has a panel kernel (both x86 sets), Q4_0, Q4_1 and Q8_0 weights are
-//! repacked at load into 16-row [`panel`]s (in parallel, about 40 ms for the default model on two
+//! has a panel kernel (both x86 sets), every quantized weight (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+//! Q4_K, Q5_K, Q6_K) is repacked at load into 16-row [`panel`]s (in parallel, about 40 ms for the default model on two
 //! cores), the mapped pages they came from are released, and every matmul on them (decode,
 //! prefill, batched decode) runs through that kernel. `APPLIANCED_CPU_PANELS=0` keeps the row
 //! kernels (for comparison); `APPLIANCED_CPU_KERNELS=scalar|avx2|avx512` forces a kernel set
@@ -166,7 +166,7 @@ fn matmul_rows(k: &Kernels, view: &TensorView<'_>, info: &WeightInfo, panels: Op
     if let (Some(p), Some(kernel)) = (panels, k.panel) {
         // r0 and len are whole panels (the caller rounds chunks to PANEL_ROWS).
         for i in 0..len / PANEL_ROWS {
-            kernel(p.ty, p.panel(r0 / PANEL_ROWS + i), q8, 0, n, &mut out[i * PANEL_ROWS..], len);
+            kernel(p.format, p.panel(r0 / PANEL_ROWS + i), q8, 0, n, &mut out[i * PANEL_ROWS..], len);
         }
         return;
     }
@@ -302,8 +302,13 @@ impl Backend for CpuBackend {
         let cols = self.weight_info(outs[0].0).cols;
         let mut scratch = self.scratch.borrow_mut();
         let Scratch { q8 } = &mut *scratch;
-        if outs.iter().any(|(w, _)| matches!(self.weight_info(*w).ty, TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q8_0)) {
+        // Int8 activations for every weight dotted in integers: the panels, and the row kernels' types.
+        let int_dot = |w: &WeightId| self.panels(*w).is_some() || matches!(self.weight_info(*w).ty, TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q8_0);
+        if outs.iter().any(|(w, _)| int_dot(w)) {
             (self.kernels.quantize)(q8, x, n, cols);
+            if outs.iter().any(|(w, _)| self.panels(*w).is_some_and(|p| p.format.split())) {
+                q8.half_sums();
+            }
         }
         let q8 = &*q8;
         let total_rows: usize = outs.iter().map(|(w, _)| self.weight_info(*w).rows).sum();

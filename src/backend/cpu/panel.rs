@@ -1,41 +1,197 @@
 //! Row panels: quantized weights repacked at load time for the SIMD matmul kernels.
 //!
-//! A GGUF-style quantized row stores its 32-column blocks one after another, so a dot kernel
-//! reduces one row at a time and must sum across SIMD lanes once per block to apply the block's
-//! scale. A panel interleaves [`PANEL_ROWS`] rows instead: for each block, 4-byte column groups of
-//! the 16 rows sit side by side, so one `vpdpbusd` on a 512-bit register multiplies 4 columns of
-//! 16 rows by the same 4 activation bytes (broadcast) and each 32-bit lane accumulates its own
+//! A GGUF-style quantized row stores its blocks one after another, so a dot kernel reduces one
+//! row at a time and must sum across SIMD lanes once per block to apply the block's scale. A
+//! panel interleaves [`PANEL_ROWS`] rows instead: for each 32-column block, 4-byte column groups
+//! of the 16 rows sit side by side, so one `vpdpbusd` on a 512-bit register multiplies 4 columns
+//! of 16 rows by the same 4 activation bytes (broadcast) and each 32-bit lane accumulates its own
 //! row. The block scales of the 16 rows are then one vector, applied with one multiply-add per
 //! block and token, with no horizontal sums at all, and the unpacked weights of a block are reused
 //! for every token of a batch (prefill, batched decode).
 //!
+//! Every quantized type the engine runs is repacked into one of five record formats
+//! ([`PanelFormat`]); each 32-column block of a row becomes integer codes `w` plus one or two
+//! scales, so every kernel dots integers against the activations' int8 Q8 blocks:
+//!
+//! | tensor type | format | value of column `j` | repack |
+//! |---|---|---|---|
+//! | Q4_0 | `Q4_0` | `d·w`, `w = c − 8` | exact |
+//! | Q4_1 | `Q4_1` | `d·c + m` | exact |
+//! | Q4_K | `Q4_1` | sub-block `s`: `(d·sc_s)·c − dmin·m_s` | `d·sc_s` and `−dmin·m_s` rounded to f16 |
+//! | Q8_0 | `Q8_0` | `d·w` | exact |
+//! | Q5_0 | `Q8_0` | `d·w`, `w = c − 16` | exact |
+//! | Q5_1 | `Q8Min` | `d·c + m` | exact |
+//! | Q5_K | `Q8Min` | `(d·sc_s)·c − dmin·m_s` | scales rounded to f16 |
+//! | Q6_K | `Q8Split` | `(d·sc)·w`, `w = c − 32`, `sc` per 16 columns | `d·sc` rounded to f16 |
+//!
+//! (`c` the stored code, `d`, `m` f16; `sc_s`, `m_s` a K-quant's 6-bit sub-block scale and min,
+//! `sc` Q6_K's int8 scale.) The f16 rounding of a K-quant's sub-block scale `d·sc` (at most 2⁻¹¹
+//! relative, on one weight block's scale) is far below the activations' own int8 rounding
+//! (up to 1/254 of a block's largest value); llama.cpp instead keeps `d` and `sc` apart and
+//! quantizes activations to Q8_K (one scale per 256 values).
+//!
 //! Layout of one tensor (`rows` a multiple of 16, `cols` of 32, `nb = cols / 32`): panels
-//! `p = 0 .. rows/16` one after another, each `nb` block records of [`Panels::block_bytes`] bytes:
+//! `p = 0 .. rows/16` one after another, each `nb` block records of [`PanelFormat::block_bytes`]:
 //!
-//! | part | Q4_0 / Q4_1 | Q8_0 |
+//! | part | `Q4_0` / `Q4_1` (320 bytes) | `Q8_0` / `Q8Min` / `Q8Split` (576 bytes) |
 //! |---|---|---|
-//! | quants | 4 groups × 64 bytes: group `k`, lane `r` = bytes `4k .. 4k+4` of row `r`'s 16 nibble bytes (low nibbles are columns `4k..4k+4`, high nibbles `16+4k..16+4k+4`) | 8 groups × 64 bytes: group `k`, lane `r` = int8 columns `4k .. 4k+4` of row `r`, each XOR `0x80` (stored as `w + 128`) |
-//! | `d` | 16 × f16, row `r`'s block scale | same |
-//! | `m` | 16 × f16: Q4_1 the block minimum; Q4_0 zero | zero |
+//! | quants | 4 groups × 64 bytes: group `k`, lane `r` = bytes `4k .. 4k+4` of row `r`'s 16 nibble bytes (byte `j` = code `j` low, code `16+j` high: low nibbles are columns `4k..4k+4`, high nibbles `16+4k..16+4k+4`) | 8 groups × 64 bytes: group `k`, lane `r` = `w + 128` (that is `w XOR 0x80`) of columns `4k .. 4k+4` of row `r` |
+//! | `d` | 16 × f16, row `r`'s block scale | same (`Q8Split`: the scale of columns 0..16) |
+//! | `m` | 16 × f16: `Q4_1` the block minimum; `Q4_0` zero | `Q8Min` the minimum; `Q8Split` the scale of columns 16..32; `Q8_0` zero |
 //!
-//! The weight codes `u` are unsigned (what `vpdpbusd` takes) with a zero point `z` (Q4_0 8, Q8_0
-//! 128, Q4_1 0), so a block contributes `d_w·d_x·(Σ u·q − z·Σq) + m_w·s_x`: the `z·Σq` term is
-//! subtracted in integers (the activation's exact `Σq`), which keeps Q4_0 and Q8_0 exactly the
-//! reference's integer arithmetic; `s_x` is Q8_1's f16-rounded `d_x·Σq`, as llama.cpp. A record
-//! is a multiple of 64 bytes and the buffer is 64-byte aligned, so every group
-//! load is one aligned cache line. Q4 panels take exactly the bytes of the rows they hold; Q8_0
-//! panels 32 bytes more per 16 rows and block (the `m` row).
+//! The stored codes `u` are unsigned (what `vpdpbusd` takes) with a zero point `z` (`Q4_0` 8,
+//! `Q4_1` 0, the byte formats 128), so a block contributes `d_w·d_x·(Σ u·q − z·Σq) + m_w·s_x`:
+//! the `z·Σq` term is subtracted in integers (the activation's exact `Σq`; `Q8Split` takes each
+//! half's sum, [`super::quant::Q8Act::half_sums`]), which keeps the integer part exact; `s_x` is
+//! Q8_1's f16-rounded `d_x·Σq`, as llama.cpp's Q4_1 and Q5_1 kernels. A record is a multiple of
+//! 64 bytes and the buffer is 64-byte aligned, so every group load is one aligned cache line.
 
 use rayon::prelude::*;
 
+use super::quant::{f16_at, q5_codes, scale_min_k4};
 use crate::model::TensorType;
 
 /// Rows per panel: one 32-bit lane of a 512-bit register each.
 pub const PANEL_ROWS: usize = 16;
 
+/// The record format of a panel (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PanelFormat {
+    /// 4-bit codes, zero point 8, one scale (Q4_0).
+    Q4_0,
+    /// 4-bit codes, a scale and a minimum (Q4_1, Q4_K).
+    Q4_1,
+    /// Signed 8-bit values, one scale (Q8_0, Q5_0).
+    Q8_0,
+    /// Signed 8-bit values, a scale and a minimum (Q5_1, Q5_K).
+    Q8Min,
+    /// Signed 8-bit values, one scale per 16 columns (Q6_K).
+    Q8Split,
+}
+
+impl PanelFormat {
+    /// The format `ty` is repacked into (None: not a panel type).
+    pub fn of(ty: TensorType) -> Option<PanelFormat> {
+        Some(match ty {
+            TensorType::Q4_0 => PanelFormat::Q4_0,
+            TensorType::Q4_1 | TensorType::Q4K => PanelFormat::Q4_1,
+            TensorType::Q8_0 | TensorType::Q5_0 => PanelFormat::Q8_0,
+            TensorType::Q5_1 | TensorType::Q5K => PanelFormat::Q8Min,
+            TensorType::Q6K => PanelFormat::Q8Split,
+            TensorType::F32 | TensorType::F16 | TensorType::Bf16 => return None,
+        })
+    }
+
+    /// 4-bit codes (two per byte) rather than bytes.
+    pub fn nibbles(self) -> bool {
+        matches!(self, PanelFormat::Q4_0 | PanelFormat::Q4_1)
+    }
+
+    /// Bytes of one block record: the quant groups, then 64 bytes of `d` and `m`.
+    pub fn block_bytes(self) -> usize {
+        if self.nibbles() { 256 + 64 } else { 512 + 64 }
+    }
+
+    /// The zero point `z` of the stored unsigned codes.
+    pub fn zero_point(self) -> i32 {
+        match self {
+            PanelFormat::Q4_0 => 8,
+            PanelFormat::Q4_1 => 0,
+            PanelFormat::Q8_0 | PanelFormat::Q8Min | PanelFormat::Q8Split => 128,
+        }
+    }
+
+    /// The `m` row is a minimum, added as `m_w·s_x`.
+    pub fn has_min(self) -> bool {
+        matches!(self, PanelFormat::Q4_1 | PanelFormat::Q8Min)
+    }
+
+    /// The `m` row is the scale of columns 16..32 (Q6_K's scale per 16 values).
+    pub fn split(self) -> bool {
+        self == PanelFormat::Q8Split
+    }
+}
+
+/// One 32-column block of one row, as a panel record holds it: the 32 unsigned codes in column
+/// order (`w + z`) and the two f16 rows' values (`d`, then `m` or the second scale).
+struct SubBlock {
+    u: [u8; 32],
+    d: f32,
+    m: f32,
+}
+
+/// Block `b` (32 columns) of one row of `ty` in GGUF layout.
+fn sub_block(ty: TensorType, row: &[u8], b: usize) -> SubBlock {
+    let mut u = [0u8; 32];
+    let bytes = |w: i32| (w + 128) as u8;
+    match ty {
+        TensorType::Q4_0 | TensorType::Q4_1 => {
+            let (bb, q0) = if ty == TensorType::Q4_0 { (18, 2) } else { (20, 4) };
+            let s = &row[b * bb..(b + 1) * bb];
+            for j in 0..16 {
+                u[j] = s[q0 + j] & 0x0F;
+                u[j + 16] = s[q0 + j] >> 4;
+            }
+            SubBlock { u, d: f16_at(s, 0), m: if ty == TensorType::Q4_1 { f16_at(s, 2) } else { 0.0 } }
+        }
+        TensorType::Q8_0 => {
+            let s = &row[b * 34..(b + 1) * 34];
+            for j in 0..32 {
+                u[j] = s[2 + j] ^ 0x80;
+            }
+            SubBlock { u, d: f16_at(s, 0), m: 0.0 }
+        }
+        TensorType::Q5_0 | TensorType::Q5_1 => {
+            let q5_0 = ty == TensorType::Q5_0;
+            let bb = ty.block_bytes();
+            let s = &row[b * bb..(b + 1) * bb];
+            let codes = if q5_0 { q5_codes(&s[2..6], &s[6..22]) } else { q5_codes(&s[4..8], &s[8..24]) };
+            for (u, &c) in u.iter_mut().zip(&codes) {
+                *u = bytes(c as i32 - if q5_0 { 16 } else { 0 });
+            }
+            SubBlock { u, d: f16_at(s, 0), m: if q5_0 { 0.0 } else { f16_at(s, 2) } }
+        }
+        TensorType::Q4K | TensorType::Q5K => {
+            let bb = ty.block_bytes();
+            let s = &row[b / 8 * bb..(b / 8 + 1) * bb];
+            let sub = b % 8;
+            let (sc, mn) = scale_min_k4(sub, &s[4..16]);
+            let (chunk, shift) = (sub / 2, 4 * (sub % 2));
+            if ty == TensorType::Q4K {
+                for (l, u) in u.iter_mut().enumerate() {
+                    *u = (s[16 + chunk * 32 + l] >> shift) & 0x0F;
+                }
+            } else {
+                let hbit = 1u8 << sub;
+                for (l, u) in u.iter_mut().enumerate() {
+                    let c = ((s[48 + chunk * 32 + l] >> shift) & 0x0F) | if s[16 + l] & hbit != 0 { 16 } else { 0 };
+                    *u = bytes(c as i32);
+                }
+            }
+            SubBlock { u, d: f16_at(s, 0) * sc as f32, m: -(f16_at(s, 2) * mn as f32) }
+        }
+        TensorType::Q6K => {
+            let s = &row[b / 8 * 210..(b / 8 + 1) * 210];
+            let sub = b % 8;
+            // 128-value half `n`, quarter `kind`: ql bytes (kind odd: +32), nibble (kind ≥ 2:
+            // high), qh bits 2·kind.. (see `dequantize_row`).
+            let (n, kind) = (sub / 4, sub % 4);
+            let (ql, qh, sc) = (&s[n * 64..n * 64 + 64], &s[128 + n * 32..128 + n * 32 + 32], &s[192 + n * 8..192 + n * 8 + 8]);
+            for (l, u) in u.iter_mut().enumerate() {
+                let lo = (ql[l + 32 * (kind % 2)] >> (4 * (kind / 2))) & 0x0F;
+                let hi = (qh[l] >> (2 * kind)) & 3;
+                *u = bytes((lo | (hi << 4)) as i32 - 32);
+            }
+            let d = f16_at(s, 208);
+            SubBlock { u, d: d * sc[2 * kind] as i8 as f32, m: d * sc[2 * kind + 1] as i8 as f32 }
+        }
+        TensorType::F32 | TensorType::F16 | TensorType::Bf16 => SubBlock { u, d: 0.0, m: 0.0 },
+    }
+}
+
 /// One tensor's repacked panels.
 pub struct Panels {
-    pub ty: TensorType,
+    pub format: PanelFormat,
     pub rows: usize,
     pub cols: usize,
     /// An anonymous mapping (page-aligned, so every record is 64-byte aligned), asked for
@@ -46,15 +202,6 @@ pub struct Panels {
 }
 
 impl Panels {
-    /// Bytes of one block record for `ty` (None: not a panel format).
-    pub fn block_bytes(ty: TensorType) -> Option<usize> {
-        match ty {
-            TensorType::Q4_0 | TensorType::Q4_1 => Some(256 + 64),
-            TensorType::Q8_0 => Some(512 + 64),
-            _ => None,
-        }
-    }
-
     /// Blocks per row.
     pub fn nb(&self) -> usize {
         self.cols / 32
@@ -71,48 +218,46 @@ impl Panels {
 
     /// Panel `p`'s `nb` block records.
     pub fn panel(&self, p: usize) -> &[u8] {
-        let len = self.nb() * Panels::block_bytes(self.ty).unwrap_or(0);
+        let len = self.nb() * self.format.block_bytes();
         &self.bytes()[p * len..(p + 1) * len]
     }
 
     /// Repack `rows` rows of `cols` columns stored in GGUF block order (`data`). None when the
-    /// type has no panel form or the shape does not fit (rows not a multiple of 16, cols not of
-    /// 32), or the memory cannot be mapped; those tensors keep the row path.
+    /// type has no panel form or the shape does not fit (rows not a multiple of 16, cols not
+    /// whole blocks), or the memory cannot be mapped; those tensors keep the row path.
     pub fn repack(ty: TensorType, rows: usize, cols: usize, data: &[u8]) -> Option<Panels> {
-        let blk = Panels::block_bytes(ty)?;
+        let format = PanelFormat::of(ty)?;
+        let blk = format.block_bytes();
         let row_bytes = ty.row_bytes(cols)?;
         if rows == 0 || rows % PANEL_ROWS != 0 || cols % 32 != 0 || data.len() != rows * row_bytes {
             return None;
         }
         let nb = cols / 32;
-        let src_blk = row_bytes / nb; // 18, 20 or 34
         let total = rows / PANEL_ROWS * nb * blk;
         let buf = memmap2::MmapMut::map_anon(total).ok()?;
         #[cfg(target_os = "linux")]
         let _ = buf.advise(memmap2::Advice::HugePage); // best effort: THP may be off
-        let mut out = Panels { ty, rows, cols, buf, len: total };
+        let mut out = Panels { format, rows, cols, buf, len: total };
+        let quant_bytes = blk - 64;
         // Panels are independent: repack them in parallel (on the caller's rayon pool).
         out.bytes_mut().par_chunks_mut(nb * blk).enumerate().for_each(|(p, panel)| {
             for (b, rec) in panel.chunks_exact_mut(blk).enumerate() {
-                let quant_bytes = blk - 64;
                 for r in 0..PANEL_ROWS {
                     let row = p * PANEL_ROWS + r;
-                    let s = &data[row * row_bytes + b * src_blk..row * row_bytes + (b + 1) * src_blk];
-                    let d = half::f16::from_le_bytes([s[0], s[1]]);
-                    let (m, q) = match ty {
-                        TensorType::Q4_1 => (half::f16::from_le_bytes([s[2], s[3]]), &s[4..20]),
-                        TensorType::Q4_0 => (half::f16::ZERO, &s[2..18]),
-                        _ => (half::f16::ZERO, &s[2..34]),
-                    };
-                    for (k, g) in q.chunks_exact(4).enumerate() {
-                        let at = k * 64 + r * 4;
-                        rec[at..at + 4].copy_from_slice(g);
-                        if ty == TensorType::Q8_0 {
-                            for v in &mut rec[at..at + 4] {
-                                *v ^= 0x80;
+                    let sb = sub_block(ty, &data[row * row_bytes..(row + 1) * row_bytes], b);
+                    if format.nibbles() {
+                        for k in 0..4 {
+                            for i in 0..4 {
+                                let j = 4 * k + i;
+                                rec[k * 64 + r * 4 + i] = sb.u[j] | (sb.u[j + 16] << 4);
                             }
                         }
+                    } else {
+                        for k in 0..8 {
+                            rec[k * 64 + r * 4..k * 64 + r * 4 + 4].copy_from_slice(&sb.u[4 * k..4 * k + 4]);
+                        }
                     }
+                    let (d, m) = (half::f16::from_f32(sb.d), half::f16::from_f32(sb.m));
                     rec[quant_bytes + 2 * r..quant_bytes + 2 * r + 2].copy_from_slice(&d.to_le_bytes());
                     rec[quant_bytes + 32 + 2 * r..quant_bytes + 32 + 2 * r + 2].copy_from_slice(&m.to_le_bytes());
                 }
@@ -122,43 +267,41 @@ impl Panels {
     }
 }
 
-/// The zero point `z` of `ty`'s unsigned panel codes (see the module docs).
-pub fn zero_point(ty: TensorType) -> i32 {
-    match ty {
-        TensorType::Q4_0 => 8,
-        TensorType::Q8_0 => 128,
-        _ => 0,
-    }
-}
-
 /// The plain reference for [`super::kernels::PanelFn`] over the panel layout (the oracle of the
 /// SIMD kernels' tests, and a readable statement of the layout's arithmetic).
-pub fn panel_ref(ty: TensorType, panel: &[u8], q8: &super::quant::Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize) {
-    let Some(blk) = Panels::block_bytes(ty) else { return };
+pub fn panel_ref(format: PanelFormat, panel: &[u8], q8: &super::quant::Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize) {
+    let blk = format.block_bytes();
     let nb = q8.cols / 32;
     let quant_bytes = blk - 64;
+    let z = format.zero_point();
     for t in 0..n {
         let (qs, d, s) = q8.row(t0 + t);
-        let qsum = &q8.qsum[(t0 + t) * nb..(t0 + t + 1) * nb];
         for r in 0..PANEL_ROWS {
             let mut acc = 0.0f32;
             for b in 0..nb {
                 let rec = &panel[b * blk..(b + 1) * blk];
-                let mut isum = -zero_point(ty) * qsum[b];
-                for k in 0..quant_bytes / 64 {
-                    for i in 0..4 {
-                        let byte = rec[k * 64 + r * 4 + i];
-                        if ty == TensorType::Q8_0 {
-                            isum += byte as i32 * qs[b * 32 + 4 * k + i] as i32;
-                        } else {
-                            isum += (byte & 15) as i32 * qs[b * 32 + 4 * k + i] as i32;
-                            isum += (byte >> 4) as i32 * qs[b * 32 + 16 + 4 * k + i] as i32;
-                        }
+                let x = &qs[b * 32..b * 32 + 32];
+                // code of column j of this row
+                let code = |j: usize| -> i32 {
+                    if format.nibbles() {
+                        let byte = rec[(j % 16) / 4 * 64 + r * 4 + j % 4];
+                        (if j < 16 { byte & 15 } else { byte >> 4 }) as i32
+                    } else {
+                        rec[j / 4 * 64 + r * 4 + j % 4] as i32
                     }
-                }
+                };
+                // Σ (u − z)·q over columns lo..hi
+                let isum = |lo: usize, hi: usize| -> i32 { (lo..hi).map(|j| (code(j) - z) * x[j] as i32).sum() };
                 let dw = half::f16::from_le_bytes([rec[quant_bytes + 2 * r], rec[quant_bytes + 2 * r + 1]]).to_f32();
                 let mw = half::f16::from_le_bytes([rec[quant_bytes + 32 + 2 * r], rec[quant_bytes + 33 + 2 * r]]).to_f32();
-                acc += dw * d[b] * isum as f32 + mw * s[b];
+                if format.split() {
+                    acc += dw * d[b] * isum(0, 16) as f32 + mw * d[b] * isum(16, 32) as f32;
+                } else {
+                    acc += dw * d[b] * isum(0, 32) as f32;
+                }
+                if format.has_min() {
+                    acc += mw * s[b];
+                }
             }
             out[t * stride + r] = acc;
         }
@@ -168,46 +311,97 @@ pub fn panel_ref(ty: TensorType, panel: &[u8], q8: &super::quant::Q8Act, t0: usi
 #[cfg(test)]
 mod tests {
     use super::super::kernels::PanelFn;
-    use super::super::quant::{testutil::*, Q8Act};
+    use super::super::quant::{dequantize_row, testutil::*, Q8Act};
     use super::*;
 
-    /// Every available panel kernel (the reference, and the SIMD one where this CPU has it)
-    /// against the per-row reference dots, over several panels, block counts and batch sizes.
+    const TYPES: [TensorType; 8] =
+        [TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0, TensorType::Q5_0, TensorType::Q5_1, TensorType::Q4K, TensorType::Q5K, TensorType::Q6K];
+
+    /// Every available panel kernel (the reference, and the SIMD one where this CPU has it) on
+    /// every panel type, against the plain f32 dot of the dequantized weights with the
+    /// dequantized int8 activations, over several panels, block counts and batch sizes.
     #[test]
-    fn panel_kernels_match_row_reference() {
+    fn panel_kernels_match_dequantized_dots() {
         let mut kernels: Vec<(&str, PanelFn)> = vec![("ref", panel_ref)];
         if let Some(k) = super::super::kernels::Kernels::detect().panel {
             kernels.push(("simd", k));
         }
         let mut rng = Rng(0x5eed_cafe);
-        for ty in [TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0] {
-            for &(rows, cols, n) in &[(16usize, 32usize, 1usize), (32, 96, 3), (48, 576, 9), (16, 960, 17)] {
+        for ty in TYPES {
+            let shapes: &[(usize, usize, usize)] = if ty.block_elems() == 256 {
+                &[(16, 256, 1), (32, 512, 3), (16, 1536, 9)]
+            } else {
+                &[(16, 32, 1), (32, 96, 3), (48, 576, 9), (16, 960, 17)]
+            };
+            for &(rows, cols, n) in shapes {
                 let rb = ty.row_bytes(cols).unwrap();
                 let data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
                 let mut q8 = Q8Act::default();
                 q8.quantize(&x, n, cols);
+                q8.half_sums();
+                let xd: Vec<f32> = q8.qs.iter().enumerate().map(|(i, &q)| q8.d[i / 32] * q as f32).collect();
                 let p = Panels::repack(ty, rows, cols, &data).expect("repack");
-                let dot = match ty {
-                    TensorType::Q4_0 => super::super::quant::dot_q4_0_ref,
-                    TensorType::Q4_1 => super::super::quant::dot_q4_1_ref,
-                    _ => super::super::quant::dot_q8_0_ref,
-                };
+                assert_eq!(p.format, PanelFormat::of(ty).unwrap());
+                let mut wd = vec![0.0f32; cols];
+                let want: Vec<(f32, f32)> = (0..rows)
+                    .flat_map(|r| {
+                        dequantize_row(ty, &data[r * rb..(r + 1) * rb], &mut wd);
+                        let wd = wd.clone();
+                        let xd = &xd;
+                        (0..n).map(move |t| {
+                            let xt = &xd[t * cols..(t + 1) * cols];
+                            (wd.iter().zip(xt).map(|(a, b)| a * b).sum::<f32>(), wd.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum::<f32>())
+                        })
+                    })
+                    .collect();
+                let mut reference = vec![f32::NAN; n * rows];
                 for (name, k) in &kernels {
                     let mut out = vec![f32::NAN; n * rows];
                     for pi in 0..rows / 16 {
-                        k(ty, p.panel(pi), &q8, 0, n, &mut out[pi * 16..], rows);
+                        k(p.format, p.panel(pi), &q8, 0, n, &mut out[pi * 16..], rows);
                     }
                     for t in 0..n {
-                        let (qs, d, s) = q8.row(t);
                         for r in 0..rows {
-                            let want = dot(&data[r * rb..(r + 1) * rb], qs, d, s);
+                            let (w, mag) = want[r * n + t];
                             let got = out[t * rows + r];
-                            let tol = 1e-3 * (1.0 + want.abs());
-                            assert!((got - want).abs() <= tol, "{name} {ty:?} {rows}x{cols} n={n} t={t} r={r}: {got} vs {want}");
+                            // f16 scale rounding (K types) and Q8_1's f16 `s` (the minimum term)
+                            let tol = 2e-3 * (1.0 + mag);
+                            assert!((got - w).abs() <= tol, "{name} {ty:?} {rows}x{cols} n={n} t={t} r={r}: {got} vs {w}");
+                            if *name == "ref" {
+                                reference[t * rows + r] = got;
+                            } else {
+                                // the same integer sums: only the f32 order differs
+                                let rf = reference[t * rows + r];
+                                assert!((got - rf).abs() <= 1e-4 * (1.0 + mag), "{name} {ty:?} vs ref: {got} vs {rf}");
+                            }
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Repacks that need no rounding are exact: the panel reference equals the row reference dot
+    /// kernels bit for bit in the integer part (Q5_0 through the Q8_0 format included).
+    #[test]
+    fn exact_formats_match_row_kernels() {
+        use super::super::quant::{dot_q4_0_ref, dot_q4_1_ref, dot_q8_0_ref};
+        let mut rng = Rng(77);
+        let (rows, cols) = (16, 128);
+        let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+        let mut q8 = Q8Act::default();
+        q8.quantize(&x, 1, cols);
+        for (ty, dot) in [(TensorType::Q4_0, dot_q4_0_ref as super::super::kernels::DotQ8Fn), (TensorType::Q4_1, dot_q4_1_ref), (TensorType::Q8_0, dot_q8_0_ref)] {
+            let rb = ty.row_bytes(cols).unwrap();
+            let data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
+            let p = Panels::repack(ty, rows, cols, &data).unwrap();
+            let mut out = vec![0.0; rows];
+            panel_ref(p.format, p.panel(0), &q8, 0, 1, &mut out, rows);
+            let (qs, d, s) = q8.row(0);
+            for r in 0..rows {
+                let want = dot(&data[r * rb..(r + 1) * rb], qs, d, s);
+                assert!((out[r] - want).abs() <= 1e-5 * (1.0 + want.abs()), "{ty:?} row {r}: {} vs {want}", out[r]);
             }
         }
     }
@@ -220,6 +414,7 @@ mod tests {
         assert!(Panels::repack(ty, 8, cols, &row.repeat(8)).is_none(), "rows not a multiple of 16");
         assert!(Panels::repack(ty, 16, cols, &row.repeat(15)).is_none(), "short data");
         assert!(Panels::repack(TensorType::F32, 16, cols, &[0u8; 16 * 64 * 4]).is_none(), "f32 has no panel form");
+        assert!(Panels::repack(TensorType::Q4K, 16, 128, &[0u8; 16 * 144]).is_none(), "128 columns are not whole Q4_K blocks");
         assert!(Panels::repack(ty, 16, cols, &row.repeat(16)).is_some());
     }
 }

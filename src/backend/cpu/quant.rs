@@ -8,8 +8,10 @@
 //! - Q4_1 · Q8_1: `d_w d_x Σ n q + m_w s_x`
 //! - Q8_0 · Q8_0: `d_w d_x Σ w q`
 //!
-//! K-quants (Q4_K, Q5_K, Q6_K) and floats are dequantized and dotted in f32 here (deviation from
-//! llama.cpp, which uses Q8_K activations for K-quants; differences are at the 1e-3 relative level).
+//! The other block types (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) are dotted through the panel kernels
+//! ([`super::panel`], which states their arithmetic); where a tensor has no panel form (rows not
+//! a multiple of 16, or no panel kernel in the set) they and the float types are dequantized
+//! here and dotted in f32.
 
 use crate::model::TensorType;
 
@@ -38,6 +40,9 @@ pub struct Q8Act {
     /// `(n, cols/32)` the integer `Σq` (the panel kernels' zero-point term for Q4_0 and Q8_0,
     /// see [`super::panel`]).
     pub qsum: Vec<i32>,
+    /// `(n, cols/16)` the integer `Σq` of each half block: filled by [`Q8Act::half_sums`] only
+    /// where a matmul needs it (Q6_K's scale per 16 columns, see [`super::panel`]).
+    pub qsum16: Vec<i32>,
     pub cols: usize,
     pub n: usize,
 }
@@ -79,6 +84,12 @@ impl Q8Act {
         self.d[b] = round_f16(d);
         self.s[b] = round_f16(d * sum as f32);
         self.qsum[b] = sum;
+    }
+
+    /// Fill [`Q8Act::qsum16`] from the quantized values.
+    pub fn half_sums(&mut self) {
+        self.qsum16.clear();
+        self.qsum16.extend(self.qs[..self.n * self.cols].chunks_exact(16).map(|h| h.iter().map(|&q| q as i32).sum::<i32>()));
     }
 
     /// Row `t`: `(qs, d, s)`.
@@ -182,6 +193,21 @@ pub fn dequantize_row(ty: TensorType, w: &[u8], out: &mut [f32]) {
                 }
             }
         }
+        TensorType::Q5_0 | TensorType::Q5_1 => {
+            let bb = ty.block_bytes();
+            for (o, blk) in out.chunks_exact_mut(QK).zip(w.chunks_exact(bb)) {
+                let (d, m, qh, qs) = if ty == TensorType::Q5_0 {
+                    (f16_at(blk, 0), 0.0, &blk[2..6], &blk[6..22])
+                } else {
+                    (f16_at(blk, 0), f16_at(blk, 2), &blk[4..8], &blk[8..24])
+                };
+                let codes = q5_codes(qh, qs);
+                for (o, &c) in o.iter_mut().zip(&codes) {
+                    // Q5_0: d·(c − 16), as ggml computes it (the integer first, then one product)
+                    *o = if ty == TensorType::Q5_0 { d * (c as i32 - 16) as f32 } else { d * c as f32 + m };
+                }
+            }
+        }
         TensorType::Q4K => {
             for (o, blk) in out.chunks_exact_mut(QK_K).zip(w.chunks_exact(144)) {
                 let d = f16_at(blk, 0);
@@ -251,9 +277,22 @@ pub fn dequantize_row(ty: TensorType, w: &[u8], out: &mut [f32]) {
     }
 }
 
+/// The 32 five-bit codes (column order) of a Q5_0/Q5_1 block: low nibbles from `qs` as Q4_0,
+/// bit 4 of column `j` is bit `j` of the little-endian `qh` word.
+#[inline]
+pub fn q5_codes(qh: &[u8], qs: &[u8]) -> [u8; 32] {
+    let h = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let mut c = [0u8; 32];
+    for j in 0..16 {
+        c[j] = (qs[j] & 0x0F) | ((((h >> j) & 1) as u8) << 4);
+        c[j + 16] = (qs[j] >> 4) | ((((h >> (j + 16)) & 1) as u8) << 4);
+    }
+    c
+}
+
 /// 6-bit scale and min `j` (0..8) of a Q4_K/Q5_K block's packed 12 scale bytes.
 #[inline]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
@@ -291,8 +330,8 @@ pub mod testutil {
             match ty {
                 T::F32 => b.copy_from_slice(&rng.f().to_le_bytes()),
                 T::F16 | T::Bf16 => b.copy_from_slice(&h(rng.f())),
-                T::Q8_0 | T::Q4_0 => b[0..2].copy_from_slice(&h(rng.f() * 0.05)),
-                T::Q4_1 | T::Q4K | T::Q5K => {
+                T::Q8_0 | T::Q4_0 | T::Q5_0 => b[0..2].copy_from_slice(&h(rng.f() * 0.05)),
+                T::Q4_1 | T::Q5_1 | T::Q4K | T::Q5K => {
                     b[0..2].copy_from_slice(&h(rng.f() * 0.05));
                     b[2..4].copy_from_slice(&h(rng.f() * 0.05));
                 }

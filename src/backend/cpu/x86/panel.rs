@@ -5,7 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::super::quant::Q8Act;
-use crate::model::TensorType;
+use super::super::panel::PanelFormat;
 
 // ---- Panel kernel (AVX-512 VNNI, 512-bit): 16 interleaved weight rows, see `cpu::panel`. ----
 //
@@ -19,11 +19,13 @@ const PREFETCH: usize = 16;
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], z: i32, nb: usize, out: &mut [f32], stride: usize) {
-    let blk = super::super::panel::Panels::block_bytes(if Q8 { TensorType::Q8_0 } else { TensorType::Q4_1 }).unwrap_or(0);
+unsafe fn panel_inner<const NT: usize, const Q8: bool>(format: PanelFormat, panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], qsum16: &[i32], nb: usize, out: &mut [f32], stride: usize) {
+    let blk = format.block_bytes();
+    let (z, min, split) = (format.zero_point(), format.has_min(), format.split());
     let qb = blk - 64;
     let cols = nb * 32;
     assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
+    assert!(!split || qsum16.len() >= NT * 2 * nb, "Q8Split needs the half-block sums");
     assert!(NT == 0 || out.len() >= (NT - 1) * stride + 16);
     let m4 = _mm512_set1_epi8(0x0F);
     // Eight slots whatever NT (constant indices only; the unused ones are dead code).
@@ -73,19 +75,35 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], 
                             _mm512_set1_epi32(unsafe { x.add($k).read_unaligned() })
                         };
                     }
-                    // Start from −z·Σq: the zero point comes off in integers (exact, as the reference).
-                    let mut s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-z * qsum[t * nb + b]), w[0], bc!(0));
-                    let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bc!(1));
-                    s0 = _mm512_dpbusd_epi32(s0, w[2], bc!(2));
-                    s1 = _mm512_dpbusd_epi32(s1, w[3], bc!(3));
-                    s0 = _mm512_dpbusd_epi32(s0, w[4], bc!(4));
-                    s1 = _mm512_dpbusd_epi32(s1, w[5], bc!(5));
-                    s0 = _mm512_dpbusd_epi32(s0, w[6], bc!(6));
-                    s1 = _mm512_dpbusd_epi32(s1, w[7], bc!(7));
-                    let s = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
                     let scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t * nb + b]));
-                    acc[$t] = _mm512_fmadd_ps(s, scale, acc[$t]);
-                    if z == 0 {
+                    if split {
+                        // Q8Split: columns 0..16 (groups 0..4) and 16..32 apart, each from its
+                        // half's −z·Σq and with its own scale (the `m` row).
+                        let mut s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-z * qsum16[t * 2 * nb + 2 * b]), w[0], bc!(0));
+                        let mut s1 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-z * qsum16[t * 2 * nb + 2 * b + 1]), w[4], bc!(4));
+                        s0 = _mm512_dpbusd_epi32(s0, w[1], bc!(1));
+                        s1 = _mm512_dpbusd_epi32(s1, w[5], bc!(5));
+                        s0 = _mm512_dpbusd_epi32(s0, w[2], bc!(2));
+                        s1 = _mm512_dpbusd_epi32(s1, w[6], bc!(6));
+                        s0 = _mm512_dpbusd_epi32(s0, w[3], bc!(3));
+                        s1 = _mm512_dpbusd_epi32(s1, w[7], bc!(7));
+                        acc[$t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), scale, acc[$t]);
+                        let scale_hi = _mm512_mul_ps(mw, _mm512_set1_ps(dx[t * nb + b]));
+                        acc[$t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), scale_hi, acc[$t]);
+                    } else {
+                        // Start from −z·Σq: the zero point comes off in integers (exact, as the reference).
+                        let mut s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-z * qsum[t * nb + b]), w[0], bc!(0));
+                        let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bc!(1));
+                        s0 = _mm512_dpbusd_epi32(s0, w[2], bc!(2));
+                        s1 = _mm512_dpbusd_epi32(s1, w[3], bc!(3));
+                        s0 = _mm512_dpbusd_epi32(s0, w[4], bc!(4));
+                        s1 = _mm512_dpbusd_epi32(s1, w[5], bc!(5));
+                        s0 = _mm512_dpbusd_epi32(s0, w[6], bc!(6));
+                        s1 = _mm512_dpbusd_epi32(s1, w[7], bc!(7));
+                        let s = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                        acc[$t] = _mm512_fmadd_ps(s, scale, acc[$t]);
+                    }
+                    if min {
                         accm[$t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[t * nb + b]), accm[$t]);
                     }
                 }
@@ -99,25 +117,25 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(panel: &[u8], xs: &[i8], 
     }
 }
 
-pub(super) fn panel_vnni(ty: TensorType, panel: &[u8], q8: &Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize) {
+pub(super) fn panel_vnni(format: PanelFormat, panel: &[u8], q8: &Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize) {
     let nb = q8.cols / 32;
-    let q8w = ty == TensorType::Q8_0;
-    let z = super::super::panel::zero_point(ty);
+    let q8w = !format.nibbles();
     assert!(t0 + n <= q8.n, "panel kernel: tokens out of range");
     let mut t = 0;
     while t < n {
         let nt = (n - t).min(8);
         let row = t0 + t;
         let (xs, dx, sx, qsum) = (&q8.qs[row * q8.cols..], &q8.d[row * nb..], &q8.s[row * nb..], &q8.qsum[row * nb..]);
+        let qsum16 = q8.qsum16.get(row * 2 * nb..).unwrap_or(&[]);
         let o = &mut out[t * stride..];
         macro_rules! go {
             ($($k:literal)*) => {
                 match (nt, q8w) {
                     // SAFETY: handed out by `detect()` only after avx512f/bw/vnni, avx2, fma and
                     // f16c were detected; the inner function asserts every length it reads.
-                    $(($k, false) => unsafe { panel_inner::<$k, false>(panel, xs, dx, sx, qsum, z, nb, o, stride) },
+                    $(($k, false) => unsafe { panel_inner::<$k, false>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride) },
                       // SAFETY: as for the arm above.
-                      ($k, true) => unsafe { panel_inner::<$k, true>(panel, xs, dx, sx, qsum, z, nb, o, stride) },)*
+                      ($k, true) => unsafe { panel_inner::<$k, true>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride) },)*
                     _ => unreachable!("1 ≤ nt ≤ 8"),
                 }
             };
