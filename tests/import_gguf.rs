@@ -249,7 +249,7 @@ fn tensor_extents_are_checked() {
 
 #[test]
 fn unsupported_tensor_types_are_named() {
-    for (ty, name) in [(6u32, "q5_0"), (99, "unknown ggml type 99"), (16, "iq2_xxs")] {
+    for (ty, name) in [(10u32, "q2_k"), (99, "unknown ggml type 99"), (16, "iq2_xxs")] {
         let body = tinfo("blk.0.attn_q.weight", &[256, 1], ty, 0);
         let mut f = header(1, 0, &body);
         f.resize(f.len().div_ceil(32) * 32 + 1024, 0);
