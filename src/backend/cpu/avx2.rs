@@ -6,8 +6,9 @@
 //!   32-bit lane each). `vpmaddubsw` multiplies a weight group (4 columns of 8 rows) by 4
 //!   broadcast activation bytes and adds pairs into 16-bit lanes; for Q4 the eight groups of a
 //!   block are summed in 16 bits (each partial sum is at most 15·127·2, eight of them at most
-//!   30 480, so nothing saturates or wraps) and widened once with `vpmaddwd`. Byte codes (the
-//!   `Q8_0`, `Q8Min` and `Q8Split` formats) go through the sign trick (|w| × x with w's sign, at
+//!   30 480, so nothing saturates or wraps) and widened once with `vpmaddwd` (5-bit codes, with
+//!   their fifth bits ORed in, after every four groups: at most 31 496). Byte codes (the `Q8_0`
+//!   and `Q8Split` formats) go through the sign trick (|w| × x with w's sign, at
 //!   most 2·128·127 per pair) and are widened per group. The zero point comes off in integers as in the AVX-512 kernel, so the integer sums
 //!   are the reference's exactly; only the f32 accumulation order differs.
 //! - activation quantization, bit for bit the reference's (`vcvtps2dq` rounds to nearest even);
@@ -37,7 +38,7 @@ const NT_MAX: usize = 4;
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn panel_inner<const NT: usize, const Q8: bool>(format: PanelFormat, panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], nb: usize, out: &mut [f32], stride: usize) {
+unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], nb: usize, out: &mut [f32], stride: usize) {
     let blk = format.block_bytes();
     let (z, min, split) = (format.zero_point(), format.has_min(), format.split());
     let qb = blk - 64;
@@ -72,7 +73,7 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(format: PanelFormat, pane
                     }
                 }
                 let mut w = [_mm256_setzero_si256(); 8];
-                if Q8 {
+                if BITS == 8 {
                     for (k, wk) in w.iter_mut().enumerate() {
                         // back from `w + 128` to the signed weight
                         *wk = _mm256_xor_si256(_mm256_loadu_si256(base.add(64 * k + 32 * h) as *const __m256i), flip);
@@ -82,6 +83,20 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(format: PanelFormat, pane
                         let g = _mm256_loadu_si256(base.add(64 * k + 32 * h) as *const __m256i);
                         w[k] = _mm256_and_si256(g, m4);
                         w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(g, 4), m4);
+                    }
+                    if BITS == 5 {
+                        // The fifth bits (see `cpu::panel`) of this half's 8 rows, onto bit 4.
+                        let hb = _mm256_loadu_si256(base.add(256 + 32 * h) as *const __m256i);
+                        let b4 = _mm256_set1_epi8(0x10);
+                        let fifth = |v: __m256i| _mm256_and_si256(v, b4);
+                        w[0] = _mm256_or_si256(w[0], fifth(_mm256_slli_epi32::<4>(hb)));
+                        w[1] = _mm256_or_si256(w[1], fifth(_mm256_slli_epi32::<3>(hb)));
+                        w[2] = _mm256_or_si256(w[2], fifth(_mm256_slli_epi32::<2>(hb)));
+                        w[3] = _mm256_or_si256(w[3], fifth(_mm256_slli_epi32::<1>(hb)));
+                        w[4] = _mm256_or_si256(w[4], fifth(hb));
+                        w[5] = _mm256_or_si256(w[5], fifth(_mm256_srli_epi32::<1>(hb)));
+                        w[6] = _mm256_or_si256(w[6], fifth(_mm256_srli_epi32::<2>(hb)));
+                        w[7] = _mm256_or_si256(w[7], fifth(_mm256_srli_epi32::<3>(hb)));
                     }
                 }
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(qb + 16 * h) as *const __m128i));
@@ -99,7 +114,7 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(format: PanelFormat, pane
                     };
                 }
                 let scale = _mm256_mul_ps(dw, _mm256_set1_ps(dx[t * nb + b]));
-                let sumi = if Q8 {
+                let sumi = if BITS == 8 {
                     // Σ w·x per group: |w| (unsigned) × x carrying w's sign, pairs widened at once;
                     // Q8Split: columns 0..16 (groups 0..4) and 16..32 apart, each with its scale.
                     let mut s = [_mm256_setzero_si256(); 2];
@@ -117,11 +132,20 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(format: PanelFormat, pane
                     // Group k's low nibbles pair with activation bytes 4k.. (x[k]), its high
                     // nibbles (w[k + 4]) with 16 + 4k.. (x[k + 4]).
                     let mut p = _mm256_maddubs_epi16(w[0], bc!(0));
-                    for (k, &wk) in w.iter().enumerate().skip(1) {
+                    for (k, &wk) in w.iter().enumerate().skip(1).take(3) {
+                        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(wk, bc!(k)));
+                    }
+                    // 5-bit codes: widen after four groups (4·2·31·127 fits 16 bits, eight do not).
+                    let mut wide = _mm256_set1_epi32(0);
+                    if BITS == 5 {
+                        wide = _mm256_madd_epi16(p, ones);
+                        p = _mm256_setzero_si256();
+                    }
+                    for (k, &wk) in w.iter().enumerate().skip(4) {
                         p = _mm256_add_epi16(p, _mm256_maddubs_epi16(wk, bc!(k)));
                     }
                     // −z·Σq: the zero point comes off in integers (exact, as the reference).
-                    _mm256_sub_epi32(_mm256_madd_epi16(p, ones), _mm256_set1_epi32(z * qsum[t * nb + b]))
+                    _mm256_sub_epi32(_mm256_add_epi32(wide, _mm256_madd_epi16(p, ones)), _mm256_set1_epi32(z * qsum[t * nb + b]))
                 };
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), scale, acc[t]);
                 if min {
@@ -141,7 +165,7 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(format: PanelFormat, pane
 /// [`super::kernels::PanelFn`] on AVX2: tokens 4 at a time.
 pub fn panel(format: PanelFormat, panel: &[u8], q8: &Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize) {
     let nb = q8.cols / 32;
-    let q8w = !format.nibbles();
+    let bits = format.bits();
     assert!(t0 + n <= q8.n, "panel kernel: tokens out of range");
     let mut t = 0;
     while t < n {
@@ -152,15 +176,19 @@ pub fn panel(format: PanelFormat, panel: &[u8], q8: &Q8Act, t0: usize, n: usize,
         // SAFETY: handed out by `x86::detect()` only after avx2, fma and f16c were detected; the
         // inner function asserts every length it reads.
         unsafe {
-            match (nt, q8w) {
-                (1, false) => panel_inner::<1, false>(format, panel, xs, dx, sx, qsum, nb, o, stride),
-                (2, false) => panel_inner::<2, false>(format, panel, xs, dx, sx, qsum, nb, o, stride),
-                (3, false) => panel_inner::<3, false>(format, panel, xs, dx, sx, qsum, nb, o, stride),
-                (_, false) => panel_inner::<4, false>(format, panel, xs, dx, sx, qsum, nb, o, stride),
-                (1, true) => panel_inner::<1, true>(format, panel, xs, dx, sx, qsum, nb, o, stride),
-                (2, true) => panel_inner::<2, true>(format, panel, xs, dx, sx, qsum, nb, o, stride),
-                (3, true) => panel_inner::<3, true>(format, panel, xs, dx, sx, qsum, nb, o, stride),
-                (_, true) => panel_inner::<4, true>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+            match (nt, bits) {
+                (1, 4) => panel_inner::<1, 4>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (2, 4) => panel_inner::<2, 4>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (3, 4) => panel_inner::<3, 4>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (_, 4) => panel_inner::<4, 4>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (1, 5) => panel_inner::<1, 5>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (2, 5) => panel_inner::<2, 5>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (3, 5) => panel_inner::<3, 5>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (_, 5) => panel_inner::<4, 5>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (1, _) => panel_inner::<1, 8>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (2, _) => panel_inner::<2, 8>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (3, _) => panel_inner::<3, 8>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (_, _) => panel_inner::<4, 8>(format, panel, xs, dx, sx, qsum, nb, o, stride),
             }
         }
         t += nt;

@@ -19,9 +19,9 @@
 //! | Q4_1 | `Q4_1` | `d·c + m` | exact |
 //! | Q4_K | `Q4_1` | sub-block `s`: `(d·sc_s)·c − dmin·m_s` | `d·sc_s` and `−dmin·m_s` rounded to f16 |
 //! | Q8_0 | `Q8_0` | `d·w` | exact |
-//! | Q5_0 | `Q8_0` | `d·w`, `w = c − 16` | exact |
-//! | Q5_1 | `Q8Min` | `d·c + m` | exact |
-//! | Q5_K | `Q8Min` | `(d·sc_s)·c − dmin·m_s` | scales rounded to f16 |
+//! | Q5_0 | `Q5_0` | `d·w`, `w = c − 16` | exact |
+//! | Q5_1 | `Q5_1` | `d·c + m` | exact |
+//! | Q5_K | `Q5_1` | `(d·sc_s)·c − dmin·m_s` | scales rounded to f16 |
 //! | Q6_K | `Q8Split` | `(d·sc)·w`, `w = c − 32`, `sc` per 16 columns | `d·sc` rounded to f16 |
 //!
 //! (`c` the stored code, `d`, `m` f16; `sc_s`, `m_s` a K-quant's 6-bit sub-block scale and min,
@@ -33,14 +33,18 @@
 //! Layout of one tensor (`rows` a multiple of 16, `cols` of 32, `nb = cols / 32`): panels
 //! `p = 0 .. rows/16` one after another, each `nb` block records of [`PanelFormat::block_bytes`]:
 //!
-//! | part | `Q4_0` / `Q4_1` (320 bytes) | `Q8_0` / `Q8Min` / `Q8Split` (576 bytes) |
-//! |---|---|---|
-//! | quants | 4 groups × 64 bytes: group `k`, lane `r` = bytes `4k .. 4k+4` of row `r`'s 16 nibble bytes (byte `j` = code `j` low, code `16+j` high: low nibbles are columns `4k..4k+4`, high nibbles `16+4k..16+4k+4`) | 8 groups × 64 bytes: group `k`, lane `r` = `w + 128` (that is `w XOR 0x80`) of columns `4k .. 4k+4` of row `r` |
-//! | `d` | 16 × f16, row `r`'s block scale | same (`Q8Split`: the scale of columns 0..16) |
-//! | `m` | 16 × f16: `Q4_1` the block minimum; `Q4_0` zero | `Q8Min` the minimum; `Q8Split` the scale of columns 16..32; `Q8_0` zero |
+//! | part | `Q4_0` / `Q4_1` (320 bytes) | `Q5_0` / `Q5_1` (384 bytes) | `Q8_0` / `Q8Split` (576 bytes) |
+//! |---|---|---|---|
+//! | quants | 4 groups × 64 bytes: group `k`, lane `r` = bytes `4k .. 4k+4` of row `r`'s 16 nibble bytes (byte `j` = code `j` low, code `16+j` high: low nibbles are columns `4k..4k+4`, high nibbles `16+4k..16+4k+4`) | the low 4 bits of the codes as `Q4_*`, then 64 bytes of fifth bits: lane `r` (bytes `4r..4r+4`), byte `i`, bit `k` = bit 4 of column `4k+i`'s code, bit `4+k` = of column `16+4k+i` (`k < 4`) | 8 groups × 64 bytes: group `k`, lane `r` = `w + 128` (that is `w XOR 0x80`) of columns `4k .. 4k+4` of row `r` |
+//! | `d` | 16 × f16, row `r`'s block scale | same | same (`Q8Split`: the scale of columns 0..16) |
+//! | `m` | 16 × f16: `Q4_1` the block minimum; `Q4_0` zero | `Q5_1` the minimum; `Q5_0` zero | `Q8Split` the scale of columns 16..32; `Q8_0` zero |
+//!
+//! The fifth bits sit where a shift moves them onto bit 4 of the byte that holds their column's
+//! nibble: group `k`'s low codes are `nibble | (bits << (4−k)) & 0x10`, its high codes
+//! `nibble | (bits >> k) & 0x10`, one shift, mask and or per group.
 //!
 //! The stored codes `u` are unsigned (what `vpdpbusd` takes) with a zero point `z` (`Q4_0` 8,
-//! `Q4_1` 0, the byte formats 128), so a block contributes `d_w·d_x·(Σ u·q − z·Σq) + m_w·s_x`:
+//! `Q4_1` and `Q5_1` 0, `Q5_0` 16, the byte formats 128), so a block contributes `d_w·d_x·(Σ u·q − z·Σq) + m_w·s_x`:
 //! the `z·Σq` term is subtracted in integers (the activation's exact `Σq`; `Q8Split` takes each
 //! half's sum, [`super::quant::Q8Act::half_sums`]), which keeps the integer part exact; `s_x` is
 //! Q8_1's f16-rounded `d_x·Σq`, as llama.cpp's Q4_1 and Q5_1 kernels. A record is a multiple of
@@ -61,10 +65,12 @@ pub enum PanelFormat {
     Q4_0,
     /// 4-bit codes, a scale and a minimum (Q4_1, Q4_K).
     Q4_1,
-    /// Signed 8-bit values, one scale (Q8_0, Q5_0).
+    /// 5-bit codes, zero point 16, one scale (Q5_0).
+    Q5_0,
+    /// 5-bit codes, a scale and a minimum (Q5_1, Q5_K).
+    Q5_1,
+    /// Signed 8-bit values, one scale (Q8_0).
     Q8_0,
-    /// Signed 8-bit values, a scale and a minimum (Q5_1, Q5_K).
-    Q8Min,
     /// Signed 8-bit values, one scale per 16 columns (Q6_K).
     Q8Split,
 }
@@ -75,35 +81,46 @@ impl PanelFormat {
         Some(match ty {
             TensorType::Q4_0 => PanelFormat::Q4_0,
             TensorType::Q4_1 | TensorType::Q4K => PanelFormat::Q4_1,
-            TensorType::Q8_0 | TensorType::Q5_0 => PanelFormat::Q8_0,
-            TensorType::Q5_1 | TensorType::Q5K => PanelFormat::Q8Min,
+            TensorType::Q8_0 => PanelFormat::Q8_0,
+            TensorType::Q5_0 => PanelFormat::Q5_0,
+            TensorType::Q5_1 | TensorType::Q5K => PanelFormat::Q5_1,
             TensorType::Q6K => PanelFormat::Q8Split,
             TensorType::F32 | TensorType::F16 | TensorType::Bf16 => return None,
         })
     }
 
-    /// 4-bit codes (two per byte) rather than bytes.
-    pub fn nibbles(self) -> bool {
-        matches!(self, PanelFormat::Q4_0 | PanelFormat::Q4_1)
+    /// Bits per code: 4, 5 or 8.
+    pub fn bits(self) -> u32 {
+        match self {
+            PanelFormat::Q4_0 | PanelFormat::Q4_1 => 4,
+            PanelFormat::Q5_0 | PanelFormat::Q5_1 => 5,
+            PanelFormat::Q8_0 | PanelFormat::Q8Split => 8,
+        }
     }
 
-    /// Bytes of one block record: the quant groups, then 64 bytes of `d` and `m`.
+    /// Bytes of one block record: the quant groups (and the fifth bits), then 64 bytes of `d`
+    /// and `m`.
     pub fn block_bytes(self) -> usize {
-        if self.nibbles() { 256 + 64 } else { 512 + 64 }
+        match self.bits() {
+            4 => 256 + 64,
+            5 => 256 + 64 + 64,
+            _ => 512 + 64,
+        }
     }
 
     /// The zero point `z` of the stored unsigned codes.
     pub fn zero_point(self) -> i32 {
         match self {
             PanelFormat::Q4_0 => 8,
-            PanelFormat::Q4_1 => 0,
-            PanelFormat::Q8_0 | PanelFormat::Q8Min | PanelFormat::Q8Split => 128,
+            PanelFormat::Q4_1 | PanelFormat::Q5_1 => 0,
+            PanelFormat::Q5_0 => 16,
+            PanelFormat::Q8_0 | PanelFormat::Q8Split => 128,
         }
     }
 
     /// The `m` row is a minimum, added as `m_w·s_x`.
     pub fn has_min(self) -> bool {
-        matches!(self, PanelFormat::Q4_1 | PanelFormat::Q8Min)
+        matches!(self, PanelFormat::Q4_1 | PanelFormat::Q5_1)
     }
 
     /// The `m` row is the scale of columns 16..32 (Q6_K's scale per 16 values).
@@ -146,9 +163,7 @@ fn sub_block(ty: TensorType, row: &[u8], b: usize) -> SubBlock {
             let bb = ty.block_bytes();
             let s = &row[b * bb..(b + 1) * bb];
             let codes = if q5_0 { q5_codes(&s[2..6], &s[6..22]) } else { q5_codes(&s[4..8], &s[8..24]) };
-            for (u, &c) in u.iter_mut().zip(&codes) {
-                *u = bytes(c as i32 - if q5_0 { 16 } else { 0 });
-            }
+            u = codes;
             SubBlock { u, d: f16_at(s, 0), m: if q5_0 { 0.0 } else { f16_at(s, 2) } }
         }
         TensorType::Q4K | TensorType::Q5K => {
@@ -164,8 +179,7 @@ fn sub_block(ty: TensorType, row: &[u8], b: usize) -> SubBlock {
             } else {
                 let hbit = 1u8 << sub;
                 for (l, u) in u.iter_mut().enumerate() {
-                    let c = ((s[48 + chunk * 32 + l] >> shift) & 0x0F) | if s[16 + l] & hbit != 0 { 16 } else { 0 };
-                    *u = bytes(c as i32);
+                    *u = ((s[48 + chunk * 32 + l] >> shift) & 0x0F) | if s[16 + l] & hbit != 0 { 16 } else { 0 };
                 }
             }
             SubBlock { u, d: f16_at(s, 0) * sc as f32, m: -(f16_at(s, 2) * mn as f32) }
@@ -245,11 +259,14 @@ impl Panels {
                 for r in 0..PANEL_ROWS {
                     let row = p * PANEL_ROWS + r;
                     let sb = sub_block(ty, &data[row * row_bytes..(row + 1) * row_bytes], b);
-                    if format.nibbles() {
+                    if format.bits() <= 5 {
                         for k in 0..4 {
                             for i in 0..4 {
                                 let j = 4 * k + i;
-                                rec[k * 64 + r * 4 + i] = sb.u[j] | (sb.u[j + 16] << 4);
+                                rec[k * 64 + r * 4 + i] = (sb.u[j] & 0x0F) | (sb.u[j + 16] << 4);
+                                if format.bits() == 5 {
+                                    rec[256 + r * 4 + i] |= ((sb.u[j] >> 4) << k) | ((sb.u[j + 16] >> 4) << (4 + k));
+                                }
                             }
                         }
                     } else {
@@ -283,9 +300,12 @@ pub fn panel_ref(format: PanelFormat, panel: &[u8], q8: &super::quant::Q8Act, t0
                 let x = &qs[b * 32..b * 32 + 32];
                 // code of column j of this row
                 let code = |j: usize| -> i32 {
-                    if format.nibbles() {
-                        let byte = rec[(j % 16) / 4 * 64 + r * 4 + j % 4];
-                        (if j < 16 { byte & 15 } else { byte >> 4 }) as i32
+                    if format.bits() <= 5 {
+                        let (k, i) = ((j % 16) / 4, j % 4);
+                        let byte = rec[k * 64 + r * 4 + i];
+                        let nibble = (if j < 16 { byte & 15 } else { byte >> 4 }) as i32;
+                        let fifth = if format.bits() == 5 { (rec[256 + r * 4 + i] >> (k + if j < 16 { 0 } else { 4 })) & 1 } else { 0 };
+                        nibble | (fifth as i32) << 4
                     } else {
                         rec[j / 4 * 64 + r * 4 + j % 4] as i32
                     }

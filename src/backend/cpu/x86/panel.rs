@@ -9,8 +9,8 @@ use super::super::panel::PanelFormat;
 
 // ---- Panel kernel (AVX-512 VNNI, 512-bit): 16 interleaved weight rows, see `cpu::panel`. ----
 //
-// Per block: 4 (Q4) or 8 (Q8) aligned 64-byte loads give the weight codes of 16 rows; for each
-// token, 8 `vpdpbusd` against 4 broadcast activation bytes each leave one block dot product per
+// Per block: 4 (Q4), 5 (Q5: the fifth bits ORed in) or 8 (Q8) aligned 64-byte loads give the
+// weight codes of 16 rows; for each token, 8 `vpdpbusd` against 4 broadcast activation bytes each leave one block dot product per
 // row in each 32-bit lane, then `acc += f32(Σ) · (d_w · d_x) + m_w · s_x` on 16 lanes at once.
 // Tokens are taken 8 at a time so the accumulators and unpacked weights stay in registers.
 
@@ -19,7 +19,7 @@ const PREFETCH: usize = 16;
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn panel_inner<const NT: usize, const Q8: bool>(format: PanelFormat, panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], qsum16: &[i32], nb: usize, out: &mut [f32], stride: usize) {
+unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], qsum16: &[i32], nb: usize, out: &mut [f32], stride: usize) {
     let blk = format.block_bytes();
     let (z, min, split) = (format.zero_point(), format.has_min(), format.split());
     let qb = blk - 64;
@@ -44,7 +44,7 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(format: PanelFormat, pane
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
             }
             let mut w = [_mm512_setzero_si512(); 8];
-            if Q8 {
+            if BITS == 8 {
                 for (k, wk) in w.iter_mut().enumerate() {
                     *wk = _mm512_loadu_si512(base.add(64 * k) as *const _);
                 }
@@ -53,6 +53,21 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(format: PanelFormat, pane
                     let g = _mm512_loadu_si512(base.add(64 * k) as *const _);
                     w[k] = _mm512_and_si512(g, m4);
                     w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(g, 4), m4);
+                }
+                if BITS == 5 {
+                    // The fifth bits (see `cpu::panel`): group k's low codes take bit k of each
+                    // byte, its high codes bit 4 + k, each shifted onto bit 4.
+                    let hb = _mm512_loadu_si512(base.add(256) as *const _);
+                    let b4 = _mm512_set1_epi8(0x10);
+                    let fifth = |v: __m512i| _mm512_and_si512(v, b4);
+                    w[0] = _mm512_or_si512(w[0], fifth(_mm512_slli_epi32::<4>(hb)));
+                    w[1] = _mm512_or_si512(w[1], fifth(_mm512_slli_epi32::<3>(hb)));
+                    w[2] = _mm512_or_si512(w[2], fifth(_mm512_slli_epi32::<2>(hb)));
+                    w[3] = _mm512_or_si512(w[3], fifth(_mm512_slli_epi32::<1>(hb)));
+                    w[4] = _mm512_or_si512(w[4], fifth(hb));
+                    w[5] = _mm512_or_si512(w[5], fifth(_mm512_srli_epi32::<1>(hb)));
+                    w[6] = _mm512_or_si512(w[6], fifth(_mm512_srli_epi32::<2>(hb)));
+                    w[7] = _mm512_or_si512(w[7], fifth(_mm512_srli_epi32::<3>(hb)));
                 }
             }
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(qb) as *const __m256i));
@@ -119,7 +134,7 @@ unsafe fn panel_inner<const NT: usize, const Q8: bool>(format: PanelFormat, pane
 
 pub(super) fn panel_vnni(format: PanelFormat, panel: &[u8], q8: &Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize) {
     let nb = q8.cols / 32;
-    let q8w = !format.nibbles();
+    let bits = format.bits();
     assert!(t0 + n <= q8.n, "panel kernel: tokens out of range");
     let mut t = 0;
     while t < n {
@@ -130,12 +145,14 @@ pub(super) fn panel_vnni(format: PanelFormat, panel: &[u8], q8: &Q8Act, t0: usiz
         let o = &mut out[t * stride..];
         macro_rules! go {
             ($($k:literal)*) => {
-                match (nt, q8w) {
+                match (nt, bits) {
                     // SAFETY: handed out by `detect()` only after avx512f/bw/vnni, avx2, fma and
                     // f16c were detected; the inner function asserts every length it reads.
-                    $(($k, false) => unsafe { panel_inner::<$k, false>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride) },
+                    $(($k, 4) => unsafe { panel_inner::<$k, 4>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride) },
                       // SAFETY: as for the arm above.
-                      ($k, true) => unsafe { panel_inner::<$k, true>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride) },)*
+                      ($k, 5) => unsafe { panel_inner::<$k, 5>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride) },
+                      // SAFETY: as for the arm above.
+                      ($k, _) => unsafe { panel_inner::<$k, 8>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride) },)*
                     _ => unreachable!("1 ≤ nt ≤ 8"),
                 }
             };
