@@ -225,6 +225,39 @@ fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() { 0.0 } else { v[v.len() / 2] }
 }
 
+/// What `threads` threads read from memory, GB/s: the best of three passes over a 512 MiB buffer
+/// (far past any cache), each thread summing its own share. The ceiling of a decode step, which
+/// streams every weight once.
+fn read_bandwidth_gbs(threads: usize) -> f64 {
+    const WORDS: usize = 64 << 20; // 512 MiB of u64
+    let buf: Vec<u64> = (0..WORDS as u64).collect();
+    let share = WORDS.div_ceil(threads.max(1));
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let sum = std::thread::scope(|s| {
+            let hs: Vec<_> = buf
+                .chunks(share)
+                .map(|c| {
+                    s.spawn(move || {
+                        let mut acc = [0u64; 8];
+                        for w in c.chunks_exact(8) {
+                            for i in 0..8 {
+                                acc[i] = acc[i].wrapping_add(w[i]);
+                            }
+                        }
+                        acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0)).fold(0u64, u64::wrapping_add)
+        });
+        std::hint::black_box(sum);
+        best = best.max((WORDS * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
 fn peak_rss_bytes() -> u64 {
     // VmHWM from /proc: the peak resident set of this process.
     std::fs::read_to_string("/proc/self/status")
@@ -300,8 +333,12 @@ pub fn bench(a: BenchArgs, process_start: Instant) -> Result<(), CliError> {
     }
     let (p, d, f) = (median(&mut pre), median(&mut dec), median(&mut ttft));
     let rss = peak_rss_bytes();
-    let mapped = std::fs::metadata(vb.root.join(crate::model::WEIGHTS_PATH)).map(|m| m.len()).unwrap_or(0);
     let threads = if a.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { a.threads };
+    // The decode roofline on the CPU: bytes streamed per token against what these threads read.
+    let streamed = l.engine.streamed_bytes_per_token();
+    let read_gbs = streamed.map(|_| read_bandwidth_gbs(threads));
+    let mapped = std::fs::metadata(vb.root.join(crate::model::WEIGHTS_PATH)).map(|m| m.len()).unwrap_or(0);
+    let decode_gbs = streamed.map(|b| b as f64 * d / 1e9);
     let j = serde_json::json!({
         "bench": "applianced", "bundle": vb.verified.manifest().name, "identity": vb.verified.identity(),
         "backend": l.engine.backend_description(), "threads": threads,
@@ -309,6 +346,7 @@ pub fn bench(a: BenchArgs, process_start: Instant) -> Result<(), CliError> {
         "prefill_tok_s": p, "decode_tok_s": d, "ttft_s": f, "ready_s": ready,
         "batched_decode_tok_s": batched.iter().map(|(b, t)| serde_json::json!({"seqs": b, "tok_s": t})).collect::<Vec<_>>(),
         "peak_rss_bytes": rss, "mapped_bytes": mapped,
+        "streamed_bytes_per_token": streamed, "decode_read_gbs": decode_gbs, "memory_read_gbs": read_gbs,
     });
     println!("{j}");
     eprintln!("applianced bench ({} threads, {}):", threads, l.engine.backend_description());
@@ -318,5 +356,12 @@ pub fn bench(a: BenchArgs, process_start: Instant) -> Result<(), CliError> {
         eprintln!("  batched decode x{b:<3} {t:>8.1} tok/s aggregate");
     }
     eprintln!("  time to first token {:.1} ms; process start to ready {:.3} s; peak RSS {:.1} MiB", f * 1e3, ready, rss as f64 / (1 << 20) as f64);
+    if let (Some(b), Some(dg), Some(rg)) = (streamed, decode_gbs, read_gbs) {
+        eprintln!(
+            "  decode streams {:.1} MB of weights per token: {dg:.1} GB/s, {:.0}% of the {rg:.1} GB/s {threads} threads read here",
+            b as f64 / 1e6,
+            100.0 * dg / rg
+        );
+    }
     Ok(())
 }

@@ -230,6 +230,16 @@ impl Engine {
         }
     }
 
+    /// Weight bytes one decode step streams from memory, on the CPU backend (None on the GPU
+    /// backends); meaningful after the first forward step.
+    pub fn streamed_bytes_per_token(&self) -> Option<u64> {
+        match &self.loaded {
+            Loaded::Cpu(m) => Some(m.backend().streamed_bytes()),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
     /// Effective context length per sequence.
     pub fn max_context(&self) -> usize {
         with_model!(&self.loaded, m => m.max_context())

@@ -68,6 +68,8 @@ struct Registered {
     info: WeightInfo,
     /// The weight repacked into 16-row panels when the kernel set has a panel kernel.
     panels: Option<Panels>,
+    /// Set by the first matmul on this weight: it is streamed once per decoded token.
+    matmul: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -124,6 +126,19 @@ impl CpuBackend {
 
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// Bytes of the weights matmuls have read so far, as stored for their kernels (panels, or the
+    /// mapped rows): after one decode step, what every decoded token streams from memory.
+    pub fn streamed_bytes(&self) -> u64 {
+        let mut total = 0u64;
+        for r in self.registered.iter().filter(|r| r.matmul.load(std::sync::atomic::Ordering::Relaxed)) {
+            total += match (&r.panels, self.kernels.panel) {
+                (Some(p), Some(_)) => p.bytes().len() as u64,
+                _ => (r.info.ty.row_bytes(r.info.cols).unwrap_or(0) * r.info.rows) as u64,
+            };
+        }
+        total
     }
 
     /// This backend's rayon pool: the engine runs each forward step inside it (`pool.install`;
@@ -253,7 +268,7 @@ impl Backend for CpuBackend {
             // Reads go to the panels now; `embed` may still touch a few rows of a tied table.
             self.weights.release(name);
         }
-        self.registered.push(Registered { name: name.into(), info, panels });
+        self.registered.push(Registered { name: name.into(), info, panels, matmul: Default::default() });
         Ok(WeightId(self.registered.len() as u32 - 1))
     }
 
@@ -300,6 +315,9 @@ impl Backend for CpuBackend {
             return;
         }
         let cols = self.weight_info(outs[0].0).cols;
+        for (w, _) in outs.iter() {
+            self.registered[w.0 as usize].matmul.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let mut scratch = self.scratch.borrow_mut();
         let Scratch { q8 } = &mut *scratch;
         // Int8 activations for every weight dotted in integers: the panels, and the row kernels' types.
