@@ -27,11 +27,13 @@ export APPLIANCED_TEST_BUNDLE="$PWD/$T/default.zlb" APPLIANCED_TEST_BUNDLE_KEY="
 # (tests/wgpu_parity.rs); here "skipped" is a failure.
 export APPLIANCED_REQUIRE_NVRTC=1 APPLIANCED_REQUIRE_WGPU=1
 cargo test --release --all-targets -- --test-threads 2
-# The teacher-forced comparison with llama.cpp once more on the AVX2 kernel set when the CPU's
-# best is AVX-512 (issue 24: every x86 path CI can run passes the same bounds); the unit tests
-# already check each set against the scalar reference. Reuses the build above.
+# The teacher-forced comparison with llama.cpp and the CPU kernel unit tests (panel kernels of
+# every weight format against the dequantized reference) once more on the AVX2 kernel set when
+# the CPU's best is AVX-512 (issue 24: every x86 path CI can run passes the same bounds). Reuses
+# the build above.
 if grep -qw avx512_vnni /proc/cpuinfo 2>/dev/null && grep -qw avx2 /proc/cpuinfo; then
   APPLIANCED_CPU_KERNELS=avx2 cargo test --release --test engine_reference -- --test-threads 2
+  APPLIANCED_CPU_KERNELS=avx2 cargo test --release --lib backend::cpu -- --test-threads 2
 fi
 # Fuzzing smoke run (issue 22): every target in fuzz/ for a fixed small budget on its committed
 # seeds (installs cargo-fuzz itself; stable toolchain). A crash, hang or blow-up fails the run and
