@@ -208,20 +208,47 @@ fn q8_0_neon(w: &[u8], qs: &[i8], d: &[f32], _s: &[f32]) -> f32 {
 /// Tokens per inner call (4 accumulators per token, one per row quarter).
 const NT_MAX: usize = 4;
 
+/// `(pl, ph) += (low 8 × low 8, high 8 × high 8)` widening products (`smlal` + `smlal2`). In asm:
+/// from the intrinsics LLVM sees that a broadcast's high half equals its low half (and turns
+/// `smlal2` into `ext` + `smlal`) or that nibble codes are small (and turns the products into
+/// widening plus 16-bit `mla`), both slower.
+#[inline]
+#[target_feature(enable = "neon")]
+fn mla2(pl: &mut int16x8_t, ph: &mut int16x8_t, w: int8x16_t, x: int8x16_t) {
+    // SAFETY: `smlal`/`smlal2` only read and write the named registers.
+    unsafe {
+        asm!("smlal {pl:v}.8h, {w:v}.8b, {x:v}.8b", "smlal2 {ph:v}.8h, {w:v}.16b, {x:v}.16b", pl = inout(vreg) *pl, ph = inout(vreg) *ph, w = in(vreg) w, x = in(vreg) x, options(pure, nomem, nostack, preserves_flags))
+    };
+}
+
+/// `(low 8 × low 8, high 8 × high 8)` widening products (`smull` + `smull2`), see [`mla2`].
+#[inline]
+#[target_feature(enable = "neon")]
+fn mul2(w: int8x16_t, x: int8x16_t) -> (int16x8_t, int16x8_t) {
+    let (pl, ph): (int16x8_t, int16x8_t);
+    // SAFETY: `smull`/`smull2` only read and write the named registers (early outputs: never
+    // allocated to an input).
+    unsafe {
+        asm!("smull {pl:v}.8h, {w:v}.8b, {x:v}.8b", "smull2 {ph:v}.8h, {w:v}.16b, {x:v}.16b", pl = out(vreg) pl, ph = out(vreg) ph, w = in(vreg) w, x = in(vreg) x, options(pure, nomem, nostack, preserves_flags))
+    };
+    (pl, ph)
+}
+
 /// Activation bytes `4k .. 4k+4` broadcast to all four 32-bit lanes, for `k < 8`.
 #[inline]
 #[target_feature(enable = "neon")]
 fn bcast(x0: int8x16_t, x1: int8x16_t) -> [int8x16_t; 8] {
     let (a, b) = (vreinterpretq_s32_s8(x0), vreinterpretq_s32_s8(x1));
+    let d = vreinterpretq_s8_s32;
     [
-        vreinterpretq_s8_s32(vdupq_laneq_s32::<0>(a)),
-        vreinterpretq_s8_s32(vdupq_laneq_s32::<1>(a)),
-        vreinterpretq_s8_s32(vdupq_laneq_s32::<2>(a)),
-        vreinterpretq_s8_s32(vdupq_laneq_s32::<3>(a)),
-        vreinterpretq_s8_s32(vdupq_laneq_s32::<0>(b)),
-        vreinterpretq_s8_s32(vdupq_laneq_s32::<1>(b)),
-        vreinterpretq_s8_s32(vdupq_laneq_s32::<2>(b)),
-        vreinterpretq_s8_s32(vdupq_laneq_s32::<3>(b)),
+        d(vdupq_laneq_s32::<0>(a)),
+        d(vdupq_laneq_s32::<1>(a)),
+        d(vdupq_laneq_s32::<2>(a)),
+        d(vdupq_laneq_s32::<3>(a)),
+        d(vdupq_laneq_s32::<0>(b)),
+        d(vdupq_laneq_s32::<1>(b)),
+        d(vdupq_laneq_s32::<2>(b)),
+        d(vdupq_laneq_s32::<3>(b)),
     ]
 }
 
@@ -287,6 +314,7 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
             let x = xs.as_ptr().add(t * cols + b * 32);
             bcast(vld1q_s8(x), vld1q_s8(x.add(16)))
         });
+        #[allow(clippy::needless_range_loop)] // q also addresses the record
         for q in 0..4 {
             // SAFETY: base is a whole record (above); d and m of rows 4q..4q+4 are 8 bytes at
             // qb + 8q and qb + 32 + 8q.
@@ -302,8 +330,8 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
                     let mut hi = [vdupq_n_s32(0); 2];
                     for k in (0..8).step_by(2) {
                         let h = usize::from(split && k >= 4);
-                        let pl = vmlal_s8(vmull_s8(vget_low_s8(w[k]), vget_low_s8(x[k])), vget_low_s8(w[k + 1]), vget_low_s8(x[k + 1]));
-                        let ph = vmlal_high_s8(vmull_high_s8(w[k], x[k]), w[k + 1], x[k + 1]);
+                        let (mut pl, mut ph) = mul2(w[k], x[k]);
+                        mla2(&mut pl, &mut ph, w[k + 1], x[k + 1]);
                         lo[h] = vpadalq_s16(lo[h], pl);
                         hi[h] = vpadalq_s16(hi[h], ph);
                     }
@@ -314,11 +342,9 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
                 } else {
                     // rows 4q, 4q+1 (low 8 bytes) and 4q+2, 4q+3 (high 8 bytes), all 8 groups
                     // summed in 16 bits (≤ 8·31·127).
-                    let mut pl = vmull_s8(vget_low_s8(w[0]), vget_low_s8(x[0]));
-                    let mut ph = vmull_high_s8(w[0], x[0]);
+                    let (mut pl, mut ph) = mul2(w[0], x[0]);
                     for k in 1..8 {
-                        pl = vmlal_s8(pl, vget_low_s8(w[k]), vget_low_s8(x[k]));
-                        ph = vmlal_high_s8(ph, w[k], x[k]);
+                        mla2(&mut pl, &mut ph, w[k], x[k]);
                     }
                     let sumi = vpaddq_s32(vpaddlq_s16(pl), vpaddlq_s16(ph));
                     // −z·Σq: the zero point comes off in integers (exact, as the reference).
@@ -415,6 +441,7 @@ unsafe fn panel_inner_dot<const NT: usize, const BITS: u32>(format: PanelFormat,
             let x = xs.as_ptr().add(t * cols + b * 32);
             [vld1q_s8(x), vld1q_s8(x.add(16))]
         });
+        #[allow(clippy::needless_range_loop)] // q also addresses the record
         for q in 0..4 {
             // SAFETY: base is a whole record (above); d and m of rows 4q..4q+4 are 8 bytes at
             // qb + 8q and qb + 32 + 8q.
@@ -684,7 +711,7 @@ unsafe fn exp_sum_inner(x: &mut [f32], max: f32) -> f32 {
 /// are not a multiple of 4 take the reference.
 pub fn pv(p: &[f32], v: &[u16], out: &mut [f32]) {
     let hd = out.len();
-    if hd % 4 != 0 {
+    if !hd.is_multiple_of(4) {
         return pv_ref(p, v, out);
     }
     let n = p.len().min(v.len() / hd.max(1));
@@ -697,7 +724,7 @@ pub fn pv_group(p: &[f32], stride: usize, n: usize, v: &[u16], out: &mut [f32]) 
     let g = p.len() / stride.max(1);
     let hd = out.len() / g.max(1);
     let n = n.min(stride).min(v.len() / hd.max(1));
-    if hd % 4 != 0 {
+    if !hd.is_multiple_of(4) {
         for h in 0..g {
             pv(&p[h * stride..h * stride + n], &v[..n * hd], &mut out[h * hd..(h + 1) * hd]);
         }
@@ -717,7 +744,7 @@ pub fn pv_group(p: &[f32], stride: usize, n: usize, v: &[u16], out: &mut [f32]) 
 
 /// `G` heads (`p` rows `stride` apart, `out` rows `hd` apart) over all columns in chunks.
 fn pv_cols<const G: usize>(p: &[f32], stride: usize, n: usize, v: &[u16], hd: usize, out: &mut [f32]) {
-    assert!(hd % 4 == 0 && p.len() >= (G - 1) * stride + n && v.len() >= n * hd && out.len() >= G * hd);
+    assert!(hd.is_multiple_of(4) && p.len() >= (G - 1) * stride + n && v.len() >= n * hd && out.len() >= G * hd);
     let mut c0 = 0;
     while c0 + 32 <= hd && G == 1 {
         // SAFETY: NEON is baseline; the bounds were asserted above and c0 + 32 <= hd.
@@ -753,11 +780,11 @@ unsafe fn pv_inner<const G: usize, const C: usize>(p: &[f32], stride: usize, n: 
         }
     }
     for (h, a) in acc.iter().enumerate() {
-        for c in 0..C {
+        for (c, (&a0, &a1)) in a[0].iter().zip(&a[1]).enumerate() {
             // SAFETY: h < G, c0 + 4c + 4 <= hd: inside out (checked by the caller).
             unsafe {
                 let o = out.as_mut_ptr().add(h * hd + c0 + 4 * c);
-                vst1q_f32(o, vaddq_f32(vld1q_f32(o), vaddq_f32(a[0][c], a[1][c])));
+                vst1q_f32(o, vaddq_f32(vld1q_f32(o), vaddq_f32(a0, a1)));
             }
         }
     }
