@@ -4,8 +4,8 @@
 //! kernels picked once at start-up by runtime CPU feature detection ([`kernels`]).
 //!
 //! Kernel sets: AVX-512 VNNI and AVX2 + FMA + F16C on x86-64 (`x86/`, `avx2.rs`), NEON on
-//! aarch64 (`neon.rs`, dot kernels only so far), the scalar reference everywhere. Where the set
-//! has a panel kernel (both x86 sets), every quantized weight (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+//! aarch64 (`neon/`, every slot; an `sdot` panel kernel with dotprod), the scalar reference everywhere. Where the set
+//! has a panel kernel (both x86 sets and NEON), every quantized weight (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 //! Q4_K, Q5_K, Q6_K) is repacked at load into 16-row [`panel`]s (in parallel, about 40 ms for the default model on two
 //! cores), the mapped pages they came from are released, and every matmul on them (decode,
 //! prefill, batched decode) runs through that kernel. `APPLIANCED_CPU_PANELS=0` keeps the row
