@@ -13,7 +13,7 @@
 //! ([`Kernels::detect`]), so the AVX2 path can be measured and tested on an AVX-512 machine.
 //!
 //! The plain reference kernels live in [`quant`] and [`mod@reference`]; SIMD variants in `x86/`
-//! and `neon.rs` are tested against them.
+//! and `neon/` are tested against them.
 
 mod detect;
 pub mod kernels;
@@ -117,7 +117,7 @@ impl CpuBackend {
         })
     }
 
-    /// Name of the dot-kernel set in use (`avx512vnni`, `avx2`, `neon`, `scalar`), with
+    /// Name of the kernel set in use (`avx512vnni`, `avx2`, `neon-dotprod`, `neon`, `scalar`), with
     /// `+panels` when weights were repacked for the panel kernel.
     pub fn kernel_name(&self) -> String {
         let panels = self.registered.iter().any(|r| r.panels.is_some()) && self.kernels.panel.is_some();
