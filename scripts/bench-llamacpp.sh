@@ -65,6 +65,9 @@ for k in ["prefill_tok_s", "decode_tok_s", "ttft_s", "ready_s"]:
 for b in A[0]["batched_decode_tok_s"]:
     v = statistics.median([x["tok_s"] for r in A for x in r["batched_decode_tok_s"] if x["seqs"] == b["seqs"]])
     print(f"batched decode x{b['seqs']:<3d} applianced {v:9.1f} tok/s aggregate")
+if A[0].get("streamed_bytes_per_token"):
+    g = statistics.median([r["decode_read_gbs"] for r in A]); m = statistics.median([r["memory_read_gbs"] for r in A])
+    print(f"decode streams {A[0]['streamed_bytes_per_token']/1e6:.1f} MB/token: {g:.1f} GB/s, {100*g/m:.0f}% of the {m:.1f} GB/s these threads read")
 rss = statistics.median([r["peak_rss_bytes"] for r in A]) / 2**20
 print(f"applianced peak RSS {rss:.1f} MiB (mapped weights {A[0]['mapped_bytes']/2**20:.1f} MiB)")
 PY
