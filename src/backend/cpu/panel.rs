@@ -329,7 +329,7 @@ pub fn panel_ref(format: PanelFormat, panel: &[u8], q8: &super::quant::Q8Act, t0
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::kernels::PanelFn;
     use super::super::quant::{dequantize_row, testutil::*, Q8Act};
     use super::*;
@@ -342,10 +342,18 @@ mod tests {
     /// dequantized int8 activations, over several panels, block counts and batch sizes.
     #[test]
     fn panel_kernels_match_dequantized_dots() {
-        let mut kernels: Vec<(&str, PanelFn)> = vec![("ref", panel_ref)];
+        let mut kernels: Vec<(&str, PanelFn)> = Vec::new();
         if let Some(k) = super::super::kernels::Kernels::detect().panel {
             kernels.push(("simd", k));
         }
+        check_panel_kernels(&kernels);
+    }
+
+    /// [`panel_ref`] and each of `kernels` against the dequantized f32 dots, and each kernel
+    /// against [`panel_ref`] at 1e-4 (the same integer sums; only the f32 order differs).
+    pub(crate) fn check_panel_kernels(simd: &[(&str, PanelFn)]) {
+        let mut kernels: Vec<(&str, PanelFn)> = vec![("ref", panel_ref)];
+        kernels.extend_from_slice(simd);
         let mut rng = Rng(0x5eed_cafe);
         for ty in TYPES {
             let shapes: &[(usize, usize, usize)] = if ty.block_elems() == 256 {
@@ -388,7 +396,7 @@ mod tests {
                             // f16 scale rounding (K types) and Q8_1's f16 `s` (the minimum term)
                             let tol = 2e-3 * (1.0 + mag);
                             assert!((got - w).abs() <= tol, "{name} {ty:?} {rows}x{cols} n={n} t={t} r={r}: {got} vs {w}");
-                            if *name == "ref" {
+                            if name == &"ref" {
                                 reference[t * rows + r] = got;
                             } else {
                                 // the same integer sums: only the f32 order differs

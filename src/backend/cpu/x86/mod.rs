@@ -1,7 +1,8 @@
 //! x86-64 kernel sets, picked at run time by [`detect`]: the AVX-512 VNNI set (dot products with
 //! `vpdpbusd` on 256-bit lanes, the panel kernel, activation quantization, attention scores, P·V,
 //! exp-sum, SiLU and f16 conversion on 512-bit lanes) and the AVX2+FMA+F16C set, whose kernels
-//! live in [`super::avx2`] (`APPLIANCED_CPU_KERNELS=avx2|avx512|scalar` forces one). Same integer
+//! live in [`super::avx2`], with the panel kernel of [`avx_vnni`] where the CPU has AVX-VNNI
+//! (`APPLIANCED_CPU_KERNELS=avx2|avx2vnni|avx512|scalar` forces one). Same integer
 //! arithmetic as [`super::quant`]'s reference kernels; only the f32 accumulation order differs
 //! (tested against them with a tolerance).
 //!
@@ -10,6 +11,7 @@
 #![allow(unsafe_code)]
 
 mod attention;
+mod avx_vnni;
 mod dot;
 mod panel;
 mod quantize;
@@ -29,7 +31,18 @@ pub fn detect() -> Option<Kernels> {
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vnni");
-    if vnni && std::env::var("APPLIANCED_CPU_KERNELS").map_or(true, |v| v != "avx2") {
+    let forced = std::env::var("APPLIANCED_CPU_KERNELS").ok();
+    match forced.as_deref() {
+        Some("avx2") => return Some(avx2_set()),
+        // The AVX2 set with the AVX-VNNI panel kernel: on an AVX-512 VNNI machine without
+        // AVX-VNNI, its EVEX twin (the same code, see `avx_vnni`), so it can be measured there.
+        Some("avx2vnni") if !avx_vnni::has_avx_vnni() && vnni => {
+            return Some(Kernels { name: "avx2vnni-evex", panel: Some(avx_vnni::panel_avxvnni_evex), ..avx2_set() })
+        }
+        Some("avx2vnni") => return Some(avx2_best()),
+        _ => {}
+    }
+    if vnni {
         // (`avx512`, unset or anything else: the best set.)
         Some(Kernels {
             name: "avx512vnni",
@@ -52,7 +65,16 @@ pub fn detect() -> Option<Kernels> {
             to_f16: to_f16_512,
         })
     } else {
-        Some(avx2_set())
+        Some(avx2_best())
+    }
+}
+
+/// The AVX2 set, with the AVX-VNNI panel kernel where the CPU has AVX-VNNI.
+fn avx2_best() -> Kernels {
+    if avx_vnni::has_avx_vnni() {
+        Kernels { name: "avx2vnni", panel: Some(avx_vnni::panel_avxvnni), ..avx2_set() }
+    } else {
+        avx2_set()
     }
 }
 
@@ -95,9 +117,22 @@ mod tests {
             v.push(avx2_set());
             if let Some(k) = detect().filter(|k| k.name == "avx512vnni") {
                 v.push(k);
+                v.push(Kernels { name: "avx2vnni-evex", panel: Some(avx_vnni::panel_avxvnni_evex), ..avx2_set() });
+            }
+            if avx_vnni::has_avx_vnni() {
+                v.push(avx2_best());
             }
         }
         v
+    }
+
+    /// Every x86 panel kernel this CPU can run (the AVX-VNNI one through its EVEX twin on an
+    /// AVX-512 VNNI machine) on every weight format, against the reference.
+    #[test]
+    fn every_panel_kernel_matches_reference() {
+        let kernels: Vec<(&str, super::super::kernels::PanelFn)> = sets().iter().filter_map(|k| k.panel.map(|p| (k.name, p))).collect();
+        assert!(!super::super::avx2::available() || kernels.len() >= 1);
+        super::super::panel::tests::check_panel_kernels(&kernels);
     }
 
     #[test]
