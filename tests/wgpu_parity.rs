@@ -94,8 +94,8 @@ fn random_tensor(rng: &mut Rng, ty: TensorType, rows: usize, cols: usize) -> Vec
             TensorType::F32 => b.copy_from_slice(&rng.f().to_le_bytes()),
             TensorType::F16 => b.copy_from_slice(&h(rng.f())),
             TensorType::Bf16 => b.copy_from_slice(&half::bf16::from_f32(rng.f()).to_le_bytes()),
-            TensorType::Q8_0 | TensorType::Q4_0 => b[0..2].copy_from_slice(&h(rng.f() * 0.05)),
-            TensorType::Q4_1 | TensorType::Q4K | TensorType::Q5K => {
+            TensorType::Q8_0 | TensorType::Q4_0 | TensorType::Q5_0 => b[0..2].copy_from_slice(&h(rng.f() * 0.05)),
+            TensorType::Q4_1 | TensorType::Q5_1 | TensorType::Q4K | TensorType::Q5K => {
                 b[0..2].copy_from_slice(&h(rng.f() * 0.05));
                 b[2..4].copy_from_slice(&h(rng.f() * 0.05));
             }
