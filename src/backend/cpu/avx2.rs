@@ -36,6 +36,48 @@ const PREFETCH: usize = 16;
 /// groups fill the 16 ymm registers.
 const NT_MAX: usize = 4;
 
+/// The 8 weight groups of half `h` (rows 8h..8h+8) of the panel record at `base`, as unsigned
+/// codes: 4/5-bit formats the nibbles (with the fifth bits ORed onto bit 4, see `cpu::panel`),
+/// byte formats the stored `w + 128`. Shared by this set's panel kernel and the AVX-VNNI one.
+///
+/// # Safety
+/// `base` points at a whole record of a `BITS`-bit format (`PanelFormat::block_bytes`).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn unpack_half<const BITS: u32>(base: *const u8, h: usize) -> [__m256i; 8] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut w = [_mm256_setzero_si256(); 8];
+    // SAFETY: the caller's record holds 8 (bytes) or 4 (nibbles) 64-byte groups, and for 5-bit
+    // formats the 64-byte fifth-bit plane at 256; this half is bytes 32h..32h+32 of each.
+    unsafe {
+        if BITS == 8 {
+            for (k, wk) in w.iter_mut().enumerate() {
+                *wk = _mm256_loadu_si256(base.add(64 * k + 32 * h) as *const __m256i);
+            }
+            return w;
+        }
+        for k in 0..4 {
+            let g = _mm256_loadu_si256(base.add(64 * k + 32 * h) as *const __m256i);
+            w[k] = _mm256_and_si256(g, m4);
+            w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(g, 4), m4);
+        }
+        if BITS == 5 {
+            let hb = _mm256_loadu_si256(base.add(256 + 32 * h) as *const __m256i);
+            let b4 = _mm256_set1_epi8(0x10);
+            let fifth = |v: __m256i| _mm256_and_si256(v, b4);
+            w[0] = _mm256_or_si256(w[0], fifth(_mm256_slli_epi32::<4>(hb)));
+            w[1] = _mm256_or_si256(w[1], fifth(_mm256_slli_epi32::<3>(hb)));
+            w[2] = _mm256_or_si256(w[2], fifth(_mm256_slli_epi32::<2>(hb)));
+            w[3] = _mm256_or_si256(w[3], fifth(_mm256_slli_epi32::<1>(hb)));
+            w[4] = _mm256_or_si256(w[4], fifth(hb));
+            w[5] = _mm256_or_si256(w[5], fifth(_mm256_srli_epi32::<1>(hb)));
+            w[6] = _mm256_or_si256(w[6], fifth(_mm256_srli_epi32::<2>(hb)));
+            w[7] = _mm256_or_si256(w[7], fifth(_mm256_srli_epi32::<3>(hb)));
+        }
+    }
+    w
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], nb: usize, out: &mut [f32], stride: usize) {
@@ -45,7 +87,6 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
     let cols = nb * 32;
     assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
     assert!(NT == 0 || out.len() >= (NT - 1) * stride + 16);
-    let m4 = _mm256_set1_epi8(0x0F);
     let flip = _mm256_set1_epi8(-128);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); NT_MAX]; 2];
@@ -72,31 +113,11 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
                         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
                     }
                 }
-                let mut w = [_mm256_setzero_si256(); 8];
+                let mut w = unpack_half::<BITS>(base, h);
                 if BITS == 8 {
-                    for (k, wk) in w.iter_mut().enumerate() {
+                    for wk in w.iter_mut() {
                         // back from `w + 128` to the signed weight
-                        *wk = _mm256_xor_si256(_mm256_loadu_si256(base.add(64 * k + 32 * h) as *const __m256i), flip);
-                    }
-                } else {
-                    for k in 0..4 {
-                        let g = _mm256_loadu_si256(base.add(64 * k + 32 * h) as *const __m256i);
-                        w[k] = _mm256_and_si256(g, m4);
-                        w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(g, 4), m4);
-                    }
-                    if BITS == 5 {
-                        // The fifth bits (see `cpu::panel`) of this half's 8 rows, onto bit 4.
-                        let hb = _mm256_loadu_si256(base.add(256 + 32 * h) as *const __m256i);
-                        let b4 = _mm256_set1_epi8(0x10);
-                        let fifth = |v: __m256i| _mm256_and_si256(v, b4);
-                        w[0] = _mm256_or_si256(w[0], fifth(_mm256_slli_epi32::<4>(hb)));
-                        w[1] = _mm256_or_si256(w[1], fifth(_mm256_slli_epi32::<3>(hb)));
-                        w[2] = _mm256_or_si256(w[2], fifth(_mm256_slli_epi32::<2>(hb)));
-                        w[3] = _mm256_or_si256(w[3], fifth(_mm256_slli_epi32::<1>(hb)));
-                        w[4] = _mm256_or_si256(w[4], fifth(hb));
-                        w[5] = _mm256_or_si256(w[5], fifth(_mm256_srli_epi32::<1>(hb)));
-                        w[6] = _mm256_or_si256(w[6], fifth(_mm256_srli_epi32::<2>(hb)));
-                        w[7] = _mm256_or_si256(w[7], fifth(_mm256_srli_epi32::<3>(hb)));
+                        *wk = _mm256_xor_si256(*wk, flip);
                     }
                 }
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(qb + 16 * h) as *const __m128i));

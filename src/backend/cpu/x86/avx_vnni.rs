@@ -48,7 +48,6 @@ macro_rules! vnni_panel {
             assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
             assert!(!split || qsum16.len() >= NT * 2 * nb, "Q8Split needs the half-block sums");
             assert!(NT == 0 || out.len() >= (NT - 1) * stride + 16);
-            let m4 = _mm256_set1_epi8(0x0F);
             let mut acc = [[_mm256_setzero_ps(); NT_MAX]; 2];
             let mut accm = [[_mm256_setzero_ps(); NT_MAX]; 2];
             // As the AVX2 kernel: decode walks each record once in address order; prefill one half
@@ -70,31 +69,7 @@ macro_rules! vnni_panel {
                                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
                             }
                         }
-                        let mut w = [_mm256_setzero_si256(); 8];
-                        if BITS == 8 {
-                            for (k, wk) in w.iter_mut().enumerate() {
-                                *wk = _mm256_loadu_si256(base.add(64 * k + 32 * h) as *const __m256i);
-                            }
-                        } else {
-                            for k in 0..4 {
-                                let g = _mm256_loadu_si256(base.add(64 * k + 32 * h) as *const __m256i);
-                                w[k] = _mm256_and_si256(g, m4);
-                                w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(g, 4), m4);
-                            }
-                            if BITS == 5 {
-                                let hb = _mm256_loadu_si256(base.add(256 + 32 * h) as *const __m256i);
-                                let b4 = _mm256_set1_epi8(0x10);
-                                let fifth = |v: __m256i| _mm256_and_si256(v, b4);
-                                w[0] = _mm256_or_si256(w[0], fifth(_mm256_slli_epi32::<4>(hb)));
-                                w[1] = _mm256_or_si256(w[1], fifth(_mm256_slli_epi32::<3>(hb)));
-                                w[2] = _mm256_or_si256(w[2], fifth(_mm256_slli_epi32::<2>(hb)));
-                                w[3] = _mm256_or_si256(w[3], fifth(_mm256_slli_epi32::<1>(hb)));
-                                w[4] = _mm256_or_si256(w[4], fifth(hb));
-                                w[5] = _mm256_or_si256(w[5], fifth(_mm256_srli_epi32::<1>(hb)));
-                                w[6] = _mm256_or_si256(w[6], fifth(_mm256_srli_epi32::<2>(hb)));
-                                w[7] = _mm256_or_si256(w[7], fifth(_mm256_srli_epi32::<3>(hb)));
-                            }
-                        }
+                        let w = super::super::avx2::unpack_half::<BITS>(base, h);
                         let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(qb + 16 * h) as *const __m128i));
                         let mw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(qb + 32 + 16 * h) as *const __m128i));
                         (w, dw, mw)
