@@ -216,6 +216,9 @@ pub struct AttnShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// A sliding-window layer: a query at position `p` sees keys `p + 1 - window ..= p` only
+    /// (0: every key up to `p`). Only backends whose [`Backend::sliding_window`] is true get one.
+    pub window: usize,
 }
 
 /// The ops the Llama forward pass needs. All buffers are row-major f32 `(rows, cols)`.
@@ -289,6 +292,24 @@ pub trait Backend: Send {
     fn add_rows(&self, x: &mut Self::Buf, row0: usize, n: usize, v: &[f32]);
     /// `gate = silu(gate) * up`, first `len` values.
     fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize);
+    /// `gate = gelu_tanh(gate) * up`, first `len` values, as ggml computes it
+    /// ([`crate::backend::cpu::ops::gelu_mul`]). The default runs it on the host.
+    fn gelu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize) {
+        let mut g = self.read(gate, len);
+        crate::backend::cpu::ops::gelu_mul(&mut g, &self.read(up, len));
+        self.write(gate, &g);
+    }
+    /// `x[..len] *= s`. The default runs it on the host.
+    fn scale(&self, x: &mut Self::Buf, len: usize, s: f32) {
+        let mut v = self.read(x, len);
+        v.iter_mut().for_each(|a| *a *= s);
+        self.write(x, &v);
+    }
+    /// Whether [`Backend::attention`] honours [`AttnShape::window`] (sliding-window models load
+    /// only where it does).
+    fn sliding_window(&self) -> bool {
+        false
+    }
     /// `out (idx.len(), cols) = x[idx]`.
     fn gather_rows(&self, x: &Self::Buf, cols: usize, idx: &[usize], out: &mut Self::Buf);
 

@@ -25,6 +25,10 @@ pub struct RunArgs {
     /// A system message (the chat template's default system prompt is used otherwise).
     #[arg(long)]
     pub system: Option<String>,
+    /// Give the prompt to the model as plain text, without the chat template: the model continues
+    /// it. Always the case for a base model (a bundle without a chat template).
+    #[arg(long)]
+    pub raw: bool,
     /// A preset of the bundle (sampling, safety level, redaction, mandatory text, schema).
     /// Default: the bundle's default preset. Flags below override it only where the preset allows.
     #[arg(long)]
@@ -132,7 +136,12 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
     };
     let system = a.system.as_deref().map(|s| rt.policy.redact_input(preset, s));
     let user = rt.policy.redact_input(preset, &a.prompt);
-    let ids = rt.prompts().user(system.as_deref(), &user, None).map_err(|e| CliError::Usage(e.to_string()))?.tokens;
+    let raw = a.raw || !rt.template.is_chat();
+    if raw && system.is_some() {
+        return Err(CliError::Usage("--system needs a chat template: a raw prompt (--raw, or a base model) has no system message".into()));
+    }
+    let prompt = if raw { rt.prompts().raw(&user) } else { rt.prompts().user(system.as_deref(), &user, None) };
+    let ids = prompt.map_err(|e| CliError::Usage(e.to_string()))?.tokens;
     let ctx = engine.max_context();
     if ids.len() + 1 > ctx {
         return Err(CliError::Usage(format!("prompt is {} tokens; the context holds {ctx}", ids.len())));

@@ -48,6 +48,7 @@ fn config(shape: &str) -> Result<ModelConfig, CliError> {
         eos_token_id: 2,
         eog_token_ids: vec![2],
         add_bos_token: false,
+        block: Default::default(),
     })
 }
 

@@ -1,24 +1,44 @@
-//! The Llama decoder, plain and top to bottom (llama2.c style), generic over the backend.
+//! The decoder, plain and top to bottom (llama2.c style), generic over the backend: one block for
+//! every family, its differences from Llama read from the config ([`crate::model::BlockOptions`]).
 //!
-//! Per layer: RMSNorm → Q/K/V (+bias) → RoPE (adjacent pairs) → KV append → causal GQA attention →
-//! output projection → residual → RMSNorm → SwiGLU FFN → residual. Then the final norm and the
-//! output head (`output.weight`, or `token_embd.weight` when tied). Shapes: `T` = rows in this
-//! micro-batch (all sequences' new tokens together), `B` = sequences in it.
+//! Per layer: RMSNorm → Q/K/V (+bias) → [QK-norm] → RoPE (adjacent pairs) → KV append → causal GQA
+//! attention [within a sliding window] → output projection → [post-norm] → residual → RMSNorm →
+//! SwiGLU or GeGLU FFN → [post-norm] → residual. Then the final norm and the output head
+//! (`output.weight`, or `token_embd.weight` when tied). Shapes: `T` = rows in this micro-batch
+//! (all sequences' new tokens together), `B` = sequences in it.
+//!
+//! Families, by their deltas from Llama:
+//! - Llama 2/3, Mistral, SmolLM: the plain block (Llama 3: RoPE frequency factors).
+//! - Qwen2/2.5: a bias on Q, K and V.
+//! - Gemma 3: embeddings scaled by `sqrt(hidden)`; RMSNorm over each head of Q and K before RoPE;
+//!   RMSNorm on the attention and feed-forward outputs before each residual add (four norms per
+//!   block); GeGLU with tanh GELU; a head size other than `hidden / heads`; five sliding-window
+//!   layers (RoPE base 10 000) then one global layer (the model's base); tied embeddings.
+//!   (Gemma's `1 + w` norm weights are stored with the 1 added, as llama.cpp's converter does.)
 
 use std::collections::HashMap;
 
 use super::kv_cache::SeqCache;
 use super::{EngineError, EngineOptions, Logits, SeqId};
 use crate::backend::{AttnSeg, AttnShape, Backend, RopeParams, RopeTable, WeightId};
-use crate::model::ModelConfig;
+use crate::model::{Activation, ModelConfig};
 
 /// Rows per internal micro-batch: longer batches are split (causality makes that exact).
 const MAX_ROWS: usize = 512;
 
 /// Sanity checks on the blueprint before touching weights.
 pub fn check_config(c: &ModelConfig) -> Result<(), String> {
-    if c.architecture != "llama" {
-        return Err(format!("architecture {:?} is not supported (only \"llama\")", c.architecture));
+    if !matches!(c.architecture.as_str(), "llama" | "gemma3") {
+        return Err(format!("architecture {:?} is not supported (supported: llama, gemma3)", c.architecture));
+    }
+    let b = &c.block;
+    if b.sliding_window_pattern > 0 && b.sliding_window == 0 {
+        return Err("sliding_window_pattern is set without a sliding_window".into());
+    }
+    for (k, v) in [("rope_theta_local", b.rope_theta_local), ("query_pre_attn_scalar", b.query_pre_attn_scalar)] {
+        if v.is_some_and(|v| !(v > 0.0 && v.is_finite())) {
+            return Err(format!("{k} must be a positive number"));
+        }
     }
     let nz = [("vocab_size", c.vocab_size), ("hidden_size", c.hidden_size), ("intermediate_size", c.intermediate_size),
         ("n_layers", c.n_layers), ("n_heads", c.n_heads), ("n_kv_heads", c.n_kv_heads), ("head_dim", c.head_dim),
@@ -47,6 +67,12 @@ struct Layer {
     bv: Option<WeightId>,
     wo: WeightId,        // (dim, n_heads*head_dim)
     ffn_norm: WeightId,  // (dim)
+    q_norm: Option<WeightId>, // (head_dim), QK-norm
+    k_norm: Option<WeightId>, // (head_dim)
+    post_attn_norm: Option<WeightId>, // (dim)
+    post_ffn_norm: Option<WeightId>,  // (dim)
+    /// A sliding-window layer (its own RoPE base).
+    local: bool,
     w_gate: WeightId,    // (hidden, dim)
     w_up: WeightId,      // (hidden, dim)
     w_down: WeightId,    // (dim, hidden)
@@ -62,10 +88,12 @@ struct RunState<B: Backend> {
     q: B::Buf,       // (T, n_heads*head_dim)
     k: B::Buf,       // (T, n_kv_heads*head_dim)
     v: B::Buf,       // (T, n_kv_heads*head_dim)
+    kn: B::Buf,      // (T, n_kv_heads*head_dim) QK-norm output
     att: B::Buf,     // (T, n_heads*head_dim)
     hb: B::Buf,      // (T, hidden)
     hb2: B::Buf,     // (T, hidden)
     rope: B::Buf,    // (T, head_dim) cos/sin pairs
+    rope_local: B::Buf, // (T, head_dim) for sliding-window layers with their own base
     last: B::Buf,    // (B, dim) last row of each sequence
     last_n: B::Buf,  // (B, dim)
     logits: B::Buf,  // (B, vocab)
@@ -81,6 +109,8 @@ pub struct Llama<B: Backend> {
     output: WeightId,   // (vocab, dim), maybe == tok_embd
     layers: Vec<Layer>,
     rope: RopeTable,
+    /// The sliding-window layers' table, where their RoPE base differs.
+    rope_local: Option<RopeTable>,
     seqs: HashMap<SeqId, SeqCache<B>>,
     next_id: SeqId,
     st: Option<RunState<B>>,
@@ -91,6 +121,13 @@ impl<B: Backend> Llama<B> {
         let (dim, hd) = (c.hidden_size, c.head_dim);
         let q_dim = c.n_heads * hd;
         let kv_dim = c.n_kv_heads * hd;
+        if c.block.sliding_window > 0 && !b.sliding_window() {
+            return Err(EngineError::Unsupported(format!(
+                "{} has sliding-window attention, which the {} backend does not run yet (use --backend cpu)",
+                c.architecture,
+                b.name()
+            )));
+        }
         let mut get = |name: String, rows: usize, cols: usize| -> Result<WeightId, EngineError> {
             let w = b.weight(&name)?;
             let i = b.weight_info(w);
@@ -109,6 +146,7 @@ impl<B: Backend> Llama<B> {
         for l in 0..c.n_layers {
             let n = |s: &str| format!("blk.{l}.{s}");
             let bias = c.attention_bias;
+            let (qk, post) = (c.block.qk_norm, c.block.post_norms);
             layers.push(Layer {
                 attn_norm: get(n("attn_norm.weight"), 1, dim)?,
                 wq: get(n("attn_q.weight"), q_dim, dim)?,
@@ -119,12 +157,22 @@ impl<B: Backend> Llama<B> {
                 bv: if bias { Some(get(n("attn_v.bias"), 1, kv_dim)?) } else { None },
                 wo: get(n("attn_output.weight"), dim, q_dim)?,
                 ffn_norm: get(n("ffn_norm.weight"), 1, dim)?,
+                q_norm: if qk { Some(get(n("attn_q_norm.weight"), 1, hd)?) } else { None },
+                k_norm: if qk { Some(get(n("attn_k_norm.weight"), 1, hd)?) } else { None },
+                post_attn_norm: if post { Some(get(n("post_attention_norm.weight"), 1, dim)?) } else { None },
+                post_ffn_norm: if post { Some(get(n("post_ffw_norm.weight"), 1, dim)?) } else { None },
+                local: c.is_local_layer(l),
                 w_gate: get(n("ffn_gate.weight"), c.intermediate_size, dim)?,
                 w_up: get(n("ffn_up.weight"), c.intermediate_size, dim)?,
                 w_down: get(n("ffn_down.weight"), dim, c.intermediate_size)?,
             });
         }
         let rope = RopeParams { n_dims: hd, theta: c.rope_theta, scaling: c.rope_scaling.clone() }.table();
+        let rope_local = c
+            .block
+            .rope_theta_local
+            .filter(|&t| c.block.sliding_window > 0 && t != c.rope_theta)
+            .map(|theta| RopeParams { n_dims: hd, theta, scaling: c.rope_scaling.clone() }.table());
         let max_context = if opts.max_context == 0 { c.context_length } else { opts.max_context.min(c.context_length) };
         Ok(Llama {
             b,
@@ -135,6 +183,7 @@ impl<B: Backend> Llama<B> {
             output,
             layers,
             rope,
+            rope_local,
             seqs: HashMap::new(),
             next_id: 0,
             st: None,
@@ -301,10 +350,12 @@ impl<B: Backend> Llama<B> {
             q: b.alloc(rows * q_dim),
             k: b.alloc(rows * kv_dim),
             v: b.alloc(rows * kv_dim),
+            kn: b.alloc(if c.block.qk_norm { rows * kv_dim } else { 1 }),
             att: b.alloc(rows * q_dim),
             hb: b.alloc(rows * c.intermediate_size),
             hb2: b.alloc(rows * c.intermediate_size),
             rope: b.alloc(rows * c.head_dim),
+            rope_local: b.alloc(if self.rope_local.is_some() { rows * c.head_dim } else { 1 }),
             last: b.alloc(seqs * dim),
             last_n: b.alloc(seqs * dim),
             logits: b.alloc(seqs * c.vocab_size),
@@ -321,7 +372,10 @@ impl<B: Backend> Llama<B> {
         let (b, c) = (&self.b, &self.c);
         let (dim, hd) = (c.hidden_size, c.head_dim);
         let (q_dim, kv_dim) = (c.n_heads * hd, c.n_kv_heads * hd);
-        let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd };
+        let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd, window: 0 };
+        let local_shape = AttnShape { window: c.block.sliding_window, ..shape };
+        // The attention kernels scale scores by 1/sqrt(head_dim); another scale goes on the queries.
+        let q_scale = c.block.query_pre_attn_scalar.map(|s| ((hd as f32) / s).sqrt()).filter(|&f| f != 1.0);
 
         // Take the sequences' caches out for the step (mutable writes, then shared reads).
         let mut caches: Vec<SeqCache<B>> = Vec::with_capacity(batch.len());
@@ -337,7 +391,13 @@ impl<B: Backend> Llama<B> {
         }
 
         b.embed(self.tok_embd, &tokens, &mut st.x); // x (T, dim)
+        if c.block.scale_embeddings {
+            b.scale(&mut st.x, t_rows * dim, (dim as f32).sqrt()); // as llama.cpp: sqrtf(n_embd)
+        }
         b.rope_cache(&positions, &self.rope, &mut st.rope); // rope (T, head_dim)
+        if let Some(t) = &self.rope_local {
+            b.rope_cache(&positions, t, &mut st.rope_local);
+        }
         for (l, w) in self.layers.iter().enumerate() {
             // attention block
             // xb = norm(x); q (T, q_dim), k/v (T, kv_dim) = xb · W
@@ -347,8 +407,19 @@ impl<B: Backend> Llama<B> {
                 b.add_bias(&mut st.k, t_rows, bk);
                 b.add_bias(&mut st.v, t_rows, bv);
             }
-            b.rope(&mut st.q, t_rows, c.n_heads, hd, &st.rope, hd);
-            b.rope(&mut st.k, t_rows, c.n_kv_heads, hd, &st.rope, hd);
+            if let (Some(qn), Some(kn)) = (w.q_norm, w.k_norm) {
+                // QK-norm: each head's vector (T·heads rows of head_dim) normed on its own
+                b.rms_norm(&st.q, t_rows * c.n_heads, qn, c.rms_norm_eps, &mut st.att);
+                std::mem::swap(&mut st.q, &mut st.att);
+                b.rms_norm(&st.k, t_rows * c.n_kv_heads, kn, c.rms_norm_eps, &mut st.kn);
+                std::mem::swap(&mut st.k, &mut st.kn);
+            }
+            let rope = if w.local && self.rope_local.is_some() { &st.rope_local } else { &st.rope };
+            b.rope(&mut st.q, t_rows, c.n_heads, hd, rope, hd);
+            b.rope(&mut st.k, t_rows, c.n_kv_heads, hd, rope, hd);
+            if let Some(f) = q_scale {
+                b.scale(&mut st.q, t_rows * q_dim, f);
+            }
             for (cache, &(row0, n, pos0)) in caches.iter_mut().zip(&seg_rows) {
                 b.kv_write(&mut cache.kv, l, &st.k, &st.v, row0, n, pos0); // cache (pos0+n, kv_dim)
             }
@@ -357,12 +428,37 @@ impl<B: Backend> Llama<B> {
                 .zip(&seg_rows)
                 .map(|(cache, &(row0, n_rows, pos0))| AttnSeg { kv: &cache.kv, row0, n_rows, pos0 })
                 .collect();
-            b.attention(l, &st.q, &segs, shape, &mut st.att); // att (T, q_dim)
-            b.matmul_add(&st.att, t_rows, w.wo, &mut st.xb2, &mut st.x); // x += att · Wo
+            b.attention(l, &st.q, &segs, if w.local { local_shape } else { shape }, &mut st.att); // att (T, q_dim)
+            match w.post_attn_norm {
+                None => b.matmul_add(&st.att, t_rows, w.wo, &mut st.xb2, &mut st.x), // x += att · Wo
+                Some(pn) => {
+                    // x += norm(att · Wo)
+                    b.matmul(&st.att, t_rows, &mut [(w.wo, &mut st.xb2)]);
+                    b.rms_norm(&st.xb2, t_rows, pn, c.rms_norm_eps, &mut st.xb);
+                    b.add(&mut st.x, &st.xb, t_rows * dim);
+                }
+            }
 
-            // feed-forward block: hb, hb2 (T, hidden) = norm(x) · W_gate, W_up; x += (silu(hb) * hb2) · W_down
+            // feed-forward block: hb, hb2 (T, hidden) = norm(x) · W_gate, W_up; x += (act(hb) * hb2) · W_down
             b.norm_matmul(&st.x, t_rows, w.ffn_norm, c.rms_norm_eps, &mut st.xb, &mut [(w.w_gate, &mut st.hb), (w.w_up, &mut st.hb2)]);
-            b.silu_matmul_add(&mut st.hb, &st.hb2, t_rows, w.w_down, &mut st.xb2, &mut st.x);
+            let ffn = t_rows * c.intermediate_size;
+            match (c.block.activation, w.post_ffn_norm) {
+                (Activation::Silu, None) => b.silu_matmul_add(&mut st.hb, &st.hb2, t_rows, w.w_down, &mut st.xb2, &mut st.x),
+                (act, post) => {
+                    match act {
+                        Activation::Silu => b.silu_mul(&mut st.hb, &st.hb2, ffn),
+                        Activation::GeluTanh => b.gelu_mul(&mut st.hb, &st.hb2, ffn),
+                    }
+                    match post {
+                        None => b.matmul_add(&st.hb, t_rows, w.w_down, &mut st.xb2, &mut st.x),
+                        Some(pn) => {
+                            b.matmul(&st.hb, t_rows, &mut [(w.w_down, &mut st.xb2)]);
+                            b.rms_norm(&st.xb2, t_rows, pn, c.rms_norm_eps, &mut st.xb);
+                            b.add(&mut st.x, &st.xb, t_rows * dim);
+                        }
+                    }
+                }
+            }
 
             // control vectors: x[rows of a steered sequence] += v_l
             for (cache, &(row0, n, _)) in caches.iter().zip(&seg_rows) {

@@ -170,6 +170,7 @@ pub(crate) fn read(dir: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&s
         eos_token_id: eos,
         eog_token_ids: eog,
         add_bos_token: tc.get("add_bos_token").and_then(Json::as_bool).unwrap_or(false),
+        block: Default::default(),
     };
     check_config(&cfg_path, &config)?;
 

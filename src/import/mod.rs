@@ -31,7 +31,7 @@ use crate::tokenizer::{self, ChatTemplate, GgufVocab, TokenizerError};
 
 use gguf::GgufFile;
 
-pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2, mistral";
+pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2, mistral, gemma3";
 
 /// Everything that can go wrong importing a model, with where it went wrong.
 #[derive(Debug, thiserror::Error)]
@@ -255,7 +255,15 @@ pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, bool
             v.push((b("attn_k.bias"), vec![kv], true));
             v.push((b("attn_v.bias"), vec![kv], true));
         }
+        if c.block.qk_norm {
+            v.push((b("attn_q_norm.weight"), vec![c.head_dim], true));
+            v.push((b("attn_k_norm.weight"), vec![c.head_dim], true));
+        }
         v.push((b("attn_output.weight"), vec![h, q], true));
+        if c.block.post_norms {
+            v.push((b("post_attention_norm.weight"), vec![h], true));
+            v.push((b("post_ffw_norm.weight"), vec![h], true));
+        }
         v.push((b("ffn_norm.weight"), vec![h], true));
         v.push((b("ffn_gate.weight"), vec![f, h], true));
         v.push((b("ffn_up.weight"), vec![f, h], true));
@@ -332,7 +340,7 @@ fn read_gguf(path: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&str)) 
     let g = GgufFile::open(path)?;
     progress(&format!("GGUF v{}: {} tensors, {} metadata keys", g.version, g.tensors.len(), g.metadata.len()));
     let arch = g.str("general.architecture")?.to_string();
-    if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2") {
+    if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2" | "gemma3") {
         return Err(ImportError::UnsupportedArchitecture { arch });
     }
     let k = |s: &str| format!("{arch}.{s}");
@@ -352,6 +360,8 @@ fn read_gguf(path: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&str)) 
         tokens: tokens.clone(),
         token_types: token_types.clone(),
         merges: g.opt_str_array("tokenizer.ggml.merges")?.unwrap_or_default(),
+        scores: g.opt_f64_array("tokenizer.ggml.scores")?.map(|s| s.into_iter().map(|x| x as f32).collect()),
+        add_space_prefix: g.opt_bool("tokenizer.ggml.add_space_prefix")?,
     };
     let tokenizer_json = tokenizer::tokenizer_json_from_gguf(&vocab)
         .map_err(|source| ImportError::Tokenizer { path: path.into(), source })?;
@@ -383,12 +393,15 @@ fn read_gguf(path: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&str)) 
         Some(b) => b,
         None => matches!(vocab.pre.as_deref(), Some("llama3" | "llama-bpe" | "llama-v3")),
     };
-    let template_src = g
-        .opt_str("tokenizer.chat_template")?
-        .ok_or_else(|| meta_err("tokenizer.chat_template", "missing: the model has no chat template".into()))?;
     let text_of = |id: Option<u32>| id.map(|i| tokens[i as usize].clone()).unwrap_or_default();
-    let template = ChatTemplate::from_jinja(template_src, &text_of(bos), &text_of(Some(eos)))
-        .map_err(|source| ImportError::ChatTemplate { path: path.into(), source })?;
+    let template = match g.opt_str("tokenizer.chat_template")? {
+        Some(src) => ChatTemplate::from_jinja(src, &text_of(bos), &text_of(Some(eos)))
+            .map_err(|source| ImportError::ChatTemplate { path: path.into(), source })?,
+        None => {
+            progress("no chat template (tokenizer.chat_template): a base model, served as a completion model");
+            ChatTemplate::None
+        }
+    };
     progress(&format!("chat template: {}", template.family()));
 
     // Hyperparameters.
@@ -434,8 +447,27 @@ fn read_gguf(path: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&str)) 
         eos_token_id: eos,
         eog_token_ids: eog,
         add_bos_token: add_bos,
+        block: Default::default(),
     };
-    if arch != "llama" {
+    if arch == "gemma3" {
+        // llama.cpp's gemma3 graph: five sliding-window layers then a global one, local RoPE base
+        // 10 000, QK-norm, sandwich norms, embeddings scaled by sqrt(d), GeGLU (tanh GELU). Queries
+        // are scaled by 1/sqrt(head_dim), except the 27B (62 layers) which uses d / heads.
+        // (The GGUF converter already added 1 to every Gemma norm weight, so RMSNorm is plain.)
+        config.architecture = "gemma3".into();
+        let window = usize_of(&k("attention.sliding_window"))?;
+        let scalar = if config.n_layers == 62 { hidden / n_heads.max(1) } else { head_dim };
+        config.block = model::BlockOptions {
+            activation: model::Activation::GeluTanh,
+            sliding_window: window,
+            sliding_window_pattern: 6,
+            rope_theta_local: Some(10_000.0),
+            qk_norm: true,
+            post_norms: true,
+            scale_embeddings: true,
+            query_pre_attn_scalar: (scalar != head_dim).then_some(scalar as f32),
+        };
+    } else {
         config.architecture = "llama".into();
     }
     check_config(path, &config)?;
@@ -470,10 +502,11 @@ fn read_gguf(path: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&str)) 
     let used: std::collections::HashSet<&str> = expected.iter().map(|(n, _, _)| n.as_str()).collect();
     for t in &g.tensors {
         if !used.contains(t.name.as_str()) && t.name != "rope_freqs.weight" {
-            progress(&format!("ignoring tensor {} (not used by the llama block)", t.name));
+            progress(&format!("ignoring tensor {} (not used by the {arch} block)", t.name));
         }
     }
-    let permute = arch == "qwen2";
+    // Families whose GGUF rows are in Hugging Face order (llama.cpp runs them with NeoX RoPE).
+    let permute = matches!(arch.as_str(), "qwen2" | "gemma3");
     for (name, shape, _required) in &expected {
         let t = g.tensor(name).ok_or_else(|| ImportError::Tensor {
             path: path.into(),
@@ -494,6 +527,8 @@ fn read_gguf(path: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&str)) 
                 Some(n_heads)
             } else if name.contains("attn_k.") {
                 Some(n_kv_heads)
+            } else if name.contains("attn_q_norm.") || name.contains("attn_k_norm.") {
+                Some(1) // one head's weights, permuted like each head's rows
             } else {
                 None
             };

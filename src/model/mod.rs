@@ -108,10 +108,25 @@ pub enum RopeScaling {
     Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position_embeddings: u32 },
 }
 
+/// The feed-forward block's gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// SwiGLU: `silu(gate) · up` (Llama, Qwen, Mistral, SmolLM).
+    #[default]
+    Silu,
+    /// GeGLU with the tanh approximation of GELU: `gelu_tanh(gate) · up` (Gemma).
+    GeluTanh,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
 /// Everything the engine needs to run the model; written to `model/config.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
-    /// Architecture family; only "llama" (Llama, Mistral, Qwen2-style, SmolLM) for now.
+    /// Architecture family: "llama" (Llama, Mistral, Qwen2-style, SmolLM) or "gemma3".
     pub architecture: String,
     /// Human-readable model name (from GGUF `general.name` or the HF config).
     pub name: String,
@@ -135,6 +150,50 @@ pub struct ModelConfig {
     /// All end-of-generation ids (eos, `<|im_end|>`, `<|eot_id|>`, ...).
     pub eog_token_ids: Vec<u32>,
     pub add_bos_token: bool,
+    /// How this family's decoder block differs from Llama's (flattened into the same object).
+    #[serde(flatten)]
+    pub block: BlockOptions,
+}
+
+/// A family's deltas from the Llama decoder block. Each field defaults to Llama's behaviour and is
+/// left out of `config.json` when it has that value (so a Llama config reads the same as before).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct BlockOptions {
+    /// Feed-forward gate activation.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub activation: Activation,
+    /// Keys a query of a sliding-window layer sees: itself and the `sliding_window - 1` before
+    /// it (0: every layer attends to the whole context).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub sliding_window: usize,
+    /// With a window: layer `l` is global (full context) when `(l + 1) % pattern == 0`, local
+    /// otherwise (Gemma 3: 6, five local layers then a global one); 0: every layer is local.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub sliding_window_pattern: usize,
+    /// RoPE base of the local (sliding-window) layers; `rope_theta` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_theta_local: Option<f32>,
+    /// RMSNorm over each head of Q and K before RoPE (`blk.N.attn_q_norm`, `attn_k_norm`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub qk_norm: bool,
+    /// RMSNorm on the attention and feed-forward outputs before each residual add
+    /// (`blk.N.post_attention_norm`, `post_ffw_norm`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub post_norms: bool,
+    /// Token embeddings multiplied by `sqrt(hidden_size)` (Gemma).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub scale_embeddings: bool,
+    /// Attention scores scaled by `1/sqrt(query_pre_attn_scalar)` instead of `1/sqrt(head_dim)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_pre_attn_scalar: Option<f32>,
+}
+
+impl ModelConfig {
+    /// Whether layer `l` attends through a sliding window.
+    pub fn is_local_layer(&self, l: usize) -> bool {
+        let b = &self.block;
+        b.sliding_window > 0 && (b.sliding_window_pattern == 0 || (l + 1) % b.sliding_window_pattern != 0)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -44,6 +44,8 @@ pub enum TokenizerError {
     UnknownRole(String),
     #[error("chat template: {0}")]
     Template(String),
+    #[error("this model has no chat template: it is a completion (base) model; send text to POST /v1/completions, or use `applianced run --raw`")]
+    NoChatTemplate,
 }
 
 /// GGUF `tokenizer.ggml.token_type` values (llama.cpp `llama_token_type`).
@@ -66,6 +68,10 @@ pub struct GgufVocab {
     pub tokens: Vec<String>,
     pub token_types: Option<Vec<i64>>,
     pub merges: Vec<String>,
+    /// `tokenizer.ggml.scores` (SentencePiece models: a piece's merge priority).
+    pub scores: Option<Vec<f32>>,
+    /// `tokenizer.ggml.add_space_prefix` (SentencePiece models; llama.cpp's default is true).
+    pub add_space_prefix: Option<bool>,
 }
 
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -106,42 +112,18 @@ fn pre_tokenizer(pre: &str) -> Result<(Json, bool), TokenizerError> {
 
 /// Convert GGUF tokenizer metadata to a `tokenizer.json` (deterministic text).
 pub fn tokenizer_json_from_gguf(v: &GgufVocab) -> Result<String, TokenizerError> {
-    if v.model != "gpt2" {
-        return Err(TokenizerError::Convert(format!(
-            "tokenizer.ggml.model {:?} is not supported yet (supported: gpt2 byte-level BPE)",
-            v.model
-        )));
-    }
-    if v.tokens.is_empty() {
-        return Err(TokenizerError::Convert("tokenizer.ggml.tokens is empty".into()));
-    }
-    if let Some(tt) = &v.token_types {
-        if tt.len() != v.tokens.len() {
+    match v.model.as_str() {
+        "gpt2" => {}
+        "llama" => return spm_tokenizer_json(v),
+        other => {
             return Err(TokenizerError::Convert(format!(
-                "tokenizer.ggml.token_type has {} entries for {} tokens",
-                tt.len(),
-                v.tokens.len()
-            )));
+                "tokenizer.ggml.model {other:?} is not supported yet (supported: gpt2 byte-level BPE, llama SentencePiece)"
+            )))
         }
     }
+    check_vocab_lists(v)?;
     let (pre, ignore_merges) = pre_tokenizer(v.pre.as_deref().unwrap_or("default"))?;
-    let mut vocab = Map::new();
-    let mut added = Vec::new();
-    for (id, tok) in v.tokens.iter().enumerate() {
-        if vocab.insert(tok.clone(), json!(id)).is_some() {
-            return Err(TokenizerError::Convert(format!("token {tok:?} (id {id}) appears twice in tokenizer.ggml.tokens")));
-        }
-        let ty = v.token_types.as_ref().map_or(token_type::NORMAL, |t| t[id]);
-        let special = match ty {
-            token_type::CONTROL | token_type::UNKNOWN => true,
-            token_type::USER_DEFINED => false,
-            _ => continue,
-        };
-        added.push(json!({
-            "id": id, "content": tok, "single_word": false, "lstrip": false, "rstrip": false,
-            "normalized": false, "special": special,
-        }));
-    }
+    let (vocab, added) = vocab_and_added(v)?;
     let vocab_set: HashSet<&str> = v.tokens.iter().map(String::as_str).collect();
     for (i, m) in v.merges.iter().enumerate() {
         let ok = m.split_once(' ').is_some_and(|(a, b)| {
@@ -164,6 +146,115 @@ pub fn tokenizer_json_from_gguf(v: &GgufVocab) -> Result<String, TokenizerError>
             "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
             "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
             "ignore_merges": ignore_merges, "vocab": vocab, "merges": v.merges,
+        },
+    });
+    serde_json::to_string(&doc).map_err(|e| TokenizerError::Convert(e.to_string()))
+}
+
+/// The lists' lengths agree and there is a token.
+fn check_vocab_lists(v: &GgufVocab) -> Result<(), TokenizerError> {
+    if v.tokens.is_empty() {
+        return Err(TokenizerError::Convert("tokenizer.ggml.tokens is empty".into()));
+    }
+    if let Some(tt) = &v.token_types {
+        if tt.len() != v.tokens.len() {
+            return Err(TokenizerError::Convert(format!(
+                "tokenizer.ggml.token_type has {} entries for {} tokens",
+                tt.len(),
+                v.tokens.len()
+            )));
+        }
+    }
+    if let Some(sc) = &v.scores {
+        if sc.len() != v.tokens.len() {
+            return Err(TokenizerError::Convert(format!("tokenizer.ggml.scores has {} entries for {} tokens", sc.len(), v.tokens.len())));
+        }
+    }
+    Ok(())
+}
+
+/// The model vocabulary (every token, by id) and the added-token entries: control and unknown
+/// tokens as special, user-defined ones as plain added tokens (always matched, as llama.cpp does).
+fn vocab_and_added(v: &GgufVocab) -> Result<(Map<String, Json>, Vec<Json>), TokenizerError> {
+    let mut vocab = Map::new();
+    let mut added = Vec::new();
+    for (id, tok) in v.tokens.iter().enumerate() {
+        if vocab.insert(tok.clone(), json!(id)).is_some() {
+            return Err(TokenizerError::Convert(format!("token {tok:?} (id {id}) appears twice in tokenizer.ggml.tokens")));
+        }
+        let ty = v.token_types.as_ref().map_or(token_type::NORMAL, |t| t[id]);
+        let special = match ty {
+            token_type::CONTROL | token_type::UNKNOWN => true,
+            token_type::USER_DEFINED => false,
+            _ => continue,
+        };
+        added.push(json!({
+            "id": id, "content": tok, "single_word": false, "lstrip": false, "rstrip": false,
+            "normalized": false, "special": special,
+        }));
+    }
+    Ok((vocab, added))
+}
+
+/// A SentencePiece vocabulary (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral, Gemma) as a
+/// `tokenizer.json` BPE with byte fallback, reproducing llama.cpp's `llm_tokenizer_spm`.
+///
+/// llama.cpp splits the text into UTF-8 characters (spaces written `▁`, with a leading `▁` when
+/// `add_space_prefix`), then repeatedly joins the adjacent pair whose concatenation is a token
+/// with the highest score (the leftmost on a tie); characters left outside the vocabulary become
+/// their `<0xNN>` byte tokens. The leading `▁` is added to the text and after every added token. A BPE whose merges are every split `a + b` of every token `ab`
+/// (both halves tokens), ranked by the score of `ab`, does the same (Hugging Face's
+/// `SentencePieceExtractor` builds Gemma's `tokenizer.json` that way). The one difference: two
+/// different pieces with equal scores are joined in rank order where llama.cpp takes the leftmost
+/// pair; SentencePiece scores are distinct (Gemma 3's normal pieces have no tie), and control
+/// tokens, which share a score, are split out of the text before. Merges are written as pairs,
+/// since SentencePiece pieces may contain spaces.
+fn spm_tokenizer_json(v: &GgufVocab) -> Result<String, TokenizerError> {
+    check_vocab_lists(v)?;
+    let scores = v.scores.as_ref().ok_or_else(|| TokenizerError::Convert("tokenizer.ggml.scores is missing (a SentencePiece vocabulary needs them)".into()))?;
+    if scores.iter().any(|s| !s.is_finite()) {
+        return Err(TokenizerError::Convert("tokenizer.ggml.scores holds a value that is not finite".into()));
+    }
+    let (vocab, added) = vocab_and_added(v)?;
+    let unk = v.token_types.as_ref().and_then(|tt| tt.iter().position(|&t| t == token_type::UNKNOWN)).map(|i| v.tokens[i].clone());
+    // Merges: (score of the joined token, its id, left id, right id), best score first; ties keep
+    // the joined token's id order, then the halves' ids (as SentencePieceExtractor's stable sorts).
+    let id_of: std::collections::HashMap<&str, usize> = v.tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
+    let mut merges: Vec<(f32, usize, usize, usize)> = Vec::new();
+    for (id, tok) in v.tokens.iter().enumerate() {
+        let mut local = Vec::new();
+        for (cut, _) in tok.char_indices().skip(1) {
+            if let (Some(&l), Some(&r)) = (id_of.get(&tok[..cut]), id_of.get(&tok[cut..])) {
+                local.push((l, r));
+            }
+        }
+        local.sort_unstable();
+        merges.extend(local.into_iter().map(|(l, r)| (scores[id], id, l, r)));
+    }
+    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3)));
+    let merges: Vec<Json> = merges.iter().map(|&(_, _, l, r)| json!([v.tokens[l], v.tokens[r]])).collect();
+    let mut normalizers = Vec::new();
+    if v.add_space_prefix.unwrap_or(true) {
+        normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
+    }
+    normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
+    let doc = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": normalizers},
+        "pre_tokenizer": null,
+        "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+        ]},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+            "ignore_merges": false, "vocab": vocab, "merges": merges,
         },
     });
     serde_json::to_string(&doc).map_err(|e| TokenizerError::Convert(e.to_string()))
@@ -495,6 +586,109 @@ impl StreamDecoder {
 pub(crate) mod tests {
     use super::*;
 
+    /// A small SentencePiece vocabulary: control tokens, the 256 byte tokens, pieces with scores
+    /// (several joining to one token, a piece with a space in it), a user-defined token. Scores
+    /// are distinct, as in real SentencePiece models (Gemma 3's 255 474 normal pieces have 0 ties).
+    fn spm_vocab(add_space_prefix: bool) -> GgufVocab {
+        let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+        let mut types = vec![token_type::UNKNOWN, token_type::CONTROL, token_type::CONTROL];
+        let mut scores = vec![0.0, 0.0, 0.0];
+        for b in 0..256 {
+            tokens.push(format!("<0x{b:02X}>"));
+            types.push(token_type::BYTE);
+            scores.push(0.0);
+        }
+        let pieces: &[(&str, f32)] = &[
+            ("\u{2581}", -1.0), ("a", -2.0), ("b", -3.0), ("c", -4.0), ("ab", -5.0), ("bc", -5.2), ("abc", -6.0),
+            ("\u{2581}a", -7.0), ("\u{2581}ab", -8.0), ("ca", -9.0), ("cab", -10.0), ("é", -11.0), ("\u{2581}\u{2581}", -12.0),
+            ("a b", -13.0), ("bb", -5.1), ("bbb", -14.0),
+        ];
+        for &(p, sc) in pieces {
+            tokens.push(p.into());
+            types.push(token_type::NORMAL);
+            scores.push(sc);
+        }
+        tokens.push("<tag>".into());
+        types.push(token_type::USER_DEFINED);
+        scores.push(-1000.0);
+        GgufVocab { model: "llama".into(), tokens, token_types: Some(types), scores: Some(scores), add_space_prefix: Some(add_space_prefix), ..Default::default() }
+    }
+
+    /// llama.cpp's `llm_tokenizer_spm`, written out plainly: the reference for the conversion.
+    fn spm_reference(v: &GgufVocab, text: &str) -> Vec<u32> {
+        let id_of: std::collections::HashMap<&str, usize> = v.tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
+        let scores = v.scores.as_ref().unwrap();
+        let mut out = Vec::new();
+        // User-defined tokens are split out first (parse_special = false leaves control tokens as text).
+        let mut rest = text;
+        let mut first = true; // the fragment starts the text or follows an added token
+        while !rest.is_empty() {
+            let (chunk, tag) = match rest.find("<tag>") {
+                Some(i) => (&rest[..i], true),
+                None => (rest, false),
+            };
+            if !chunk.is_empty() {
+                let mut s = chunk.replace(' ', "\u{2581}");
+                // llama.cpp prefixes the first fragment and every fragment after an added token.
+                if first && v.add_space_prefix.unwrap_or(true) {
+                    s.insert(0, '\u{2581}');
+                }
+                let mut syms: Vec<String> = s.chars().map(String::from).collect();
+                loop {
+                    let mut best: Option<(f32, usize)> = None;
+                    for i in 0..syms.len().saturating_sub(1) {
+                        if let Some(&id) = id_of.get(format!("{}{}", syms[i], syms[i + 1]).as_str()) {
+                            if best.map_or(true, |(b, _)| scores[id] > b) {
+                                best = Some((scores[id], i));
+                            }
+                        }
+                    }
+                    let Some((_, i)) = best else { break };
+                    let r = syms.remove(i + 1);
+                    syms[i].push_str(&r);
+                }
+                for sym in syms {
+                    match id_of.get(sym.as_str()) {
+                        Some(&id) => out.push(id as u32),
+                        None => out.extend(sym.bytes().map(|b| id_of[format!("<0x{b:02X}>").as_str()] as u32)),
+                    }
+                }
+            }
+            if !tag {
+                break;
+            }
+            first = true;
+            out.push(id_of["<tag>"] as u32);
+            rest = &rest[chunk.len() + "<tag>".len()..];
+        }
+        out
+    }
+
+    #[test]
+    fn sentencepiece_conversion_matches_llamacpp_algorithm() {
+        for prefix in [false, true] {
+            let v = spm_vocab(prefix);
+            let t = Tokenizer::from_json(&tokenizer_json_from_gguf(&v).unwrap()).unwrap();
+            let cases = ["abc", "cabc", "a b", "ab ab  abc", " a", "bbbb", "bbbbb", "é€x", "", "a<tag>b", "<tag>", "<s>ab", "a  b ccab bc"];
+            for c in cases {
+                assert_eq!(t.encode(c, false).unwrap(), spm_reference(&v, c), "{c:?} prefix={prefix}");
+            }
+            // Bytes and pieces decode back to the text (a leading prefix space aside).
+            let ids = t.encode("ab €c", false).unwrap();
+            assert_eq!(t.decode(&ids).trim_start(), "ab €c");
+            assert!(t.is_special(1) && !t.is_special(v.tokens.len() as u32 - 1));
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn sentencepiece_conversion_matches_on_random_text(text in "([abc é€]|<tag>|a b){0,24}") {
+            let v = spm_vocab(false);
+            let t = Tokenizer::from_json(&tokenizer_json_from_gguf(&v).unwrap()).unwrap();
+            proptest::prop_assert_eq!(t.encode(&text, false).unwrap(), spm_reference(&v, &text));
+        }
+    }
+
     pub(crate) fn tiny() -> Tokenizer {
         let b2c = byte_to_char_table();
         let mut tokens: Vec<String> = vec!["<|im_start|>".into(), "<|im_end|>".into()];
@@ -508,6 +702,7 @@ pub(crate) mod tests {
             tokens,
             token_types: Some(types),
             merges: vec!["Ġ h".into()],
+            ..Default::default()
         };
         Tokenizer::from_json(&tokenizer_json_from_gguf(&v).unwrap()).unwrap()
     }
@@ -549,7 +744,7 @@ pub(crate) mod tests {
         }
         let mut types = vec![3, 3, 1];
         types.extend(std::iter::repeat(1).take(tokens.len() - 3));
-        let v = GgufVocab { model: "gpt2".into(), pre: Some("smollm".into()), tokens, token_types: Some(types), merges };
+        let v = GgufVocab { model: "gpt2".into(), pre: Some("smollm".into()), tokens, token_types: Some(types), merges, ..Default::default() };
         Tokenizer::from_json(&tokenizer_json_from_gguf(&v).unwrap()).unwrap()
     }
 
@@ -589,6 +784,7 @@ pub(crate) mod tests {
             tokens: byte_to_char_table().iter().map(|c| c.to_string()).collect(),
             token_types: None,
             merges: vec![],
+            ..Default::default()
         })
         .unwrap())
         .unwrap();
@@ -626,7 +822,7 @@ pub(crate) mod tests {
         tokens.extend((0..256).map(|b| b2c[b].to_string()));
         let mut types = vec![3, 3];
         types.extend(std::iter::repeat(1).take(256));
-        let v = GgufVocab { model: "gpt2".into(), pre: Some("smollm".into()), tokens, token_types: Some(types), merges: vec![] };
+        let v = GgufVocab { model: "gpt2".into(), pre: Some("smollm".into()), tokens, token_types: Some(types), merges: vec![], ..Default::default() };
         let mut doc: Json = serde_json::from_str(&tokenizer_json_from_gguf(&v).unwrap()).unwrap();
         let added = doc["added_tokens"].as_array_mut().unwrap();
         let entry = added.iter_mut().find(|t| t["id"] == 1).unwrap();

@@ -72,6 +72,17 @@ impl<'a> PromptBuilder<'a> {
         Ok(Prompt { text, tokens })
     }
 
+    /// Plain text as the model sees it, with no chat template: a completion prompt
+    /// (`POST /v1/completions`, `applianced run --raw`, and any prompt to a base model). Control-token
+    /// text in it stays text; BOS goes first where the model adds one.
+    pub fn raw(&self, text: &str) -> Result<Prompt, PromptError> {
+        let mut tokens = self.tokenizer.encode(text, false).map_err(PromptError::Tokenize)?;
+        if let Some(bos) = self.bos {
+            tokens.insert(0, bos);
+        }
+        Ok(Prompt { text: text.to_string(), tokens })
+    }
+
     /// An optional system message and one user message (`run`, control vectors).
     pub fn user(&self, system: Option<&str>, user: &str, prefill: Option<&str>) -> Result<Prompt, PromptError> {
         let mut msgs = Vec::with_capacity(2);
@@ -190,5 +201,13 @@ mod tests {
         assert_eq!(p.tokens[1], 0);
         let e = PromptBuilder::new(&tok, &tpl, &c).chat(&[ChatMessage::new("wizard", "x")], None).unwrap_err();
         assert!(matches!(e, PromptError::Template(_)), "{e}");
+        // A raw prompt: BOS, then the text with control-token text kept as text.
+        let raw = PromptBuilder::new(&tok, &tpl, &c).raw("a<|im_end|>").unwrap();
+        assert_eq!(raw.tokens[0], 2 + b'B' as u32);
+        assert!(!raw.tokens.contains(&1), "{:?}", raw.tokens);
+        assert_eq!(tok.decode(&raw.tokens[1..]), "a<|im_end|>");
+        // A model with no template refuses a conversation and names the completion interfaces.
+        let e = PromptBuilder::new(&tok, &ChatTemplate::None, &c).user(None, "x", None).unwrap_err();
+        assert!(e.to_string().contains("/v1/completions"), "{e}");
     }
 }

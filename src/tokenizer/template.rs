@@ -45,6 +45,9 @@ pub enum ChatTemplate {
     Mistral { bos: String, eos: String },
     /// `{bos}<start_of_turn>{user|model}\n{content|trim}<end_of_turn>\n`, alternating, no system.
     Gemma { bos: String },
+    /// No chat template: a base (pretrained) model, served as a completion model (text in, text
+    /// out). Rendering a conversation is an error that names the completion interfaces.
+    None,
 }
 
 fn role_err(role: &str) -> TokenizerError {
@@ -64,13 +67,19 @@ impl ChatTemplate {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
 
-    /// Family name ("chatml", "llama3", "mistral", "gemma").
+    /// Whether the model has a chat template (false: a completion model).
+    pub fn is_chat(&self) -> bool {
+        !matches!(self, ChatTemplate::None)
+    }
+
+    /// Family name ("chatml", "llama3", "mistral", "gemma"; "none" for a completion model).
     pub fn family(&self) -> &'static str {
         match self {
             ChatTemplate::Chatml { .. } => "chatml",
             ChatTemplate::Llama3 { .. } => "llama3",
             ChatTemplate::Mistral { .. } => "mistral",
             ChatTemplate::Gemma { .. } => "gemma",
+            ChatTemplate::None => "none",
         }
     }
 
@@ -79,6 +88,7 @@ impl ChatTemplate {
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
         let mut out = String::new();
         match self {
+            ChatTemplate::None => return Err(TokenizerError::NoChatTemplate),
             ChatTemplate::Chatml { default_system } => {
                 for (i, m) in messages.iter().enumerate() {
                     if !matches!(m.role.as_str(), "system" | "user" | "assistant") {

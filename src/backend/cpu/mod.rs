@@ -434,6 +434,23 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn gelu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
+        let (g, u) = (&mut gate[..len], &up[..len]);
+        if len >= 8192 {
+            self.team.for_each(g.chunks_mut(4096).zip(u.chunks(4096)).collect(), |(g, u)| ops::gelu_mul(g, u));
+        } else {
+            ops::gelu_mul(g, u);
+        }
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, len: usize, s: f32) {
+        x[..len].iter_mut().for_each(|a| *a *= s);
+    }
+
+    fn sliding_window(&self) -> bool {
+        true
+    }
+
     fn gather_rows(&self, x: &Vec<f32>, cols: usize, idx: &[usize], out: &mut Vec<f32>) {
         for (o, &i) in out.chunks_exact_mut(cols).zip(idx) {
             o.copy_from_slice(&x[i * cols..(i + 1) * cols]);

@@ -27,6 +27,37 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// ggml's `0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²)))`.
+fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh())
+}
+
+/// GELU of every f16 value, rounded to f16 (as f32), indexed by the f16 bits: ggml's
+/// `ggml_table_gelu_f16`.
+fn gelu_table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| (0..=u16::MAX).map(|b| half::f16::from_f32(gelu_tanh(half::f16::from_bits(b).to_f32())).to_f32()).collect())
+}
+
+/// `g = gelu_tanh(g) · u`, as ggml-cpu's GeGLU (`ggml_vec_geglu_f32` with `GGML_GELU_FP16`):
+/// inputs at or below -10 give 0, at or above 10 pass through, the rest are rounded to f16 and
+/// looked up in the f16 table of GELU values.
+pub fn gelu_mul(g: &mut [f32], u: &[f32]) {
+    let t = gelu_table();
+    for (x, &y) in g.iter_mut().zip(u) {
+        let v = *x;
+        let a = if v <= -10.0 {
+            0.0
+        } else if v >= 10.0 {
+            v
+        } else {
+            t[half::f16::from_f32(v).to_bits() as usize]
+        };
+        *x = a * y;
+    }
+}
+
 /// `out (positions, n_dims)`: `(cos, sin)` per pair, angles as `ggml_rope_cache_init`.
 pub fn rope_cache(positions: &[u32], t: &RopeTable, out: &mut [f32]) {
     for (o, &p) in out.chunks_exact_mut(t.n_dims).zip(positions) {
@@ -71,7 +102,9 @@ pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, cache: &[f32], n_dim
 /// chunking depends on the context length only, so a sequence's result does not depend on what
 /// else is in the batch.
 pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32], segs: &[AttnSeg<'_, CpuKv>], shape: AttnShape, out: &mut [f32]) {
-    let AttnShape { n_heads, n_kv_heads, head_dim: hd } = shape;
+    let AttnShape { n_heads, n_kv_heads, head_dim: hd, window } = shape;
+    // The first key a query at position p sees.
+    let first_key = |p: usize| if window == 0 { 0 } else { (p + 1).saturating_sub(window) };
     let group = n_heads / n_kv_heads.max(1);
     let q_dim = n_heads * hd;
     let scale = 1.0 / (hd as f32).sqrt();
@@ -83,13 +116,17 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
     for (si, s) in segs.iter().enumerate() {
         if s.n_rows == 1 {
             let n_keys = s.pos0 + 1;
-            let chunks = n_keys.div_ceil(KEY_CHUNK);
+            let lo = first_key(s.pos0);
+            let tile0 = lo / 16 * 16; // chunks start on whole tiles; keys before `lo` are masked
+            let chunks = (n_keys - tile0).div_ceil(KEY_CHUNK);
             for kvh in 0..n_kv_heads {
                 let dst = (0..group).filter_map(|j| pieces.get_mut(s.row0 * n_heads + kvh * group + j).and_then(Option::take)).collect();
                 let gi = groups.len();
                 groups.push(DecodeGroup {
                     si,
                     kvh,
+                    lo,
+                    tile0,
                     n_keys,
                     chunks,
                     remaining: std::sync::atomic::AtomicUsize::new(chunks),
@@ -128,9 +165,10 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
                         qh.copy_from_slice(&q[row * q_dim + h * hd..row * q_dim + (h + 1) * hd]);
                         (k.round_f16)(qh);
                         let n_keys = s.pos0 + i + 1; // causal: keys 0..=pos
-                        let tiles = n_keys.div_ceil(16);
-                        (k.scores)(qh, &kt[..tiles * 16 * hd], &mut scores[..tiles * 16]);
-                        let sc = &mut scores[..n_keys];
+                        let lo = first_key(s.pos0 + i); // the window's first key
+                        let (t0, tiles) = (lo / 16, n_keys.div_ceil(16));
+                        (k.scores)(qh, &kt[t0 * 16 * hd..tiles * 16 * hd], &mut scores[..(tiles - t0) * 16]);
+                        let sc = &mut scores[lo - t0 * 16..n_keys - t0 * 16];
                         let mut max = f32::NEG_INFINITY;
                         for v in sc.iter_mut() {
                             *v *= scale;
@@ -142,7 +180,7 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
                         }
                         (k.round_f16)(sc);
                         o.fill(0.0); // pv accumulates
-                        (k.pv)(sc, &vc[..n_keys * hd], o);
+                        (k.pv)(sc, &vc[lo * hd..n_keys * hd], o);
                     }
                 }
                 Task::Chunk { gi, c } => {
@@ -150,7 +188,7 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
                     let s = &segs[gr.si];
                     let slot = layer * n_kv_heads + gr.kvh;
                     let (kt, vc) = (&s.kv.k[slot], &s.kv.v[slot]);
-                    let (k0, k1) = (c * KEY_CHUNK, ((c + 1) * KEY_CHUNK).min(gr.n_keys));
+                    let (k0, k1) = (gr.tile0 + c * KEY_CHUNK, (gr.tile0 + (c + 1) * KEY_CHUNK).min(gr.n_keys));
                     let nk = k1 - k0;
                     let stride = nk.div_ceil(16) * 16;
                     qh.resize(group * hd, 0.0);
@@ -164,6 +202,8 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
                     let (stats, o) = acc.split_at_mut(group * 2);
                     for (h, st) in stats.chunks_exact_mut(2).enumerate() {
                         let sh = &mut sc[h * stride..h * stride + nk];
+                        // Keys of the first tile before the window: weight exp(-inf) = 0.
+                        sh[..gr.lo.saturating_sub(k0).min(nk)].fill(f32::NEG_INFINITY);
                         let mut max = f32::NEG_INFINITY;
                         for v in sh.iter_mut() {
                             *v *= scale;
@@ -220,7 +260,7 @@ const KEY_CHUNK: usize = 256;
 enum Task<'a> {
     /// Prompt rows `i0..i1` of segment `si`, query head `h`, with their output slices.
     Rows { si: usize, h: usize, i0: usize, i1: usize, dst: Vec<&'a mut [f32]> },
-    /// Keys `c·KEY_CHUNK ..` of decode group `gi`.
+    /// Keys `tile0 + c·KEY_CHUNK ..` of decode group `gi`.
     Chunk { gi: usize, c: usize },
 }
 
@@ -228,6 +268,9 @@ enum Task<'a> {
 struct DecodeGroup<'a> {
     si: usize,
     kvh: usize,
+    /// The window's first key, and the tile it starts (where chunk 0 starts).
+    lo: usize,
+    tile0: usize,
     n_keys: usize,
     chunks: usize,
     /// Chunks not finished yet; the one that takes it to zero merges.
@@ -281,7 +324,7 @@ mod tests {
     fn decode_attention_matches_plain_softmax_and_the_prompt_path() {
         let (n_heads, n_kv, hd) = (9usize, 3usize, 64usize);
         let pool = super::super::team::Team::new(2, "test").unwrap();
-        let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd };
+        let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window: 0 };
         for (n_keys, kernels) in [(1usize, Kernels::detect()), (37, Kernels::detect()), (700, Kernels::detect()), (700, Kernels::reference()), (513, Kernels::detect())] {
             let (kv, kf, vf) = random_kv(n_keys, n_kv, hd, n_keys as u64 + 7);
             let q: Vec<f32> = (0..n_heads * hd).map(|i| ((i * 7919) % 113) as f32 / 56.0 - 1.0).collect();

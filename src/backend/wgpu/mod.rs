@@ -530,7 +530,8 @@ impl Backend for WgpuBackend {
     }
 
     fn attention(&self, layer: usize, q: &WgpuBuf, segs: &[AttnSeg<'_, WgpuKv>], shape: AttnShape, out: &mut WgpuBuf) {
-        let AttnShape { n_heads, n_kv_heads, head_dim: hd } = shape;
+        let AttnShape { n_heads, n_kv_heads, head_dim: hd, window } = shape;
+        debug_assert_eq!(window, 0, "no sliding window on wgpu (sliding_window() is false)");
         let scale = 1.0 / (hd as f32).sqrt();
         let overrides = [("WG", WG as f64), ("HEAD_DIM", hd as f64), ("GROUP", (n_heads / n_kv_heads.max(1)) as f64)];
         for s in segs {
