@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 GGUF=$(scripts/fetch-model.sh)
 export APPLIANCED_TEST_GGUF="$GGUF"
+# The second default model (issue 25): Gemma 3 270M, a base model with K-quants, sliding-window
+# attention and a 262k SentencePiece vocabulary (tests/gemma3_reference.rs).
+export APPLIANCED_TEST_GEMMA3_GGUF=$(scripts/fetch-model.sh gemma3-270m)
 export APPLIANCED_SLOW_TESTS=1
 if [ -x scripts/setup-test-env.sh ]; then scripts/setup-test-env.sh; fi
 if [ -d .venv ]; then export APPLIANCED_TEST_PYTHON="$PWD/.venv/bin/python"; fi
@@ -33,8 +36,12 @@ cargo test --release --all-targets -- --test-threads 2
 # the build above.
 if grep -qw avx512_vnni /proc/cpuinfo 2>/dev/null && grep -qw avx2 /proc/cpuinfo; then
   APPLIANCED_CPU_KERNELS=avx2 cargo test --release --test engine_reference -- --test-threads 2
+  APPLIANCED_CPU_KERNELS=avx2 cargo test --release --test gemma3_reference -- --test-threads 2
   APPLIANCED_CPU_KERNELS=avx2 cargo test --release --lib backend::cpu -- --test-threads 2
 fi
+# The second default bundle builds, verifies, answers with `run` (raw: a base model) and serves a
+# completion (scripts/check-gemma3-bundle.sh).
+scripts/check-gemma3-bundle.sh "$APPLIANCED_TEST_GEMMA3_GGUF"
 # Fuzzing smoke run (issue 22): every target in fuzz/ for a fixed small budget on its committed
 # seeds (installs cargo-fuzz itself; stable toolchain). A crash, hang or blow-up fails the run and
 # leaves its input under fuzz/artifacts/. The longer run is `scripts/fuzz.sh 600`.

@@ -115,6 +115,9 @@ pub struct ChatRequest {
     /// The `preset` field (an appliance extension; SDKs send it via `extra_body`): a preset of
     /// the bundle, as an alternative to `model = "bundle:preset"`.
     pub preset: Option<String>,
+    /// `POST /v1/completions`: the prompt, given to the model as plain text (no chat template);
+    /// `messages` is then empty.
+    pub prompt: Option<String>,
 }
 
 impl ChatRequest {
@@ -448,7 +451,7 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
         stream = o.bool("stream")?.unwrap_or(false);
     }
     let preset = o.str("preset")?.map(str::to_owned);
-    Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false, overrides, schema, preset })
+    Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false, overrides, schema, preset, prompt: None })
 }
 
 /// `POST /v1/chat/completions`.
@@ -462,7 +465,6 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         ],
         &["tools", "tool_choice", "functions", "function_call", "logit_bias", "top_logprobs", "audio", "modalities", "prediction", "reasoning_effort", "web_search_options"],
     )?;
-    let model = o.str("model")?.map(str::to_owned);
     let arr = messages_array(&o)?;
     let mut messages = Vec::new();
     for (i, v) in arr.iter().enumerate() {
@@ -488,9 +490,59 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         };
         messages.push(ChatMessage::new(role, &content));
     }
-    if messages.last().is_some_and(|m| m.role == "assistant") {
-        // OpenAI answers after the conversation; a trailing assistant message is history.
+    // (OpenAI answers after the conversation; a trailing assistant message is history.)
+    if o.bool("logprobs")? == Some(true) {
+        return Err(ApiError::unsupported("logprobs", "log probabilities are not supported"));
     }
+    let mut r = openai_params(&o)?;
+    r.messages = messages;
+    Ok(r)
+}
+
+/// `POST /v1/completions` (OpenAI's legacy completions, as its SDK's `client.completions.create`
+/// sends them): a prompt continued as plain text, for base models. The same sampling, presets,
+/// stop sequences and streaming as chat.
+pub fn parse_openai_completion(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
+    let o = Obj::new(m, "");
+    o.reject_unknown(
+        &[
+            "model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options", "user",
+            "frequency_penalty", "presence_penalty", "logprobs", "echo", "suffix", "best_of", "preset",
+        ],
+        &["logit_bias"],
+    )?;
+    let prompt = match o.get("prompt") {
+        None => return Err(ApiError::bad("prompt", "required field is missing")),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(a)) => match &a[..] {
+            [Value::String(s)] => s.clone(),
+            [] => return Err(ApiError::bad("prompt", "must hold one prompt")),
+            [Value::Number(_), ..] => return Err(ApiError::unsupported("prompt", "prompts given as token ids are not supported; send the text")),
+            _ => return Err(ApiError::unsupported("prompt", "only one prompt per request is supported (send one string)")),
+        },
+        Some(v) => return Err(ApiError::bad("prompt", format!("expected a string, got {}", kind(v)))),
+    };
+    if o.bool("echo")? == Some(true) {
+        return Err(ApiError::unsupported("echo", "echoing the prompt is not supported"));
+    }
+    if o.str("suffix")?.is_some() {
+        return Err(ApiError::unsupported("suffix", "a suffix (insertion) is not supported"));
+    }
+    if o.uint("best_of")?.is_some_and(|n| n != 1) {
+        return Err(ApiError::unsupported("best_of", "only best_of = 1 is supported"));
+    }
+    if o.uint("logprobs")?.is_some_and(|n| n > 0) {
+        return Err(ApiError::unsupported("logprobs", "log probabilities are not supported"));
+    }
+    let mut r = openai_params(&o)?;
+    r.prompt = Some(prompt);
+    Ok(r)
+}
+
+/// The parameters chat and completions share: model, max tokens, sampling, seed, stop,
+/// `n`, response format, streaming, preset. `messages` and `prompt` are left empty.
+fn openai_params(o: &Obj<'_>) -> Result<ChatRequest, ApiError> {
+    let model = o.str("model")?.map(str::to_owned);
     let mt = o.uint("max_completion_tokens")?.or(o.uint("max_tokens")?);
     if mt == Some(0) {
         return Err(ApiError::bad("max_tokens", "must be at least 1"));
@@ -533,9 +585,6 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
             return Err(ApiError::unsupported("n", format!("only n = 1 is supported, got {n}")));
         }
     }
-    if o.bool("logprobs")? == Some(true) {
-        return Err(ApiError::unsupported("logprobs", "log probabilities are not supported"));
-    }
     let schema = match o.get("response_format") {
         None => None,
         Some(rf) => match rf.get("type").and_then(Value::as_str) {
@@ -565,7 +614,7 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
     }
     overrides.seed = seed;
     let preset = o.str("preset")?.map(str::to_owned);
-    Ok(ChatRequest { model, messages, max_tokens: mt.map(|x| x as usize), sampling, seed, stop, stream, include_usage, overrides, schema, preset })
+    Ok(ChatRequest { model, messages: Vec::new(), max_tokens: mt.map(|x| x as usize), sampling, seed, stop, stream, include_usage, overrides, schema, preset, prompt: None })
 }
 
 // ---- responses ----
@@ -708,6 +757,16 @@ pub(crate) fn gen_error(e: GenError) -> ApiError {
         GenError::Shutdown => ApiError::new(503, "the server is shutting down; the request was cancelled").retry(5),
         GenError::Engine(m) => ApiError::new(500, format!("engine error: {m}")),
     }
+}
+
+/// The body of a whole (non-streamed) `POST /v1/completions` answer.
+pub(crate) fn completion_body(id: &str, model: &str, fingerprint: &str, text: &str, f: &Finish, n: usize) -> Value {
+    json!({
+        "id": id, "object": "text_completion", "created": unix_now(), "model": model,
+        "system_fingerprint": fingerprint,
+        "choices": [{"index": 0, "text": text, "logprobs": Value::Null, "finish_reason": openai_finish(f.reason)}],
+        "usage": {"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens},
+    })
 }
 
 /// The body of a whole (non-streamed) answer: an Anthropic message or an OpenAI chat completion.

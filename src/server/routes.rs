@@ -35,6 +35,7 @@ fn endpoint_label(path: &str) -> &'static str {
         "/v1/messages" => "/v1/messages",
         "/v1/messages/count_tokens" => "/v1/messages/count_tokens",
         "/v1/chat/completions" => "/v1/chat/completions",
+        "/v1/completions" => "/v1/completions",
         "/v1/models" => "/v1/models",
         p if p.starts_with("/v1/models/") => "/v1/models/{id}",
         "/healthz" => "/healthz",
@@ -51,7 +52,11 @@ pub(crate) async fn handle(state: Arc<State>, peer: Peer, req: Request<Incoming>
     let method = req.method().clone();
     let flavor = if path.starts_with("/v1/messages") || req.headers().contains_key("anthropic-version") { Flavor::Anthropic } else { Flavor::OpenAi };
     let ep = endpoint_label(&path);
-    let prefix = if flavor == Flavor::Anthropic { "msg_" } else { "chatcmpl-" };
+    let prefix = match (flavor, ep) {
+        (Flavor::Anthropic, _) => "msg_",
+        (_, "/v1/completions") => "cmpl-",
+        _ => "chatcmpl-",
+    };
     let id = random_id(prefix);
 
     if !state.allow.allows(&peer) {
@@ -74,9 +79,14 @@ pub(crate) async fn handle(state: Arc<State>, peer: Peer, req: Request<Incoming>
     let post = method == hyper::Method::POST;
     let get = method == hyper::Method::GET || method == hyper::Method::HEAD;
     let resp = match ep {
-        "/v1/messages" | "/v1/chat/completions" | "/v1/messages/count_tokens" if post => {
+        "/v1/messages" | "/v1/chat/completions" | "/v1/messages/count_tokens" | "/v1/completions" if post => {
             let rec = Record::new(&state, peer, ep, started, id.clone());
-            let mut r = chat(&state, req, flavor, rec, ep == "/v1/messages/count_tokens").await;
+            let kind = match ep {
+                "/v1/messages/count_tokens" => Kind::Count,
+                "/v1/completions" => Kind::Completion,
+                _ => Kind::Chat,
+            };
+            let mut r = chat(&state, req, flavor, rec, kind).await;
             set_request_id(&mut r, &id);
             return Ok(r);
         }
@@ -177,6 +187,17 @@ async fn read_body(req: Request<Incoming>, max: usize, limit: Duration) -> Resul
     }
 }
 
+/// What a generation endpoint answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A conversation (`/v1/messages`, `/v1/chat/completions`).
+    Chat,
+    /// Token counting only (`/v1/messages/count_tokens`).
+    Count,
+    /// Plain text continued (`/v1/completions`).
+    Completion,
+}
+
 /// Conversations up to this many bytes of message text are templated and tokenized on the
 /// connection's own worker thread (tens of microseconds); longer ones on a blocking thread.
 const INLINE_PROMPT_BYTES: usize = 2048;
@@ -186,6 +207,12 @@ const INLINE_PROMPT_BYTES: usize = 2048;
 /// The conversation as the model reads it (the runtime's injection-safe prompt builder; an
 /// Anthropic request's trailing assistant message is the start of the answer).
 fn build_prompt(state: &State, creq: &ChatRequest, flavor: Flavor) -> Result<(String, Vec<u32>), ApiError> {
+    if let Some(text) = &creq.prompt {
+        return match state.rt.prompts().raw(text) {
+            Ok(p) => Ok((p.text, p.tokens)),
+            Err(e) => Err(ApiError::new(400, e.to_string())),
+        };
+    }
     let prefill = flavor == Flavor::Anthropic && creq.ends_with_prefill();
     let msgs = if prefill { &creq.messages[..creq.messages.len() - 1] } else { &creq.messages[..] };
     let prefill_text = if prefill { creq.messages.last().map(|m| m.content.as_str()) } else { None };
@@ -197,7 +224,8 @@ fn build_prompt(state: &State, creq: &ChatRequest, flavor: Flavor) -> Result<(St
     }
 }
 
-async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut rec: Record, counting: bool) -> Response<Body> {
+async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut rec: Record, kind: Kind) -> Response<Body> {
+    let counting = kind == Kind::Count;
     let lim = &state.cfg.limits;
     match state.phase() {
         Phase::Ready => {}
@@ -218,14 +246,22 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     // this request's schema compile and generation, up to the drain deadline.
     let guard = state.inflight();
     let mut cpu0 = thread_cpu(); // request work from here to submission (see Metrics::overhead)
-    let parsed = api::parse_object(&body).and_then(|o| match flavor {
-        Flavor::Anthropic => api::parse_anthropic(&o, counting),
-        Flavor::OpenAi => api::parse_openai(&o),
+    let parsed = api::parse_object(&body).and_then(|o| match (flavor, kind) {
+        (Flavor::Anthropic, _) => api::parse_anthropic(&o, counting),
+        (Flavor::OpenAi, Kind::Completion) => api::parse_openai_completion(&o),
+        (Flavor::OpenAi, _) => api::parse_openai(&o),
     });
     let creq = match parsed {
         Ok(r) => r,
         Err(e) => return rec.fail(flavor, e),
     };
+    if kind != Kind::Completion && !state.rt.template.is_chat() {
+        let e = ApiError::new(
+            400,
+            format!("bundle {:?} holds a base model without a chat template: it answers completions only; send the text as `prompt` to POST /v1/completions", state.bundle.name),
+        );
+        return rec.fail(flavor, e);
+    }
     rec.model = creq.model.clone();
     rec.stream = creq.stream;
     // `sha256:<identity>` also contains a colon: only split when the whole name is not the model.
@@ -265,12 +301,15 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         for m in &mut creq.messages {
             m.content = state.rt.policy.redact_input(preset.as_ref(), &m.content);
         }
+        if let Some(p) = &mut creq.prompt {
+            *p = state.rt.policy.redact_input(preset.as_ref(), p);
+        }
     }
     let creq = Arc::new(creq);
     // Template and tokenize (counted too): inline for a short conversation, where this thread's
     // caches still hold the request, and on a blocking thread for a long one, whose tokenizing
     // would hold up the other connections this worker serves.
-    let content_bytes: usize = creq.messages.iter().map(|m| m.content.len()).sum();
+    let content_bytes: usize = creq.messages.iter().map(|m| m.content.len()).sum::<usize>() + creq.prompt.as_ref().map_or(0, String::len);
     let built = if content_bytes <= INLINE_PROMPT_BYTES {
         Ok(build_prompt(state, &creq, flavor))
     } else {
@@ -395,7 +434,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     }
     let model = state.bundle.name.clone();
     if creq.stream {
-        let s = Streamer::new(rx, rec, flavor, model, n, creq.include_usage, guard);
+        let s = Streamer::new(rx, rec, flavor, kind == Kind::Completion, model, n, creq.include_usage, guard);
         let body = Body::from_stream(futures::stream::unfold(s, |mut s| async move { s.next().await.map(|b| (Ok::<Bytes, Infallible>(b), s)) }));
         let mut r = response(200, "text/event-stream; charset=utf-8", body);
         r.headers_mut().insert(hyper::header::CACHE_CONTROL, hyper::header::HeaderValue::from_static("no-cache"));
@@ -425,7 +464,10 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     if let Err(e) = rec.finish() {
         return error_response(flavor, &e);
     }
-    let body = api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, &text, &f, n);
+    let body = match kind {
+        Kind::Completion => api::completion_body(&rec.id, &model, &state.bundle.identity, &text, &f, n),
+        _ => api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, &text, &f, n),
+    };
     let r = json_response(200, &body);
     rec.report_overhead(cpu_since(t_out));
     r

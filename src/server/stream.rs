@@ -19,6 +19,8 @@ pub(super) struct Streamer {
     rx: UnboundedReceiver<Event>,
     rec: Record,
     flavor: Flavor,
+    /// `/v1/completions` chunks (`text_completion`) rather than chat chunks.
+    completion: bool,
     model: String,
     created: i64,
     input_tokens: usize,
@@ -34,12 +36,14 @@ pub(super) struct Streamer {
 }
 
 impl Streamer {
-    pub(super) fn new(rx: UnboundedReceiver<Event>, rec: Record, flavor: Flavor, model: String, input_tokens: usize, include_usage: bool, guard: InflightGuard) -> Streamer {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(rx: UnboundedReceiver<Event>, rec: Record, flavor: Flavor, completion: bool, model: String, input_tokens: usize, include_usage: bool, guard: InflightGuard) -> Streamer {
         let t0 = thread_cpu();
         let mut s = Streamer {
             rx,
             rec,
             flavor,
+            completion,
             model,
             created: unix_now(),
             input_tokens,
@@ -63,6 +67,7 @@ impl Streamer {
                     })
                     .clone()
             }
+            Flavor::OpenAi if completion => Arc::new(api::SseTemplate::new(None, |t| s.text_chunk(t, Value::Null))),
             Flavor::OpenAi => Arc::new(api::SseTemplate::new(None, |t| s.chunk(json!({"content": t}), Value::Null))),
         };
         match flavor {
@@ -72,6 +77,7 @@ impl Streamer {
                 s.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_START));
                 s.queue.push_back(Bytes::from_static(api::PING));
             }
+            Flavor::OpenAi if completion => {} // completions have no opening chunk
             Flavor::OpenAi => {
                 let c = s.chunk(json!({"role": "assistant", "content": ""}), Value::Null);
                 s.data(&c);
@@ -94,6 +100,18 @@ impl Streamer {
             "id": self.rec.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
             "system_fingerprint": Value::Null,
             "choices": [{"index": 0, "delta": delta, "logprobs": Value::Null, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+
+    /// A `/v1/completions` chunk.
+    fn text_chunk(&self, text: &str, finish: Value) -> Value {
+        let mut c = json!({
+            "id": self.rec.id, "object": "text_completion", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "text": text, "logprobs": Value::Null, "finish_reason": finish}],
         });
         if self.include_usage {
             c["usage"] = Value::Null;
@@ -130,11 +148,15 @@ impl Streamer {
                 self.queue.push_back(Bytes::from_static(api::MESSAGE_STOP));
             }
             Flavor::OpenAi => {
-                let c = self.chunk(json!({}), api::openai_finish(f.reason).into());
+                let c = if self.completion {
+                    self.text_chunk("", api::openai_finish(f.reason).into())
+                } else {
+                    self.chunk(json!({}), api::openai_finish(f.reason).into())
+                };
                 self.data(&c);
                 if self.include_usage {
                     let n = self.input_tokens;
-                    let mut u = self.chunk(json!({}), Value::Null);
+                    let mut u = if self.completion { self.text_chunk("", Value::Null) } else { self.chunk(json!({}), Value::Null) };
                     u["choices"] = json!([]);
                     u["usage"] = json!({"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens,
                                         "prompt_tokens_details": {"cached_tokens": f.cached_tokens}});
