@@ -319,8 +319,8 @@ fn tiny_with(key: &str, value: Value) -> Vec<u8> {
 
 #[test]
 fn unsupported_architecture_is_a_clear_error() {
-    let e = err_text(import_bytes(&tiny_with("general.architecture", Value::String("gemma3".into()))));
-    assert_eq!(e, "architecture gemma3 is not supported yet (supported: llama, qwen2, mistral)");
+    let e = err_text(import_bytes(&tiny_with("general.architecture", Value::String("phi3".into()))));
+    assert_eq!(e, "architecture phi3 is not supported yet (supported: llama, qwen2, mistral, gemma3)");
 }
 
 #[test]
@@ -519,4 +519,29 @@ fn qwen2_gguf_gets_biases_and_permuted_rows() {
     let row = src_q.ty.row_bytes(64).unwrap();
     let ours = wts.require("blk.0.attn_q.weight").unwrap().data;
     assert_eq!(&ours[row..2 * row], &f.tensor_data(src_q)[8 * row..9 * row]);
+}
+
+/// A GGUF without `tokenizer.chat_template` is a base model: it imports as a completion model
+/// (template family "none"), whose conversations are refused with a pointer to the completion
+/// interfaces while raw prompts work.
+#[test]
+fn model_without_chat_template_imports_as_completion_model() {
+    let f = open_bytes(&tiny_llama_gguf_bytes(1)).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata.iter().filter(|(k, _)| k.as_str() != "tokenizer.chat_template") {
+        w.kv(k, v.clone());
+    }
+    for t in &f.tensors {
+        w.tensor(&t.name, &t.ne, t.ty, f.tensor_data(t).to_vec());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("base.gguf");
+    std::fs::write(&src, w.to_bytes()).unwrap();
+    let out = dir.path().join("out");
+    let s = import(&src, &ImportOptions::default(), &out).expect("a base model imports");
+    assert_eq!(s.chat_template, "none");
+    let tpl = applianced::tokenizer::ChatTemplate::load(&out.join(applianced::model::CHAT_TEMPLATE_PATH)).unwrap();
+    assert!(!tpl.is_chat());
+    let e = tpl.render(&[applianced::tokenizer::ChatMessage::new("user", "hi")], true).unwrap_err();
+    assert!(e.to_string().contains("/v1/completions") && e.to_string().contains("--raw"), "{e}");
 }

@@ -234,7 +234,7 @@ fn scenarios<B: Backend>(b: &mut B) -> Vec<(String, Vec<f32>, f32)> {
 
     // KV cache + attention: GQA 4 heads / 2 KV heads, head_dim 16, two sequences in one call,
     // a cache that grows past its first allocation, and a truncation.
-    let shape = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: hd };
+    let shape = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: hd, window: 0 };
     let (q_dim, kv_dim) = (4 * hd, 2 * hd);
     let mut kv_a = b.kv_new(2, 2, hd);
     let mut kv_b = b.kv_new(2, 2, hd);
@@ -495,5 +495,5 @@ fn bench_ops() {
     b.kv_write(&mut kv, 0, &k, &k, 0, 64, 0);
     let q = b.alloc(576);
     let mut att = b.alloc(576);
-    time("attention 64 keys", &b, &mut |b| b.attention(0, &q, &[AttnSeg { kv: &kv, row0: 0, n_rows: 1, pos0: 63 }], AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 }, &mut att), &probe);
+    time("attention 64 keys", &b, &mut |b| b.attention(0, &q, &[AttnSeg { kv: &kv, row0: 0, n_rows: 1, pos0: 63 }], AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64, window: 0 }, &mut att), &probe);
 }

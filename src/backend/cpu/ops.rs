@@ -355,6 +355,64 @@ mod tests {
         }
     }
 
+    /// A sliding window on both paths (a decode row, prompt rows) against a plain softmax over
+    /// the window's keys only: windows inside one tile, across tiles and chunks, and wider than
+    /// the context.
+    #[test]
+    fn sliding_window_attention_sees_only_the_window() {
+        let (n_heads, n_kv, hd) = (4usize, 2usize, 32usize);
+        let pool = super::super::team::Team::new(2, "test").unwrap();
+        for (n_keys, window) in [(40usize, 7usize), (700, 512), (600, 300), (20, 512), (300, 16), (300, 17)] {
+            let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window };
+            let (kv, kf, vf) = random_kv(n_keys, n_kv, hd, (n_keys * window) as u64);
+            let q: Vec<f32> = (0..3 * n_heads * hd).map(|i| ((i * 7919) % 113) as f32 / 56.0 - 1.0).collect();
+            let mut dec = vec![0.0f32; n_heads * hd];
+            attention(&pool, &Kernels::detect(), 0, &q[..n_heads * hd], &[AttnSeg { kv: &kv, row0: 0, n_rows: 1, pos0: n_keys - 1 }], shape, &mut dec);
+            let mut pre = vec![0.0f32; 3 * n_heads * hd];
+            attention(&pool, &Kernels::detect(), 0, &q, &[AttnSeg { kv: &kv, row0: 0, n_rows: 3, pos0: n_keys - 3 }], shape, &mut pre);
+            // (row of q, position, output) for the decode row and each prompt row
+            let mut cases = vec![(0usize, n_keys - 1, &dec[..])];
+            for r in 0..3 {
+                cases.push((r, n_keys - 3 + r, &pre[r * n_heads * hd..(r + 1) * n_heads * hd]));
+            }
+            for (r, p, out) in cases {
+                let lo = (p + 1).saturating_sub(window);
+                for h in 0..n_heads {
+                    let g = h / (n_heads / n_kv);
+                    let qh: Vec<f64> = q[r * n_heads * hd + h * hd..r * n_heads * hd + (h + 1) * hd].iter().map(|&x| half::f16::from_f32(x).to_f32() as f64).collect();
+                    let s: Vec<f64> = (lo..=p).map(|j| (0..hd).map(|d| qh[d] * kf[g][j * hd + d] as f64).sum::<f64>() / (hd as f64).sqrt()).collect();
+                    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                    for d in 0..hd {
+                        let want = (lo..=p).map(|j| (s[j - lo] - m).exp() / z * vf[g][j * hd + d] as f64).sum::<f64>();
+                        let got = out[h * hd + d] as f64;
+                        assert!((got - want).abs() < 2e-3, "keys {n_keys} window {window} pos {p} head {h} dim {d}: {got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gelu_mul_matches_ggml_formula_through_f16() {
+        let xs: Vec<f32> = (-1200..1200).map(|i| i as f32 / 97.0).chain([-10.0, 10.0, -10.5, 12.0, 0.0]).collect();
+        let up: Vec<f32> = xs.iter().map(|x| 0.5 + x.abs() * 0.01).collect();
+        let mut g = xs.clone();
+        gelu_mul(&mut g, &up);
+        for ((&x, &u), &got) in xs.iter().zip(&up).zip(&g) {
+            let want = if x <= -10.0 {
+                0.0
+            } else if x >= 10.0 {
+                x * u
+            } else {
+                let xh = half::f16::from_f32(x).to_f32() as f64;
+                let gl = 0.5 * xh * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * xh * (1.0 + 0.044715 * xh * xh)).tanh());
+                half::f16::from_f64(gl).to_f64() as f32 * u
+            };
+            assert!((got - want).abs() <= 1e-3 * want.abs().max(1e-3), "gelu({x}) · {u}: {got} vs {want}");
+        }
+    }
+
     #[test]
     fn rms_norm_unit_rows() {
         let x = [3.0f32, 4.0, 0.0, 0.0];
