@@ -188,10 +188,21 @@ fn sliding_window_is_exact_under_chunking_and_batching() {
     println!("KL(one forward || chunks + decode steps) = {k:.2e}");
     assert!(k < 1e-2, "chunking moved the distribution: KL {k}");
     assert_eq!(argmax(&whole), argmax(&chunked));
+    // The sliding-window layers dropped keys the start of the prompt needs again: a copy of a
+    // short prefix is refused (the caller recomputes it); a copy of the whole prompt continues
+    // exactly as the original.
+    let c = engine.new_seq().expect("seq");
+    assert!(!engine.copy_prefix(a, c, 100).expect("copy"), "a prefix whose window keys were dropped cannot be copied");
+    assert!(engine.truncate_seq(a, 100).is_err(), "nor can the sequence go back there");
+    assert!(engine.copy_prefix(a, c, long.len()).expect("copy"));
+    let next0 = argmax(&whole);
+    let from_copy = engine.forward(&[(c, &[next0])]).expect("decode copy").remove(0);
+    engine.free_seq(c);
     // Decoding one more token on both, batched with a short prompt's sequence, equals each alone.
     let c = engine.new_seq().expect("seq");
     let next = argmax(&whole);
     let both = engine.forward(&[(a, &[next]), (c, &short)]).expect("batch");
+    assert!(kl(&both[0], &from_copy) < 1e-2, "the copied cache continued differently");
     engine.free_seq(c);
     let c = engine.new_seq().expect("seq");
     let alone_c = engine.forward(&[(c, &short)]).expect("alone").remove(0);

@@ -320,8 +320,13 @@ pub trait Backend: Send {
     /// `layer`, growing the cache as needed.
     #[allow(clippy::too_many_arguments)]
     fn kv_write(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, row0: usize, n: usize, pos0: usize);
-    /// Drop positions from `len` on (keeps allocation).
-    fn kv_truncate(&self, kv: &mut Self::Kv, len: usize);
+    /// Drop positions from `len` on (keeps allocation). `false` (nothing changed) where the
+    /// cache can no longer continue from `len`: a sliding-window layer already dropped keys the
+    /// query at `len` would see.
+    fn kv_truncate(&self, kv: &mut Self::Kv, len: usize) -> bool;
+    /// Tell the cache each layer's sliding window (0: global), before anything is written; a
+    /// backend may then drop keys that fell out of a window. The default keeps everything.
+    fn kv_set_windows(&self, _kv: &mut Self::Kv, _windows: &[usize]) {}
     /// Make `dst` hold positions `0..len` of `src` (whatever `dst` held is replaced); `false`
     /// where the backend cannot (the caller then computes the positions instead).
     fn kv_copy_prefix(&self, _src: &Self::Kv, _dst: &mut Self::Kv, _len: usize) -> bool {

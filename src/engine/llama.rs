@@ -209,7 +209,12 @@ impl<B: Backend> Llama<B> {
         }
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
-        self.seqs.insert(id, SeqCache::new(&self.b, self.c.n_layers, self.c.n_kv_heads, self.c.head_dim));
+        let mut cache = SeqCache::new(&self.b, self.c.n_layers, self.c.n_kv_heads, self.c.head_dim);
+        if self.c.block.sliding_window > 0 {
+            let windows: Vec<usize> = self.layers.iter().map(|l| if l.local { self.c.block.sliding_window } else { 0 }).collect();
+            self.b.kv_set_windows(&mut cache.kv, &windows);
+        }
+        self.seqs.insert(id, cache);
         Ok(id)
     }
 
@@ -243,7 +248,11 @@ impl<B: Backend> Llama<B> {
     pub fn truncate_seq(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
         let s = self.seqs.get_mut(&seq).ok_or(EngineError::UnknownSeq(seq))?;
         if len < s.len {
-            self.b.kv_truncate(&mut s.kv, len);
+            if !self.b.kv_truncate(&mut s.kv, len) {
+                return Err(EngineError::BadBatch(format!(
+                    "sequence {seq} cannot go back to {len} tokens: its sliding-window layers no longer hold the keys that position sees"
+                )));
+            }
             s.len = len;
         }
         Ok(())

@@ -44,18 +44,79 @@ use quant::Q8Act;
 /// - values `v[slot]` as `(positions, head_dim)`.
 ///
 /// Stored as f16 bits, like llama.cpp's default cache.
+///
+/// A sliding-window layer keeps only what its window can still see (a ring in effect): once
+/// [`KV_DROP_CHUNK`] positions have fallen out of the window, whole tiles are dropped from the
+/// front and `dropped[layer]` counts them, so a 32k context costs memory only on the global layers.
 #[derive(Debug, Default)]
 pub struct CpuKv {
     n_kv_heads: usize,
     head_dim: usize,
     k: Vec<Vec<u16>>,
     v: Vec<Vec<u16>>,
+    /// Per layer: its sliding window (0: global, nothing is dropped).
+    windows: Vec<usize>,
+    /// Per layer: positions dropped from the front (a multiple of 16); `k`/`v` start there.
+    dropped: Vec<usize>,
 }
 
+/// Positions a sliding-window layer lets fall out of its window before dropping them (a multiple
+/// of the 16-position tile): the copy that drops them is paid once per this many positions.
+pub const KV_DROP_CHUNK: usize = 256;
+
 impl CpuKv {
-    /// Positions held in `layer`.
+    /// Positions written to `layer` (dropped ones included).
     pub fn len(&self, layer: usize) -> usize {
-        self.v.get(layer * self.n_kv_heads).map_or(0, |v| v.len() / self.head_dim.max(1))
+        self.dropped.get(layer).copied().unwrap_or(0) + self.v.get(layer * self.n_kv_heads).map_or(0, |v| v.len() / self.head_dim.max(1))
+    }
+
+    /// Positions dropped from the front of `layer` (0 for a global layer).
+    pub fn dropped(&self, layer: usize) -> usize {
+        self.dropped.get(layer).copied().unwrap_or(0)
+    }
+
+    /// [`Backend::kv_write`] with `to_f16` converting the rows.
+    #[allow(clippy::too_many_arguments)]
+    fn write(&mut self, to_f16: kernels::ToF16Fn, layer: usize, k: &[f32], v: &[f32], row0: usize, n: usize, pos0: usize) {
+        let kv = self;
+        let (nkv, hd) = (kv.n_kv_heads, kv.head_dim);
+        let kv_dim = nkv * hd;
+        let end = pos0 + n;
+        let mut kr = vec![0u16; n * kv_dim]; // (n, kv_dim) f16
+        let mut vr = vec![0u16; n * kv_dim]; // (n, kv_dim) f16
+        to_f16(&k[row0 * kv_dim..(row0 + n) * kv_dim], &mut kr);
+        to_f16(&v[row0 * kv_dim..(row0 + n) * kv_dim], &mut vr);
+        // A window layer: drop whole tiles that no query of this step or later can see (this
+        // step's first query, at pos0, sees keys from pos0 + 1 - window on).
+        let window = kv.windows.get(layer).copied().unwrap_or(0);
+        let d0 = kv.dropped[layer];
+        let keep = if window == 0 { 0 } else { (pos0 + 1).saturating_sub(window) / 16 * 16 };
+        let drop = if keep >= d0 + KV_DROP_CHUNK { (keep - d0).min(kv.len(layer).saturating_sub(d0) / 16 * 16) } else { 0 };
+        let d = d0 + drop;
+        kv.dropped[layer] = d;
+        for h in 0..nkv {
+            let slot = layer * nkv + h;
+            let kc = &mut kv.k[slot];
+            kc.drain(..(drop * hd).min(kc.len()));
+            grow_kv(kc, (end.div_ceil(16) * 16 - d) * hd, hd);
+            let vc = &mut kv.v[slot];
+            vc.drain(..(drop * hd).min(vc.len()));
+            grow_kv(vc, (end - d) * hd, hd);
+            for i in 0..n {
+                let p = pos0 + i - d;
+                let src_k = &kr[i * kv_dim + h * hd..i * kv_dim + (h + 1) * hd];
+                let base = (p / 16) * hd * 16 + p % 16;
+                for (dim, &x) in src_k.iter().enumerate() {
+                    kc[base + dim * 16] = x;
+                }
+                vc[p * hd..(p + 1) * hd].copy_from_slice(&vr[i * kv_dim + h * hd..i * kv_dim + (h + 1) * hd]);
+            }
+        }
+    }
+
+    /// f16 values held, keys and values, all layers (memory figures).
+    pub fn held_values(&self) -> usize {
+        self.k.iter().chain(&self.v).map(Vec::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -459,63 +520,103 @@ impl Backend for CpuBackend {
 
     fn kv_new(&self, n_layers: usize, n_kv_heads: usize, head_dim: usize) -> CpuKv {
         let slots = n_layers * n_kv_heads;
-        CpuKv { n_kv_heads, head_dim, k: vec![Vec::new(); slots], v: vec![Vec::new(); slots] }
+        CpuKv { n_kv_heads, head_dim, k: vec![Vec::new(); slots], v: vec![Vec::new(); slots], windows: vec![0; n_layers], dropped: vec![0; n_layers] }
+    }
+
+    fn kv_set_windows(&self, kv: &mut CpuKv, windows: &[usize]) {
+        if kv.is_empty() && windows.len() == kv.windows.len() {
+            kv.windows.copy_from_slice(windows);
+        }
     }
 
     fn kv_write(&self, kv: &mut CpuKv, layer: usize, k: &Vec<f32>, v: &Vec<f32>, row0: usize, n: usize, pos0: usize) {
-        let (nkv, hd) = (kv.n_kv_heads, kv.head_dim);
-        let kv_dim = nkv * hd;
-        let end = pos0 + n;
-        let mut kr = vec![0u16; n * kv_dim]; // (n, kv_dim) f16
-        let mut vr = vec![0u16; n * kv_dim]; // (n, kv_dim) f16
-        (self.kernels.to_f16)(&k[row0 * kv_dim..(row0 + n) * kv_dim], &mut kr);
-        (self.kernels.to_f16)(&v[row0 * kv_dim..(row0 + n) * kv_dim], &mut vr);
-        for h in 0..nkv {
-            let slot = layer * nkv + h;
-            let kc = &mut kv.k[slot];
-            grow_kv(kc, end.div_ceil(16) * 16 * hd, hd);
-            let vc = &mut kv.v[slot];
-            grow_kv(vc, end * hd, hd);
-            for i in 0..n {
-                let p = pos0 + i;
-                let src_k = &kr[i * kv_dim + h * hd..i * kv_dim + (h + 1) * hd];
-                let base = (p / 16) * hd * 16 + p % 16;
-                for (d, &x) in src_k.iter().enumerate() {
-                    kc[base + d * 16] = x;
-                }
-                vc[p * hd..(p + 1) * hd].copy_from_slice(&vr[i * kv_dim + h * hd..i * kv_dim + (h + 1) * hd]);
-            }
-        }
+        kv.write(self.kernels.to_f16, layer, k, v, row0, n, pos0);
     }
 
-    fn kv_truncate(&self, kv: &mut CpuKv, len: usize) {
-        let hd = kv.head_dim;
-        for k in kv.k.iter_mut() {
-            k.truncate(len.div_ceil(16) * 16 * hd);
+    fn kv_truncate(&self, kv: &mut CpuKv, len: usize) -> bool {
+        // The next query (at `len`) must still find its window's keys.
+        if (0..kv.windows.len()).any(|l| kv.dropped[l] > (len + 1).saturating_sub(kv.windows[l])) {
+            return false;
         }
-        for v in kv.v.iter_mut() {
-            v.truncate(len * hd);
+        let (hd, nkv) = (kv.head_dim, kv.n_kv_heads);
+        for (slot, k) in kv.k.iter_mut().enumerate() {
+            k.truncate((len.div_ceil(16) * 16 - kv.dropped[slot / nkv]) * hd);
         }
+        for (slot, v) in kv.v.iter_mut().enumerate() {
+            v.truncate((len - kv.dropped[slot / nkv]) * hd);
+        }
+        true
     }
 
     fn kv_copy_prefix(&self, src: &CpuKv, dst: &mut CpuKv, len: usize) -> bool {
-        if src.n_kv_heads != dst.n_kv_heads || src.head_dim != dst.head_dim || src.k.len() != dst.k.len() || len > src.len(0) {
+        if src.n_kv_heads != dst.n_kv_heads || src.head_dim != dst.head_dim || src.k.len() != dst.k.len() || len > src.len(0) || src.windows != dst.windows {
             return false;
         }
-        let hd = src.head_dim;
-        for (d, s) in dst.k.iter_mut().zip(&src.k) {
-            let n = (len.div_ceil(16) * 16 * hd).min(s.len());
+        // `dst` continues at `len`: each window layer must still hold the keys that query sees.
+        if (0..src.windows.len()).any(|l| src.dropped[l] > (len + 1).saturating_sub(src.windows[l])) {
+            return false;
+        }
+        let (hd, nkv) = (src.head_dim, src.n_kv_heads);
+        dst.dropped.copy_from_slice(&src.dropped);
+        for (slot, (d, s)) in dst.k.iter_mut().zip(&src.k).enumerate() {
+            let n = ((len.div_ceil(16) * 16 - src.dropped[slot / nkv]) * hd).min(s.len());
             d.clear();
             d.extend_from_slice(&s[..n]);
         }
-        for (d, s) in dst.v.iter_mut().zip(&src.v) {
+        for (slot, (d, s)) in dst.v.iter_mut().zip(&src.v).enumerate() {
             d.clear();
-            d.extend_from_slice(&s[..len * hd]);
+            d.extend_from_slice(&s[..(len - src.dropped[slot / nkv]) * hd]);
         }
         true
     }
 
     fn attention(&self, layer: usize, q: &Vec<f32>, segs: &[AttnSeg<'_, CpuKv>], shape: AttnShape, out: &mut Vec<f32>) {
         ops::attention(&self.team, &self.kernels, layer, q, segs, shape, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gemma 3's shape (18 layers, five local then one global, window 512, one KV head) with a
+    /// small head: a 32k context fed in 512-row steps, then decoded a token at a time, holds the
+    /// global layers' whole length and at most window + drop chunk + a step on the local layers,
+    /// and every position a window can see is still there, at its place.
+    #[test]
+    fn window_layers_hold_only_their_window() {
+        let (layers, hd, window, ctx) = (18usize, 4usize, 512usize, 32768usize);
+        let windows: Vec<usize> = (0..layers).map(|l| if (l + 1) % 6 == 0 { 0 } else { window }).collect();
+        let mut kv = CpuKv { n_kv_heads: 1, head_dim: hd, k: vec![Vec::new(); layers], v: vec![Vec::new(); layers], windows, dropped: vec![0; layers] };
+        let windows = kv.windows.clone();
+        let to_f16 = kernels::Kernels::reference().to_f16;
+        let val = |p: usize| (p % 2048) as f32; // exact in f16
+        let mut pos = 0;
+        while pos < ctx {
+            let n = if pos < ctx - 64 { 512.min(ctx - 64 - pos) } else { 1 };
+            let rows: Vec<f32> = (pos..pos + n).flat_map(|p| std::iter::repeat(val(p)).take(hd)).collect();
+            for l in 0..layers {
+                kv.write(to_f16, l, &rows, &rows, 0, n, pos);
+            }
+            pos += n;
+            for l in 0..layers {
+                let (d, w) = (kv.dropped(l), windows[l]);
+                assert_eq!(kv.len(l), pos);
+                if w > 0 {
+                    assert!(d <= (pos + 1 - n).saturating_sub(w), "layer {l} dropped a key the step's first query sees");
+                    assert!(pos - d <= w + KV_DROP_CHUNK + 512, "layer {l} holds {} positions", pos - d);
+                    // The oldest visible key of the last query sits where attention looks for it.
+                    let p = (pos).saturating_sub(w);
+                    assert_eq!(half::f16::from_bits(kv.v[l][(p - d) * hd]).to_f32(), val(p));
+                    assert_eq!(half::f16::from_bits(kv.k[l][((p - d) / 16) * hd * 16 + (p - d) % 16]).to_f32(), val(p));
+                } else {
+                    assert_eq!(d, 0);
+                }
+            }
+        }
+        let full = layers * ctx * hd * 2;
+        let held = kv.held_values();
+        println!("32k context: {held} f16 values held of {full} ({:.1}%)", 100.0 * held as f64 / full as f64);
+        assert!(held < full / 4, "{held} of {full}");
     }
 }

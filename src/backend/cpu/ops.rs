@@ -155,6 +155,7 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
                     let s = &segs[si];
                     let slot = layer * n_kv_heads + h / group;
                     let (kt, vc) = (&s.kv.k[slot], &s.kv.v[slot]); // (tiles, hd, 16), (positions, hd)
+                    let d = s.kv.dropped(layer); // positions before the cache's first (window layers)
                     qh.resize(hd, 0.0);
                     let need = (s.pos0 + i1).div_ceil(16) * 16; // keys rounded to tiles
                     if scores.len() < need {
@@ -166,8 +167,9 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
                         (k.round_f16)(qh);
                         let n_keys = s.pos0 + i + 1; // causal: keys 0..=pos
                         let lo = first_key(s.pos0 + i); // the window's first key
+                        debug_assert!(lo >= d, "a window's key was dropped");
                         let (t0, tiles) = (lo / 16, n_keys.div_ceil(16));
-                        (k.scores)(qh, &kt[t0 * 16 * hd..tiles * 16 * hd], &mut scores[..(tiles - t0) * 16]);
+                        (k.scores)(qh, &kt[(t0 * 16 - d) * hd..(tiles * 16 - d) * hd], &mut scores[..(tiles - t0) * 16]);
                         let sc = &mut scores[lo - t0 * 16..n_keys - t0 * 16];
                         let mut max = f32::NEG_INFINITY;
                         for v in sc.iter_mut() {
@@ -180,7 +182,7 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
                         }
                         (k.round_f16)(sc);
                         o.fill(0.0); // pv accumulates
-                        (k.pv)(sc, &vc[lo * hd..n_keys * hd], o);
+                        (k.pv)(sc, &vc[(lo - d) * hd..(n_keys - d) * hd], o);
                     }
                 }
                 Task::Chunk { gi, c } => {
@@ -188,6 +190,8 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
                     let s = &segs[gr.si];
                     let slot = layer * n_kv_heads + gr.kvh;
                     let (kt, vc) = (&s.kv.k[slot], &s.kv.v[slot]);
+                    let d = s.kv.dropped(layer);
+                    debug_assert!(gr.tile0 >= d, "a window's key was dropped");
                     let (k0, k1) = (gr.tile0 + c * KEY_CHUNK, (gr.tile0 + (c + 1) * KEY_CHUNK).min(gr.n_keys));
                     let nk = k1 - k0;
                     let stride = nk.div_ceil(16) * 16;
@@ -198,7 +202,7 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
                     qh.copy_from_slice(&q[s.row0 * q_dim + h0 * hd..s.row0 * q_dim + (h0 + group) * hd]);
                     (k.round_f16)(qh);
                     let sc = &mut scores[..group * stride];
-                    k.scores_heads(qh, group, &kt[k0 * hd..(k0 + stride) * hd], sc, stride); // k0 is a whole tile
+                    k.scores_heads(qh, group, &kt[(k0 - d) * hd..(k0 - d + stride) * hd], sc, stride); // k0 is a whole tile
                     let (stats, o) = acc.split_at_mut(group * 2);
                     for (h, st) in stats.chunks_exact_mut(2).enumerate() {
                         let sh = &mut sc[h * stride..h * stride + nk];
@@ -214,7 +218,7 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
                         (k.round_f16)(sh);
                     }
                     o.fill(0.0); // pv accumulates
-                    k.pv_heads(sc, stride, nk, &vc[k0 * hd..k1 * hd], o);
+                    k.pv_heads(sc, stride, nk, &vc[(k0 - d) * hd..(k1 - d) * hd], o);
                     if gr.chunks == 1 {
                         let mut dst = gr.dst.lock().unwrap_or_else(|p| p.into_inner());
                         for ((d, st), oh) in dst.iter_mut().zip(stats.chunks_exact(2)).zip(o.chunks_exact(hd)) {
@@ -300,7 +304,7 @@ mod tests {
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         };
         let r16 = |x: f32| half::f16::from_f32(x);
-        let mut kv = CpuKv { n_kv_heads: n_kv, head_dim: hd, k: vec![Vec::new(); n_kv], v: vec![Vec::new(); n_kv] };
+        let mut kv = CpuKv { n_kv_heads: n_kv, head_dim: hd, k: vec![Vec::new(); n_kv], v: vec![Vec::new(); n_kv], windows: vec![0], dropped: vec![0] };
         let (mut kf, mut vf) = (vec![Vec::new(); n_kv], vec![Vec::new(); n_kv]);
         for h in 0..n_kv {
             kv.k[h] = vec![0; n.div_ceil(16) * 16 * hd];

@@ -824,9 +824,10 @@ impl Backend for CudaBackend {
         self.pending_kv.borrow_mut().push(PendingKv { k_src, v_src, kv_dim, desc });
     }
 
-    fn kv_truncate(&self, _kv: &mut CudaKv, _len: usize) {
+    fn kv_truncate(&self, _kv: &mut CudaKv, _len: usize) -> bool {
         // Positions at or past `len` are never read again (attention reads pos0+n_rows positions)
         // and the next write overwrites them; the allocation is kept.
+        true
     }
 
     fn attention(&self, layer: usize, q: &CudaSlice<f32>, segs: &[AttnSeg<'_, CudaKv>], shape: AttnShape, out: &mut CudaSlice<f32>) {

@@ -525,8 +525,9 @@ impl Backend for WgpuBackend {
         );
     }
 
-    fn kv_truncate(&self, _kv: &mut WgpuKv, _len: usize) {
+    fn kv_truncate(&self, _kv: &mut WgpuKv, _len: usize) -> bool {
         // Attention reads positions 0..pos0+n only, and later writes overwrite: nothing to do.
+        true
     }
 
     fn attention(&self, layer: usize, q: &WgpuBuf, segs: &[AttnSeg<'_, WgpuKv>], shape: AttnShape, out: &mut WgpuBuf) {
