@@ -38,6 +38,10 @@ use std::path::{Path, PathBuf};
 
 use applianced::engine::{Engine, EngineOptions};
 
+#[path = "common/logits.rs"]
+mod logits;
+use logits::{argmax, kl};
+
 const REF_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/reference/llamacpp");
 const MEAN_KL: f64 = 0.008;
 const MAX_KL: f64 = 0.02;
@@ -93,28 +97,6 @@ fn load_reference() -> (Vec<Prompt>, Vec<Vec<f32>>) {
     let all: Vec<f32> = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
     assert_eq!(all.len(), prompts.len() * n_vocab);
     (prompts, all.chunks_exact(n_vocab).map(|r| r.to_vec()).collect())
-}
-
-fn log_softmax(l: &[f32]) -> Vec<f64> {
-    let max = l.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-    let lse = l.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
-    l.iter().map(|&v| v as f64 - lse).collect()
-}
-
-/// KL(p ‖ q) in nats for logits p (reference) and q.
-fn kl(p: &[f32], q: &[f32]) -> f64 {
-    let (lp, lq) = (log_softmax(p), log_softmax(q));
-    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 #[test]

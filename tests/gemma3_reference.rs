@@ -19,6 +19,10 @@ use std::path::{Path, PathBuf};
 
 use applianced::engine::{Engine, EngineOptions};
 
+#[path = "common/logits.rs"]
+mod logits;
+use logits::{argmax, kl};
+
 const REF_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/reference/gemma3");
 const MARGIN: f64 = 0.5;
 const MAX_KL: f64 = 0.02;
@@ -59,28 +63,6 @@ fn json(name: &str) -> serde_json::Value {
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
-}
-
-fn log_softmax(l: &[f32]) -> Vec<f64> {
-    let max = l.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-    let lse = l.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
-    l.iter().map(|&v| v as f64 - lse).collect()
-}
-
-/// KL(p ‖ q) in nats for logits p (reference) and q.
-fn kl(p: &[f32], q: &[f32]) -> f64 {
-    let (lp, lq) = (log_softmax(p), log_softmax(q));
-    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 #[test]
