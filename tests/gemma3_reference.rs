@@ -35,26 +35,11 @@ const MEAN_KL: f64 = 0.01;
 const KNOWN_DIFFERENCES: &[(&str, &str)] = &[("ids", "</s>")];
 
 fn gguf() -> Option<PathBuf> {
-    match std::env::var_os("APPLIANCED_TEST_GEMMA3_GGUF") {
-        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-        _ => {
-            assert!(std::env::var_os("APPLIANCED_SLOW_TESTS").is_none(), "APPLIANCED_SLOW_TESTS is set but APPLIANCED_TEST_GEMMA3_GGUF is not");
-            println!("skipped: set APPLIANCED_TEST_GEMMA3_GGUF");
-            None
-        }
-    }
+    logits::gguf_from_env("APPLIANCED_TEST_GEMMA3_GGUF")
 }
 
-/// Import the GGUF into a bundle layout once per test process.
 fn bundle(gguf: &Path) -> PathBuf {
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
-        applianced::import::import_model(gguf, &Default::default(), dir.path(), &mut |_| {}).expect("import GGUF");
-        dir
-    })
-    .path()
-    .to_path_buf()
+    logits::imported(gguf)
 }
 
 fn json(name: &str) -> serde_json::Value {

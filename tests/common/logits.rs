@@ -1,4 +1,4 @@
-//! Comparing next-token distributions, shared by the reference tests (`engine_reference.rs`,
+//! Comparing next-token distributions and loading the model under test, shared by the reference tests (`engine_reference.rs`,
 //! `gemma3_reference.rs`), which include this file by path.
 #![allow(dead_code)]
 
@@ -22,4 +22,29 @@ pub fn argmax(l: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// The GGUF named by the env variable `var`; `None` (the test prints `skipped`) when unset,
+/// a failure when `APPLIANCED_SLOW_TESTS` is set (CI must run the real-model tests).
+pub fn gguf_from_env(var: &str) -> Option<std::path::PathBuf> {
+    match std::env::var_os(var) {
+        Some(p) if !p.is_empty() => Some(std::path::PathBuf::from(p)),
+        _ => {
+            assert!(std::env::var_os("APPLIANCED_SLOW_TESTS").is_none(), "APPLIANCED_SLOW_TESTS is set but {var} is not");
+            println!("skipped: set {var}");
+            None
+        }
+    }
+}
+
+/// Import the GGUF into a bundle layout once per test process (each test binary uses one model).
+pub fn imported(gguf: &std::path::Path) -> std::path::PathBuf {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        applianced::import::import_model(gguf, &Default::default(), dir.path(), &mut |_| {}).expect("import GGUF");
+        dir
+    })
+    .path()
+    .to_path_buf()
 }
