@@ -47,34 +47,6 @@ fn corpus_dir() -> Option<PathBuf> {
     Some(p)
 }
 
-/// A byte-level vocabulary: the 256 single bytes, JSON punctuation clusters, literals, digit
-/// runs and common words (some with a leading space), then one EOS with empty bytes.
-fn synthetic_vocab() -> (Vec<Vec<u8>>, u32) {
-    let mut v: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
-    let mut add = |s: &str| {
-        let b = s.as_bytes().to_vec();
-        if !v.contains(&b) {
-            v.push(b);
-        }
-    };
-    for s in [
-        "{\"", "\":", "\": ", "\",", "\", \"", "\",\"", " \"", "\"}", "\"]", "}}", "]}", "},", "}, ", "],", "[{", "[\"", "\"\"",
-        "{}", "[]", "\\\"", "\\n", "\\\\", "\": \"", "\":\"", "\": [", "\": {", "\":{", "\":[", ", ", "true", "false", "null",
-        " true", " false", " null", "0", "00", "000", "10", "100", "12", "123", "2023", "2024", "-1", ".0", ".5", "e+", "e-",
-        "name", "type", "id", "description", "value", "string", "object", "items", "version", "http", "https", "://", "www",
-        ".com", "the", " the", " a", " of", "ing", "tion", "er", "es", "de", "en", "re", "on", "st", "is", " is", "in", "at",
-        "é", "ü", "中", "日本", "😀",
-    ] {
-        add(s);
-    }
-    for i in 0..200 {
-        add(&i.to_string());
-    }
-    v.push(Vec::new());
-    let eos = (v.len() - 1) as u32;
-    (v, eos)
-}
-
 /// GPT-2 byte-level table: unicode char → byte.
 fn unicode_to_byte() -> HashMap<char, u8> {
     let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
@@ -121,59 +93,19 @@ fn real_vocab(path: &str) -> (Vec<Vec<u8>>, Vec<u32>) {
     (out, eos)
 }
 
-/// Greedy longest-match tokenization.
-fn tokenize_greedy(text: &[u8], index: &HashMap<&[u8], u32>, max_len: usize) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < text.len() {
-        let mut l = max_len.min(text.len() - i);
-        loop {
-            if let Some(&id) = index.get(&text[i..i + l]) {
-                out.push(id);
-                i += l;
-                break;
-            }
-            l -= 1;
-            assert!(l > 0, "byte {} has no token", text[i]);
-        }
-    }
-    out
-}
-
 fn bit(mask: &[u64], id: u32) -> bool {
     mask[id as usize / 64] >> (id % 64) & 1 == 1
 }
 
-/// Two tokenizations per instance: greedy longest match, and one token per byte.
-fn tokenizer(tokens: &[Vec<u8>]) -> impl Fn(&str) -> Vec<Vec<u32>> + '_ {
-    let index: HashMap<&[u8], u32> = tokens.iter().enumerate().filter(|(_, t)| !t.is_empty()).map(|(i, t)| (t.as_slice(), i as u32)).collect();
-    let max_len = tokens.iter().map(|t| t.len()).max().unwrap_or(1);
-    // Real vocabularies lack a few single bytes (invalid UTF-8 lead bytes, some controls) that
-    // JSON text never contains raw; the byte path uses the single-byte tokens that exist.
-    let mut byte_id = [u32::MAX; 256];
-    for (b, slot) in byte_id.iter_mut().enumerate() {
-        if let Some(&id) = index.get(&[b as u8][..]) {
-            *slot = id;
-        }
-    }
-    move |s: &str| {
-        let mut out = vec![tokenize_greedy(s.as_bytes(), &index, max_len)];
-        if let Some(bytes) = s.bytes().map(|b| Some(byte_id[b as usize]).filter(|&i| i != u32::MAX)).collect::<Option<Vec<u32>>>() {
-            out.push(bytes);
-        }
-        out
-    }
-}
-
 fn run_corpus(cases: &[Case], vocab: &Arc<Vocabulary>, tokens: &[Vec<u8>], eos: u32, opts: &CompileOptions) -> CorpusReport {
     let trace = std::env::var_os("SCHEMA_TRACE").is_some();
-    let tok = tokenizer(tokens);
+    let tok = corpus::tokenizer(tokens);
     let r = corpus::run(cases, vocab, eos, &tok, opts, &mut |_, id| {
         if trace {
             eprintln!("compiling {id}");
         }
     });
-    assert_eq!(r.mask_advance_disagreements, 0, "mask, advance and the two tokenizations must agree");
+    assert_eq!(r.mask_advance_disagreements, 0, "mask, advance and the two tokenizations must agree:\n{}", r.disagreement_examples.join("\n"));
     r
 }
 
@@ -246,13 +178,13 @@ fn check_expected(o: &CorpusReport) {
 }
 
 #[test]
-fn reference_corpus_synthetic_vocab() {
+fn reference_corpus_corpus::synthetic_vocab() {
     let Some(dir) = corpus_dir() else {
         println!("skipped: schema corpus not found (set APPLIANCED_SCHEMA_CORPUS)");
         return;
     };
     let cases = corpus::load(&dir).expect("corpus");
-    let (tokens, eos) = synthetic_vocab();
+    let (tokens, eos) = corpus::synthetic_vocab();
     let vocab = Arc::new(Vocabulary::new(&tokens, &[eos]));
     let opts = CompileOptions::default();
     let o = run_corpus(&cases, &vocab, &tokens, eos, &opts);
@@ -329,7 +261,7 @@ mod walks {
         fn random_walks_stay_valid(choices in proptest::collection::vec(any::<u32>(), 1..160)) {
             thread_local! {
                 static C: [(CompiledSchema, u32); 2] = {
-                    let (tokens, eos) = synthetic_vocab();
+                    let (tokens, eos) = corpus::synthetic_vocab();
                     // Flat, and with every container of 8 states or more called (pushdown).
                     [0, 8].map(|calls| {
                         let o = CompileOptions { call_min_states: calls, ..Default::default() };
@@ -377,7 +309,7 @@ mod walks {
         fn from_bytes_never_panics(edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6), cut in any::<usize>()) {
             thread_local! {
                 static BYTES: [Vec<u8>; 2] = {
-                    let (tokens, eos) = synthetic_vocab();
+                    let (tokens, eos) = corpus::synthetic_vocab();
                     let s = serde_json::json!({"type": "object", "properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": true},
                         "o": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "integer"}}}, "maxItems": 3}}});
                     // Flat (version 1) and with calls (version 2).

@@ -82,6 +82,9 @@ pub enum CliError {
     /// `schema bench`: tokens the mask allowed that the automaton refused, or the reverse.
     #[error("{0} tokens where the mask and the automaton disagreed")]
     MaskDisagreement(usize),
+    /// `schema suite`: invalid instances accepted or mask/automaton disagreements.
+    #[error("JSON Schema Test Suite: {accepted_invalid} invalid instances accepted, {disagreements} tokens where the mask and the automaton disagreed (listed above)")]
+    SuiteFailed { accepted_invalid: usize, disagreements: usize },
     #[error("{0}")]
     Usage(String),
     /// Already reported to the user (e.g. as JSON); carries the exit code.
@@ -140,7 +143,7 @@ impl CliError {
             CliError::Server(_) => 13,
             CliError::Audit(crate::audit::AuditError::Io { .. }) => 3,
             CliError::Audit(_) => 1,
-            CliError::Schema { .. } | CliError::NotJson { .. } | CliError::MaskDisagreement(_) => 14,
+            CliError::Schema { .. } | CliError::NotJson { .. } | CliError::MaskDisagreement(_) | CliError::SuiteFailed { .. } => 14,
             CliError::ParityFailed => 12,
             CliError::Usage(_) => 2,
             CliError::Reported(c) => *c,

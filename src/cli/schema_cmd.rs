@@ -17,6 +17,46 @@ pub enum SchemaCommand {
     /// token (EOS included), invalid ones rejected, compile time and per-token mask time.
     /// scripts/bench-schemas.sh runs it beside xgrammar, llguidance and outlines-core.
     Bench(BenchArgs),
+    /// Run the official JSON Schema Test Suite (draft 2020-12, 2019-09, 7 and 4; fetch it with
+    /// scripts/fetch-jsonschema-suite.sh) through the compiler: per draft and keyword file, the
+    /// share of cases whose schema compiles, valid instances accepted (in some spelling the text
+    /// policy allows), invalid ones rejected (in every spelling), refusals by keyword. Fails
+    /// (exit 14) on an accepted invalid instance or a mask/automaton disagreement.
+    Suite(SuiteArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SuiteArgs {
+    /// The suite: its tests/ directory, the JSON-Schema-Test-Suite checkout, or an unpacked
+    /// `jsonschema` sdist (its json/tests/).
+    pub dir: PathBuf,
+    /// Only these drafts (repeatable; default: draft2020-12 draft2019-09 draft7 draft4).
+    #[arg(long, value_name = "DRAFT")]
+    pub draft: Vec<String>,
+    /// Only the groups whose id (`draft2020-12/oneOf.json#3`) contains SUBSTR (repeatable).
+    #[arg(long, value_name = "SUBSTR")]
+    pub only: Vec<String>,
+    /// The vocabulary: a Hugging Face tokenizer.json. Default: a small synthetic byte-level
+    /// vocabulary with JSON punctuation clusters (fast; every token can be checked).
+    #[arg(long, value_name = "FILE", conflicts_with = "bundle")]
+    pub tokenizer_json: Option<PathBuf>,
+    /// Or the vocabulary of this bundle's tokenizer (verified first).
+    #[arg(long, value_name = "X.zlb")]
+    pub bundle: Option<PathBuf>,
+    /// At every step of every walked instance, compare the mask with `advance` for every token
+    /// of the vocabulary, not only the instance's own (slow on a real vocabulary).
+    #[arg(long)]
+    pub every_token: bool,
+    /// List every valid instance rejected (with where it leaves the automaton).
+    #[arg(long)]
+    pub verbose: bool,
+    /// Print one JSON object (tallies and per-group outcomes) instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub trust: TrustArgs,
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 #[derive(Debug, Args)]
@@ -69,21 +109,130 @@ pub fn exec(cmd: SchemaCommand) -> Result<(), CliError> {
     match cmd {
         SchemaCommand::Compile(a) => compile(a),
         SchemaCommand::Bench(a) => bench(a),
+        SchemaCommand::Suite(a) => suite(a),
+    }
+}
+
+/// The tokenizer named by `--tokenizer-json` or `--bundle` (verified first), if any.
+fn load_tokenizer(json: &Option<PathBuf>, bundle: &Option<PathBuf>, trust: &TrustArgs, store: &StoreArgs) -> Result<Option<std::sync::Arc<crate::tokenizer::Tokenizer>>, CliError> {
+    Ok(match (json, bundle) {
+        (Some(p), _) => Some(std::sync::Arc::new(crate::tokenizer::Tokenizer::load(p).map_err(|e| CliError::Usage(e.to_string()))?)),
+        (None, Some(b)) => Some(crate::runtime::LoadedBundle::open(&open_bundle(b, trust, store, true)?)?.tokenizer.clone()),
+        (None, None) => None,
+    })
+}
+
+/// The schema vocabulary of a tokenizer and its end-of-sequence id.
+fn schema_vocab(tok: &crate::tokenizer::Tokenizer) -> Result<(Vec<Vec<u8>>, u32), CliError> {
+    let eos = ["<|im_end|>", "<|endoftext|>", "</s>", "<eos>"]
+        .iter()
+        .find_map(|t| tok.token_id(t))
+        .ok_or_else(|| CliError::Usage("the tokenizer has no end-of-sequence token (<|im_end|>, <|endoftext|>, </s>, <eos>)".into()))?;
+    Ok((tok.generation_vocab(tok.vocab_size()), eos))
+}
+
+/// Progress on stderr: a rewritten line on a terminal, every 25th item otherwise.
+fn progress_printer(n: usize) -> impl FnMut(usize, &str) {
+    use std::io::Write;
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    move |i: usize, id: &str| {
+        let mut e = std::io::stderr().lock();
+        if tty {
+            let cut = (0..=id.len().min(70)).rev().find(|&k| id.is_char_boundary(k)).unwrap_or(0);
+            let _ = write!(e, "\r\x1b[K[{}/{n}] {}", i + 1, &id[..cut]);
+            if i + 1 == n {
+                let _ = writeln!(e);
+            }
+        } else if i.is_multiple_of(25) {
+            let _ = writeln!(e, "[{}/{n}] {id}", i + 1);
+        }
+    }
+}
+
+fn write_json<T: serde::Serialize>(v: &T) -> Result<(), CliError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, v).map_err(|e| CliError::io(Path::new("standard output"), e.into()))?;
+    writeln!(out).map_err(|e| CliError::io(Path::new("standard output"), e))
+}
+
+fn suite(a: SuiteArgs) -> Result<(), CliError> {
+    use crate::schema::suite;
+    let root = suite::find_root(&a.dir).ok_or_else(|| {
+        CliError::Usage(format!("{}: no JSON Schema Test Suite here (expected {}/ under it, its tests/ or json/tests/); fetch one with scripts/fetch-jsonschema-suite.sh", a.dir.display(), suite::DRAFTS[0]))
+    })?;
+    let drafts: Vec<&str> = if a.draft.is_empty() { suite::DRAFTS.to_vec() } else { a.draft.iter().map(String::as_str).collect() };
+    let mut groups = suite::load(&root, &drafts).map_err(|e| CliError::Usage(e.to_string()))?;
+    if !a.only.is_empty() {
+        groups.retain(|g| a.only.iter().any(|s| g.id().contains(s.as_str())));
+        if groups.is_empty() {
+            return Err(CliError::Usage(format!("no group id in {} contains {}", root.display(), a.only.join(" or "))));
+        }
+    }
+    let tok = load_tokenizer(&a.tokenizer_json, &a.bundle, &a.trust, &a.store)?;
+    let (tokens, eos) = match &tok {
+        Some(t) => schema_vocab(t)?,
+        None => crate::schema::corpus::synthetic_vocab(),
+    };
+    let vocab = std::sync::Arc::new(crate::schema::Vocabulary::new(&tokens, &[eos]));
+    let r = match &tok {
+        // A real tokenizer: its own tokenization of each instance.
+        Some(t) => suite::run(&groups, &vocab, eos, &|s: &str| vec![t.encode(s, false).unwrap_or_default()], &Default::default(), a.every_token, &mut progress_printer(groups.len())),
+        // The synthetic vocabulary: greedy longest match and one token per byte.
+        None => suite::run(&groups, &vocab, eos, &crate::schema::corpus::tokenizer(&tokens), &Default::default(), a.every_token, &mut progress_printer(groups.len())),
+    };
+    if a.json {
+        write_json(&r)?;
+    } else {
+        print_suite(&r, &root, a.verbose);
+    }
+    if !r.accepted_invalid.is_empty() || r.mask_advance_disagreements > 0 {
+        return Err(CliError::SuiteFailed { accepted_invalid: r.accepted_invalid.len(), disagreements: r.mask_advance_disagreements });
+    }
+    Ok(())
+}
+
+fn print_suite(r: &crate::schema::suite::SuiteReport, root: &Path, verbose: bool) {
+    let pc = |a: usize, b: usize| 100.0 * a as f64 / b.max(1) as f64;
+    let refused = |t: &crate::schema::suite::Tally| t.refused.iter().map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", ");
+    println!("JSON Schema Test Suite {} against {} tokens", root.display(), r.vocabulary);
+    println!("{:<16} {:>13} {:>17} {:>15} {:>16}  refused", "draft", "groups", "cases compiled", "valid accepted", "invalid rejected");
+    for t in &r.per_draft {
+        println!(
+            "{:<16} {:>6}/{:<6} {:>7}/{:<5}{:>4.0}% {:>7}/{:<7} {:>8}/{:<7}  {}",
+            t.name, t.groups_compiled, t.groups, t.cases_compiled, t.cases, pc(t.cases_compiled, t.cases), t.valid_accepted, t.valid_total, t.invalid_rejected, t.invalid_total, refused(t)
+        );
+    }
+    let failing: Vec<&crate::schema::suite::Tally> = r.per_keyword.iter().filter(|t| !t.all_pass()).collect();
+    if !failing.is_empty() {
+        println!("keyword files with cases decided otherwise than the suite (valid accepted, invalid rejected):");
+        for t in failing {
+            println!("  {:<44} {:>4}/{:<4} {:>4}/{:<4}", t.name, t.valid_accepted, t.valid_total, t.invalid_rejected, t.invalid_total);
+        }
+    }
+    println!("compile time (compiled groups): median {:.2} ms, p90 {:.2} ms, max {:.0} ms", r.compile_ms.median, r.compile_ms.p90, r.compile_ms.max);
+    if verbose {
+        for v in &r.rejected_valid {
+            println!("valid rejected: {v}");
+        }
+    } else if !r.rejected_valid.is_empty() {
+        println!("{} valid instances rejected (the text policy, bounds and asserted formats; --verbose lists them)", r.rejected_valid.len());
+    }
+    for v in &r.unnamed_refusals {
+        println!("REFUSED WITHOUT A KEYWORD: {v}");
+    }
+    for v in &r.accepted_invalid {
+        println!("INVALID ACCEPTED: {v}");
+    }
+    for d in &r.disagreement_examples {
+        println!("MASK/AUTOMATON DISAGREE: {d}");
     }
 }
 
 fn bench(a: BenchArgs) -> Result<(), CliError> {
-    use std::io::Write;
-    let tok = match (&a.tokenizer_json, &a.bundle) {
-        (Some(p), _) => std::sync::Arc::new(crate::tokenizer::Tokenizer::load(p).map_err(|e| CliError::Usage(e.to_string()))?),
-        (None, Some(b)) => crate::runtime::LoadedBundle::open(&open_bundle(b, &a.trust, &a.store, true)?)?.tokenizer.clone(),
-        (None, None) => return Err(CliError::Usage("schema bench needs a vocabulary: --tokenizer-json FILE or --bundle X.zlb".into())),
-    };
-    let eos = ["<|im_end|>", "<|endoftext|>", "</s>"]
-        .iter()
-        .find_map(|t| tok.token_id(t))
-        .ok_or_else(|| CliError::Usage("the tokenizer has no end-of-sequence token (<|im_end|>, <|endoftext|>, </s>)".into()))?;
-    let tokens = tok.generation_vocab(tok.vocab_size());
+    let tok = load_tokenizer(&a.tokenizer_json, &a.bundle, &a.trust, &a.store)?
+        .ok_or_else(|| CliError::Usage("schema bench needs a vocabulary: --tokenizer-json FILE or --bundle X.zlb".into()))?;
+    let (tokens, eos) = schema_vocab(&tok)?;
     let vocab = std::sync::Arc::new(crate::schema::Vocabulary::new(&tokens, &[eos]));
     let mut cases = crate::schema::corpus::load(&a.corpus).map_err(|e| CliError::Usage(e.to_string()))?;
     if !a.only.is_empty() {
@@ -96,25 +245,9 @@ fn bench(a: BenchArgs) -> Result<(), CliError> {
         cases.truncate(n);
     }
     let encode = |s: &str| vec![tok.encode(s, false).unwrap_or_default()];
-    let n = cases.len();
-    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let mut progress = |i: usize, id: &str| {
-        let mut e = std::io::stderr().lock();
-        if tty {
-            let _ = write!(e, "\r\x1b[K[{}/{n}] {}", i + 1, &id[..id.len().min(70)]);
-        } else if i.is_multiple_of(25) {
-            let _ = writeln!(e, "[{}/{n}] {id}", i + 1);
-        }
-    };
-    let r = crate::schema::corpus::run(&cases, &vocab, eos, &encode, &Default::default(), &mut progress);
-    if tty {
-        eprintln!();
-    }
+    let r = crate::schema::corpus::run(&cases, &vocab, eos, &encode, &Default::default(), &mut progress_printer(cases.len()));
     if a.json {
-        let mut out = std::io::stdout().lock();
-        serde_json::to_writer(&mut out, &r).map_err(|e| CliError::io(Path::new("standard output"), e.into()))?;
-        writeln!(out).map_err(|e| CliError::io(Path::new("standard output"), e))?;
-        return Ok(());
+        return write_json(&r);
     }
     let pc = |a: usize, b: usize| 100.0 * a as f64 / b.max(1) as f64;
     println!("corpus {} against {} tokens", a.corpus.display(), tokens.len());
@@ -124,6 +257,9 @@ fn bench(a: BenchArgs) -> Result<(), CliError> {
     println!("  compile time        median {:.1} ms, p90 {:.1} ms, max {:.0} ms", r.compile_ms.median, r.compile_ms.p90, r.compile_ms.max);
     println!("  mask per token      median {:.3} µs, p99 {:.3} µs ({} lookups)", r.mask_us.median, r.mask_us.p99, r.mask_lookups);
     if r.mask_advance_disagreements > 0 {
+        for d in &r.disagreement_examples {
+            println!("MASK/AUTOMATON DISAGREE: {d}");
+        }
         return Err(CliError::MaskDisagreement(r.mask_advance_disagreements));
     }
     Ok(())

@@ -3,6 +3,7 @@
 //! reference test and `applianced schema bench`: coverage, faithfulness (every valid instance
 //! accepted token by token with EOS, invalid ones rejected), compile time and mask-lookup time.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -96,6 +97,9 @@ pub struct CorpusReport {
     pub mask_lookups: usize,
     /// Tokens where the mask and `advance` disagreed (must be 0).
     pub mask_advance_disagreements: usize,
+    /// The first disagreements: schema, state, token and both verdicts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub disagreement_examples: Vec<String>,
     pub per_schema: Vec<SchemaOutcome>,
 }
 
@@ -108,7 +112,7 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    fn of(xs: &mut [f64]) -> Percentiles {
+    pub(crate) fn of(xs: &mut [f64]) -> Percentiles {
         if xs.is_empty() {
             return Percentiles::default();
         }
@@ -132,19 +136,22 @@ fn bit(mask: &[u64], id: u32) -> bool {
     mask.get(id as usize / 64).is_some_and(|w| w >> (id % 64) & 1 == 1)
 }
 
-/// Walks `ids` through a [`Matcher`], timing each mask lookup; then checks EOS against
-/// acceptance. Returns whether the whole text (end included) was accepted.
-fn walk(c: &CompiledSchema, ids: &[u32], eos: u32, lookups: &mut Vec<f64>, disagreements: &mut usize) -> bool {
+/// Walks `ids` through a [`Matcher`], timing each mask lookup and checking at every step that
+/// the mask allows the token exactly when `advance` takes it; then checks EOS against acceptance.
+/// Returns whether the whole text (end included) was accepted. Each disagreement is recorded
+/// (`what` names the schema) with the state, the token and both verdicts.
+pub(crate) fn walk(c: &CompiledSchema, ids: &[u32], eos: u32, lookups: &mut Vec<f64>, disagreements: &mut Vec<String>, what: &str) -> bool {
     let mut m = Matcher::new(c);
     let mut buf = vec![0u64; c.mask_words()];
-    for &id in ids {
+    for (at, &id) in ids.iter().enumerate() {
         let t = Instant::now();
         m.allowed(&mut buf);
         let allowed = bit(&buf, id);
         lookups.push(t.elapsed().as_secs_f64() * 1e6);
+        let state = m.state().0;
         let ok = m.advance(id);
         if allowed != ok {
-            *disagreements += 1;
+            disagreements.push(disagreement(c, what, state, at, id, allowed, ok));
         }
         if !ok {
             return false;
@@ -153,13 +160,24 @@ fn walk(c: &CompiledSchema, ids: &[u32], eos: u32, lookups: &mut Vec<f64>, disag
     let ok = m.is_accepting();
     m.allowed(&mut buf);
     if ok != bit(&buf, eos) {
-        *disagreements += 1;
+        disagreements.push(disagreement(c, what, m.state().0, ids.len(), eos, bit(&buf, eos), ok));
     }
     ok
 }
 
+/// One line describing a mask/advance disagreement.
+pub(crate) fn disagreement(c: &CompiledSchema, what: &str, state: u32, at: usize, token: u32, mask: bool, advance: bool) -> String {
+    let bytes = c.vocabulary().token_bytes(token);
+    format!(
+        "{what}: state {state} (token #{at}), token {token} {:?}: mask {}, advance {}",
+        String::from_utf8_lossy(bytes),
+        if mask { "allows" } else { "forbids" },
+        if advance { "takes it" } else { "refuses it" }
+    )
+}
+
 /// Where a rejected text leaves the automaton, marked with `⟦HERE⟧` (120 bytes of context).
-fn mark_exit(c: &CompiledSchema, inst: &str) -> String {
+pub(crate) fn mark_exit(c: &CompiledSchema, inst: &str) -> String {
     let mut m = Matcher::new(c);
     let mut at = inst.len();
     for (i, b) in inst.bytes().enumerate() {
@@ -193,7 +211,7 @@ pub fn run(
 ) -> CorpusReport {
     let mut compile_ms = Vec::new();
     let mut lookups = Vec::new();
-    let mut disagreements = 0;
+    let mut disagreements = Vec::new();
     let mut per = Vec::with_capacity(cases.len());
     for (i, case) in cases.iter().enumerate() {
         progress(i, &case.id);
@@ -229,9 +247,9 @@ pub fn run(
         o.mask_ms = Some(dur_ms(c.stats().mask_time));
         compile_ms.push(dur_ms(dt));
         for inst in &case.valid {
-            let results: Vec<bool> = tokenize(inst).iter().map(|ids| walk(&c, ids, eos, &mut lookups, &mut disagreements)).collect();
+            let results: Vec<bool> = tokenize(inst).iter().map(|ids| walk(&c, ids, eos, &mut lookups, &mut disagreements, &case.id)).collect();
             if results.windows(2).any(|w| w[0] != w[1]) {
-                disagreements += 1;
+                disagreements.push(format!("{}: the tokenizations of one valid instance disagree: {}", case.id, mark_exit(&c, inst)));
             }
             if results.iter().all(|&a| a) {
                 o.valid[0] += 1;
@@ -241,7 +259,7 @@ pub fn run(
         }
         for inst in &case.invalid {
             let ids = tokenize(inst).into_iter().next().unwrap_or_default();
-            if walk(&c, &ids, eos, &mut lookups, &mut disagreements) {
+            if walk(&c, &ids, eos, &mut lookups, &mut disagreements, &case.id) {
                 o.accepted_invalid.push(inst.clone());
             } else {
                 o.invalid[0] += 1;
@@ -262,11 +280,84 @@ pub fn run(
         compile_ms: Percentiles::of(&mut compile_ms),
         mask_lookups: lookups.len(),
         mask_us: Percentiles::of(&mut lookups),
-        mask_advance_disagreements: disagreements,
+        mask_advance_disagreements: disagreements.len(),
+        disagreement_examples: disagreements.into_iter().take(20).collect(),
         per_schema: per,
     }
 }
 
-fn dur_ms(d: Duration) -> f64 {
+pub(crate) fn dur_ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
+
+/// A byte-level vocabulary: the 256 single bytes, JSON punctuation clusters, literals, digit
+/// runs and common words (some with a leading space), then one EOS with empty bytes.
+pub fn synthetic_vocab() -> (Vec<Vec<u8>>, u32) {
+    let mut v: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+    let mut add = |s: &str| {
+        let b = s.as_bytes().to_vec();
+        if !v.contains(&b) {
+            v.push(b);
+        }
+    };
+    for s in [
+        "{\"", "\":", "\": ", "\",", "\", \"", "\",\"", " \"", "\"}", "\"]", "}}", "]}", "},", "}, ", "],", "[{", "[\"", "\"\"",
+        "{}", "[]", "\\\"", "\\n", "\\\\", "\": \"", "\":\"", "\": [", "\": {", "\":{", "\":[", ", ", "true", "false", "null",
+        " true", " false", " null", "0", "00", "000", "10", "100", "12", "123", "2023", "2024", "-1", ".0", ".5", "e+", "e-",
+        "name", "type", "id", "description", "value", "string", "object", "items", "version", "http", "https", "://", "www",
+        ".com", "the", " the", " a", " of", "ing", "tion", "er", "es", "de", "en", "re", "on", "st", "is", " is", "in", "at",
+        "é", "ü", "中", "日本", "😀",
+    ] {
+        add(s);
+    }
+    for i in 0..200 {
+        add(&i.to_string());
+    }
+    v.push(Vec::new());
+    let eos = (v.len() - 1) as u32;
+    (v, eos)
+}
+
+/// Greedy longest-match tokenization; `None` when a byte has no token.
+fn tokenize_greedy(text: &[u8], index: &HashMap<&[u8], u32>, max_len: usize) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < text.len() {
+        let mut l = max_len.min(text.len() - i);
+        loop {
+            if let Some(&id) = index.get(&text[i..i + l]) {
+                out.push(id);
+                i += l;
+                break;
+            }
+            l -= 1;
+            if l == 0 {
+                return None;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Two tokenizations per instance: greedy longest match, and one token per byte (each where the
+/// vocabulary can spell the text).
+pub fn tokenizer(tokens: &[Vec<u8>]) -> impl Fn(&str) -> Vec<Vec<u32>> + '_ {
+    let index: HashMap<&[u8], u32> = tokens.iter().enumerate().filter(|(_, t)| !t.is_empty()).map(|(i, t)| (t.as_slice(), i as u32)).collect();
+    let max_len = tokens.iter().map(|t| t.len()).max().unwrap_or(1);
+    // Real vocabularies lack a few single bytes (invalid UTF-8 lead bytes, some controls) that
+    // JSON text never contains raw; the byte path uses the single-byte tokens that exist.
+    let mut byte_id = [u32::MAX; 256];
+    for (b, slot) in byte_id.iter_mut().enumerate() {
+        if let Some(&id) = index.get(&[b as u8][..]) {
+            *slot = id;
+        }
+    }
+    move |s: &str| {
+        let mut out: Vec<Vec<u32>> = tokenize_greedy(s.as_bytes(), &index, max_len).into_iter().collect();
+        if let Some(bytes) = s.bytes().map(|b| Some(byte_id[b as usize]).filter(|&i| i != u32::MAX)).collect::<Option<Vec<u32>>>() {
+            out.push(bytes);
+        }
+        out
+    }
+}
+

@@ -22,6 +22,7 @@ mod lower;
 mod matcher;
 mod numbers;
 mod strings;
+pub mod suite;
 mod tokens;
 mod wire;
 
