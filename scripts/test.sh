@@ -10,6 +10,9 @@ export APPLIANCED_TEST_GGUF="$GGUF"
 # attention and a 262k SentencePiece vocabulary (tests/gemma3_reference.rs).
 export APPLIANCED_TEST_GEMMA3_GGUF=$(scripts/fetch-model.sh gemma3-270m)
 export APPLIANCED_SLOW_TESTS=1
+# The official JSON Schema Test Suite (issue 28), from a pinned `jsonschema` sdist on PyPI
+# (tests/schema_suite.rs).
+export APPLIANCED_JSONSCHEMA_SUITE=$(scripts/fetch-jsonschema-suite.sh)
 if [ -x scripts/setup-test-env.sh ]; then scripts/setup-test-env.sh; fi
 if [ -d .venv ]; then export APPLIANCED_TEST_PYTHON="$PWD/.venv/bin/python"; fi
 # The real vocabulary for the schema and policy tests: import the default model once with a

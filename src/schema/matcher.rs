@@ -269,12 +269,17 @@ pub struct Matcher<S: std::ops::Deref<Target = CompiledSchema>> {
     cfgs: Vec<Config>,
     tracker: Tracker,
     track: bool,
+    /// Successful steps so far, and the last mask `allowed` computed with its run-time checks
+    /// (at that step), so that `advance` refuses exactly what the mask forbids without
+    /// recomputing it.
+    steps: u64,
+    checked: Option<(u64, Vec<u64>)>,
 }
 
 impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
     pub fn new(schema: S) -> Matcher<S> {
         let (cfgs, track) = (schema.start_cfgs(), !schema.unique.is_empty());
-        Matcher { schema, cfgs, tracker: Tracker::default(), track }
+        Matcher { schema, cfgs, tracker: Tracker::default(), track, steps: 0, checked: None }
     }
 
     /// The compiled schema.
@@ -317,7 +322,9 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
 
     /// Advances by raw bytes (forced text); `false` (and no change) if refused.
     pub fn advance_bytes(&mut self, bytes: &[u8]) -> bool {
-        step(&self.schema, &mut self.cfgs, &mut self.tracker, self.track, bytes)
+        let ok = step(&self.schema, &mut self.cfgs, &mut self.tracker, self.track, bytes);
+        self.steps += ok as u64;
+        ok
     }
 
     /// Writes the allowed-token bitset into `out` (at least `schema.mask_words()` words).
@@ -329,6 +336,8 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         // The innermost unique array with completed items: the search's goal is its end.
         let Some(k) = self.tracker.stack.iter().rposition(|f| f.is_arr && f.unique && !f.items.is_empty()) else { return };
         self.mask_dead_ends(out, k + 1);
+        let n = self.schema.mask_words().min(out.len());
+        self.checked = Some((self.steps, out[..n].to_vec()));
     }
 
     /// Masks every token after which the unique array at stack depth `d` cannot end without a
@@ -525,8 +534,26 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         if self.schema.vocabulary().eos.contains(&token) {
             return self.is_accepting();
         }
+        if self.schema.vocabulary().token_bytes(token).is_empty() {
+            return false;
+        }
+        // Inside a unique array with items, the mask's dead-end look-ahead decides for `advance`
+        // too: a token after which the array cannot end without a duplicate is refused here as
+        // it is masked there (mask and advance agree by construction).
+        if self.track && self.tracker.stack.iter().any(|f| f.is_arr && f.unique && !f.items.is_empty()) {
+            if self.checked.as_ref().is_none_or(|(at, _)| *at != self.steps) {
+                let mut buf = vec![0u64; self.schema.mask_words()];
+                self.allowed(&mut buf);
+            }
+            let allowed = self.checked.as_ref().is_some_and(|(_, m)| m.get(token as usize / 64).is_some_and(|w| w >> (token % 64) & 1 == 1));
+            if !allowed {
+                return false;
+            }
+        }
         let bytes = self.schema.vocabulary().token_bytes(token);
-        !bytes.is_empty() && step(&self.schema, &mut self.cfgs, &mut self.tracker, self.track, bytes)
+        let ok = step(&self.schema, &mut self.cfgs, &mut self.tracker, self.track, bytes);
+        self.steps += ok as u64;
+        ok
     }
 }
 

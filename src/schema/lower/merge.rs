@@ -68,9 +68,18 @@ impl<'a> Lowerer<'a> {
                 }
                 n.contains = Some(vec![sub.clone()]);
                 n.min_contains = n.min_contains.max(1);
+                n.neg_untracked = true;
             }
-            Alt::Prop(name, sub) => self.add_prop(n, name, sub.clone())?,
-            Alt::Undeclared(names, sub) => n.undeclared.push((names.clone(), sub.clone())),
+            Alt::Prop(name, sub) => {
+                if !n.props.iter().any(|(k, _)| k == name) {
+                    n.neg_keys.push(name.clone());
+                }
+                self.add_prop(n, name, sub.clone())?
+            }
+            Alt::Undeclared(names, sub) => {
+                n.neg_untracked = true;
+                n.undeclared.push((names.clone(), sub.clone()))
+            }
         }
         Ok(())
     }
@@ -116,6 +125,8 @@ impl<'a> Lowerer<'a> {
             }
             // Double negations cancel.
             let m = if m.ptr.starts_with("¬¬") {
+                // (`not: {not: S}` is S, but evaluates nothing.)
+                n.neg_untracked = true;
                 let p: Rc<str> = m.ptr.trim_start_matches('¬').into();
                 let k = m.ptr.chars().take_while(|&c| c == '¬').count();
                 Sub { v: m.v, ptr: if k % 2 == 0 { p } else { format!("¬{p}").into() }, base: m.base.clone() }
@@ -133,6 +144,10 @@ impl<'a> Lowerer<'a> {
                     self.stack.push(m.ptr.clone());
                     let inner: Rc<str> = m.ptr.trim_start_matches('¬').into();
                     let alts = self.negate(m.v, &inner, &m.base)?;
+                    // A positive sub-schema among the failure alternatives evaluates nothing.
+                    if alts.iter().flatten().any(|a| matches!(a, Alt::Sub(s) if !s.ptr.starts_with('¬'))) {
+                        n.neg_untracked = true;
+                    }
                     match alts.len() {
                         0 => return Ok(false),
                         1 => {
@@ -147,7 +162,8 @@ impl<'a> Lowerer<'a> {
                 Value::Bool(false) => return Ok(false),
                 Value::Object(map) => {
                     let mut base = m.base.clone();
-                    if let Some(Value::String(id)) = map.get("$id") {
+                    let ignored = self.draft == Draft::Legacy && map.contains_key("$ref");
+                    if let Some(Value::String(id)) = map.get("$id").filter(|_| !ignored) {
                         if !id.starts_with('#') {
                             base = m.ptr.clone();
                         }
@@ -160,13 +176,17 @@ impl<'a> Lowerer<'a> {
                         } else {
                             "#".into()
                         };
-                        let rbase: &str = if map.contains_key("$ref") { &base } else { "" };
-                        let (v, t, nb) = self.resolve(&rs, rbase, &m.ptr)?;
+                        let (v, t, nb) = if map.contains_key("$ref") { self.resolve(&rs, &base, &m.ptr)? } else { self.resolve_recursive(&base, &m.ptr)? };
                         let count = self.stack.iter().filter(|s| **s == t).count();
                         if count >= self.opts.max_recursion as usize {
                             return Ok(false);
                         }
                         self.stack.push(t.clone());
+                        // A bare `$ref` at the root of the conjunction: its target is the root.
+                        let bare = map.keys().all(|k| k == "$ref" || k == "$recursiveRef" || ANNOTATIONS.contains(&k.as_str()) || k == "$defs" || k == "definitions");
+                        if bare && self.eval_root.as_deref() == Some(&*m.ptr) {
+                            self.eval_root = Some(t.clone());
+                        }
                         q.push(Sub { v, ptr: t, base: nb });
                         if self.draft == Draft::Legacy {
                             continue;
@@ -350,6 +370,7 @@ impl<'a> Lowerer<'a> {
                 "properties" => {
                     let pm = v.as_object().ok_or_else(|| bad(k, "expected an object"))?;
                     let pp = ptr_join(ptr, k);
+                    node.neg_keys.retain(|n| !pm.contains_key(n));
                     for (name, s) in pm {
                         let sp = Sub { v: s, ptr: ptr_join(&pp, name), base: base.clone() };
                         match node.props.iter_mut().find(|(n, _)| n == name) {
@@ -418,8 +439,18 @@ impl<'a> Lowerer<'a> {
                     }
                     node.additional.get_or_insert_with(Vec::new).push(s);
                 }
-                "unevaluatedProperties" => node.unevaluated.get_or_insert_with(Vec::new).push(sub(k, v)),
-                "unevaluatedItems" => node.unevaluated_items.get_or_insert_with(Vec::new).push(sub(k, v)),
+                "unevaluatedProperties" | "unevaluatedItems" => {
+                    // Ignored in a widened node (disjointness checks): ignoring only widens.
+                    if self.checking > 0 {
+                        continue;
+                    }
+                    // Exact only at the root of the conjunction (see `eval_root`).
+                    if self.eval_root.as_deref() != Some(&**ptr) {
+                        return Err(SchemaError::Unsupported { keyword: k.to_string(), pointer: ptr.to_string() });
+                    }
+                    let slot = if k == "unevaluatedProperties" { &mut node.unevaluated } else { &mut node.unevaluated_items };
+                    slot.get_or_insert_with(Vec::new).push(sub(k, v));
+                }
                 "required" => {
                     for r in v.as_array().ok_or_else(|| bad(k, "expected an array"))? {
                         let r = r.as_str().ok_or_else(|| bad(k, "expected strings"))?;
@@ -495,6 +526,13 @@ impl<'a> Lowerer<'a> {
     /// Flattens a conjunction into a node without lowering (refs expanded one level deep only
     /// for the check); `None` if unsatisfiable.
     pub(super) fn node_of(&mut self, members: Vec<Sub<'a>>) -> Result<Option<Node<'a>>, SchemaError> {
+        self.checking += 1;
+        let r = self.node_of_inner(members);
+        self.checking -= 1;
+        r
+    }
+
+    fn node_of_inner(&mut self, members: Vec<Sub<'a>>) -> Result<Option<Node<'a>>, SchemaError> {
         let mut node = Node { types: T_ALL, ..Default::default() };
         let mut q = members;
         let mut qi = 0;

@@ -133,6 +133,13 @@ struct Node<'a> {
     unevaluated: Option<Vec<Sub<'a>>>,
     /// `unevaluatedItems`: items past every merged `prefixItems`, when no `items` applies.
     unevaluated_items: Option<Vec<Sub<'a>>>,
+    /// Keys declared only by a negation (`not`, `¬if`, `oneOf`'s `¬A_j`): a failed sub-schema
+    /// evaluates nothing, so `unevaluatedProperties` still applies to them.
+    neg_keys: Vec<String>,
+    /// A negation contributed a rule whose evaluation effect is not tracked (a double
+    /// negation, a positive sub-schema inside a negation, "some undeclared key", "some item"):
+    /// `unevaluatedProperties` / `unevaluatedItems` beside it are refused.
+    neg_untracked: bool,
     prop_names: Vec<Sub<'a>>,
     min_props: u64,
     max_props: Option<u64>,
@@ -157,6 +164,14 @@ pub(crate) struct Lowerer<'a> {
     stack: Vec<Rc<str>>,
     ids: Vec<(String, Rc<str>)>,
     anchors: HashMap<String, Rc<str>>,
+    /// Resources by absolute URI (each `$id` resolved against its parent's), the URI of each
+    /// resource's pointer and of the document, anchors per resource URI, and the schemas with
+    /// `$recursiveAnchor: true`.
+    uris: Vec<(String, Rc<str>)>,
+    res_uri: HashMap<Rc<str>, String>,
+    root_uri: String,
+    anchors_at: HashMap<(String, String), Rc<str>>,
+    recursive_anchors: Vec<Rc<str>>,
     any_cache: HashMap<u32, Rc<Dfa>>,
     conj_cache: HashMap<(Vec<Rc<str>>, Vec<(Rc<str>, usize)>, u32), Rc<Dfa>>,
     /// Relative paths of `uniqueItems` arrays under each cached conjunction.
@@ -179,6 +194,14 @@ pub(crate) struct Lowerer<'a> {
     /// call only earlier ones, so the calls form a DAG.
     pub subs: Vec<Dfa>,
     sub_ids: HashMap<u64, Vec<u32>>,
+    /// The schema object whose `unevaluatedProperties` / `unevaluatedItems` the conjunction
+    /// being merged may carry: the sole member of the conjunction (or the target of a bare
+    /// `$ref` there). Everything merged into its node is then one of its in-place sub-schemas;
+    /// the keyword anywhere else (an `allOf` member, a branch, a `$ref` target beside other
+    /// keywords, a property declared twice) would see its siblings' properties: refused.
+    eval_root: Option<Rc<str>>,
+    /// Inside `node_of` (a widened node for disjointness checks): `unevaluated*` is ignored.
+    checking: u32,
 }
 
 static FALSE: Value = Value::Bool(false);
@@ -282,6 +305,11 @@ impl<'a> Lowerer<'a> {
             stack: Vec::new(),
             ids: Vec::new(),
             anchors: HashMap::default(),
+            uris: Vec::new(),
+            res_uri: HashMap::default(),
+            root_uri: String::new(),
+            anchors_at: HashMap::default(),
+            recursive_anchors: Vec::new(),
             any_cache: HashMap::default(),
             conj_cache: HashMap::default(),
             conj_unique: HashMap::default(),
@@ -295,8 +323,11 @@ impl<'a> Lowerer<'a> {
             det_memo_words: 0,
             subs: Vec::new(),
             sub_ids: HashMap::default(),
+            eval_root: None,
+            checking: 0,
         };
-        l.index(root, "".into());
+        l.index(root, "".into(), "");
+        l.root_uri = l.res_uri.get("").cloned().unwrap_or_default();
         l
     }
 
@@ -395,6 +426,14 @@ impl<'a> Lowerer<'a> {
     }
 
     fn lower_conj_inner(&mut self, members: Vec<Sub<'a>>, any_depth: u32) -> Result<Dfa, SchemaError> {
+        let root = (members.len() == 1).then(|| members[0].ptr.clone());
+        let saved = std::mem::replace(&mut self.eval_root, root);
+        let res = self.lower_conj_merged(members, any_depth);
+        self.eval_root = saved;
+        res
+    }
+
+    fn lower_conj_merged(&mut self, members: Vec<Sub<'a>>, any_depth: u32) -> Result<Dfa, SchemaError> {
         let ptr = members[0].ptr.clone();
         let mut node = Node { types: T_ALL, ..Default::default() };
         if !self.merge_into(&mut node, members.clone(), "schema")? || node.never {
@@ -410,8 +449,21 @@ impl<'a> Lowerer<'a> {
         if node.never {
             return Ok(Dfa::empty());
         }
-        if node.additional.is_none() {
-            node.additional = node.unevaluated.take();
+        // `unevaluatedProperties` of the conjunction's root (the only place `apply` lets it in):
+        // every key the node declares was evaluated by a passing in-place sub-schema, except
+        // keys only a negation declared, which it constrains as well.
+        if let Some(u) = node.unevaluated.take() {
+            if node.additional.is_none() {
+                if node.neg_untracked {
+                    return Err(SchemaError::Unsupported { keyword: "unevaluatedProperties".into(), pointer: ptr.to_string() });
+                }
+                for (k, c) in node.props.iter_mut() {
+                    if node.neg_keys.contains(k) {
+                        c.extend(u.iter().cloned());
+                    }
+                }
+                node.additional = Some(u);
+            }
         }
         // `unevaluatedItems` over the merged node (allOf / $ref merged, anyOf / oneOf / if
         // distributed into branches): the items no `prefixItems` or `items` evaluated. Exact
@@ -419,7 +471,7 @@ impl<'a> Lowerer<'a> {
         // `contains`, which evaluates the items it matches.
         if let Some(u) = node.unevaluated_items.take() {
             if node.items.is_none() {
-                if node.contains.is_some() {
+                if node.contains.is_some() || node.neg_untracked {
                     return Err(SchemaError::Unsupported { keyword: "unevaluatedItems".into(), pointer: ptr.to_string() });
                 }
                 node.items = Some(u);

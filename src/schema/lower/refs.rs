@@ -39,38 +39,181 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The parts of a URI reference (RFC 3986 §3): scheme, authority, path, query (the fragment is
+/// split off by the caller).
+struct UriParts<'u> {
+    scheme: Option<&'u str>,
+    authority: Option<&'u str>,
+    path: &'u str,
+    query: Option<&'u str>,
+}
+
+fn uri_parts(u: &str) -> UriParts<'_> {
+    let (rest, query) = match u.find('?') {
+        Some(i) => (&u[..i], Some(&u[i + 1..])),
+        None => (u, None),
+    };
+    let scheme_end = rest.find(':').filter(|&i| {
+        let b = rest.as_bytes();
+        i > 0 && b[0].is_ascii_alphabetic() && b[1..i].iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'-' | b'.'))
+    });
+    let (scheme, rest) = match scheme_end {
+        Some(i) => (Some(&rest[..i]), &rest[i + 1..]),
+        None => (None, rest),
+    };
+    let (authority, path) = match rest.strip_prefix("//") {
+        Some(r) => {
+            let end = r.find('/').unwrap_or(r.len());
+            (Some(&r[..end]), &r[end..])
+        }
+        None => (None, rest),
+    };
+    UriParts { scheme, authority, path, query }
+}
+
+/// RFC 3986 §5.2.4.
+fn remove_dot_segments(path: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    let abs = path.starts_with('/');
+    let segs: Vec<&str> = path.split('/').collect();
+    for (i, seg) in segs.iter().enumerate() {
+        let last = i + 1 == segs.len();
+        match *seg {
+            "." => {
+                if last {
+                    out.push("");
+                }
+            }
+            ".." => {
+                if out.len() > abs as usize {
+                    out.pop();
+                }
+                if last {
+                    out.push("");
+                }
+            }
+            s => out.push(s),
+        }
+    }
+    let joined = out.join("/");
+    if abs && !joined.starts_with('/') {
+        format!("/{joined}")
+    } else {
+        joined
+    }
+}
+
+/// Resolves the URI reference `r` (no fragment) against `base` (RFC 3986 §5.2.2; `base` may
+/// itself be relative or empty, for a document without an absolute `$id`).
+pub(super) fn resolve_uri(base: &str, r: &str) -> String {
+    let rp = uri_parts(r);
+    let bp = uri_parts(base);
+    let fmt = |scheme: Option<&str>, auth: Option<&str>, path: &str, query: Option<&str>| {
+        let mut s = String::new();
+        if let Some(x) = scheme {
+            s.push_str(x);
+            s.push(':');
+        }
+        if let Some(a) = auth {
+            s.push_str("//");
+            s.push_str(a);
+        }
+        s.push_str(path);
+        if let Some(q) = query {
+            s.push('?');
+            s.push_str(q);
+        }
+        s
+    };
+    if rp.scheme.is_some() {
+        return fmt(rp.scheme, rp.authority, &remove_dot_segments(rp.path), rp.query);
+    }
+    if rp.authority.is_some() {
+        return fmt(bp.scheme, rp.authority, &remove_dot_segments(rp.path), rp.query);
+    }
+    if rp.path.is_empty() {
+        return fmt(bp.scheme, bp.authority, bp.path, rp.query.or(bp.query));
+    }
+    let path = if rp.path.starts_with('/') {
+        remove_dot_segments(rp.path)
+    } else {
+        let merged = if bp.authority.is_some() && bp.path.is_empty() {
+            format!("/{}", rp.path)
+        } else {
+            match bp.path.rfind('/') {
+                Some(i) => format!("{}{}", &bp.path[..=i], rp.path),
+                None => rp.path.to_string(),
+            }
+        };
+        remove_dot_segments(&merged)
+    };
+    fmt(bp.scheme, bp.authority, &path, rp.query)
+}
+
 impl<'a> Lowerer<'a> {
-    /// Records `$id`s and anchors with their pointers.
-    pub(super) fn index(&mut self, v: &Value, ptr: Rc<str>) {
+    /// Records `$id`s and anchors with their pointers: by the raw `$id` (the fallback lookup)
+    /// and by the absolute URI each resolves to against its enclosing resource (RFC 3986), with
+    /// anchors per resource.
+    pub(super) fn index(&mut self, v: &Value, ptr: Rc<str>, base_uri: &str) {
         match v {
             Value::Object(m) => {
-                if let Some(Value::String(id)) = m.get("$id").or_else(|| m.get("id").filter(|x| x.is_string())) {
+                let mut base_uri = base_uri.to_string();
+                // Through draft 7, `$ref` makes its siblings (an `$id` too) ignored.
+                let ignored = self.draft == super::Draft::Legacy && m.contains_key("$ref");
+                if let Some(Value::String(id)) = m.get("$id").or_else(|| m.get("id").filter(|x| x.is_string())).filter(|_| !ignored) {
                     if let Some(a) = id.strip_prefix('#') {
                         self.anchors.entry(a.to_string()).or_insert(ptr.clone());
+                        self.anchors_at.entry((base_uri.clone(), a.to_string())).or_insert(ptr.clone());
                     } else {
-                        let idn = id.split('#').next().unwrap_or("").trim_end_matches('/').to_string();
+                        let raw = id.split('#').next().unwrap_or("");
+                        let idn = raw.trim_end_matches('/').to_string();
                         self.ids.push((idn, ptr.clone()));
+                        base_uri = resolve_uri(&base_uri, raw);
+                        self.uris.push((base_uri.clone(), ptr.clone()));
+                        self.res_uri.insert(ptr.clone(), base_uri.clone());
                     }
                 }
                 for key in ["$anchor", "$dynamicAnchor"] {
                     if let Some(Value::String(a)) = m.get(key) {
                         self.anchors.entry(a.clone()).or_insert(ptr.clone());
+                        self.anchors_at.entry((base_uri.clone(), a.clone())).or_insert(ptr.clone());
                     }
+                }
+                if m.get("$recursiveAnchor") == Some(&Value::Bool(true)) {
+                    self.recursive_anchors.push(ptr.clone());
                 }
                 for (k, c) in m {
                     if matches!(k.as_str(), "enum" | "const" | "default" | "examples" | "example") {
                         continue;
                     }
-                    self.index(c, ptr_join(&ptr, k));
+                    self.index(c, ptr_join(&ptr, k), &base_uri);
                 }
             }
             Value::Array(a) => {
                 for (i, c) in a.iter().enumerate() {
-                    self.index(c, ptr_join(&ptr, &i.to_string()));
+                    self.index(c, ptr_join(&ptr, &i.to_string()), base_uri);
                 }
             }
             _ => {}
         }
+    }
+
+    /// `$recursiveRef` (2019-09) from the resource at `base`: `#` of that resource, unless that
+    /// target has `$recursiveAnchor: true`, in which case the outermost resource of the dynamic
+    /// scope with one: the document root when it has one, the target itself when no other
+    /// schema has one; any other case depends on the path taken and is refused.
+    pub(super) fn resolve_recursive(&self, base: &str, ptr: &str) -> Result<(&'a Value, Rc<str>, Rc<str>), SchemaError> {
+        let (v, t, nb) = self.resolve("#", base, ptr)?;
+        if v.get("$recursiveAnchor") != Some(&Value::Bool(true)) {
+            return Ok((v, t, nb));
+        }
+        if self.root.get("$recursiveAnchor") == Some(&Value::Bool(true)) {
+            return self.resolve("#", "", ptr);
+        }
+        if self.recursive_anchors.iter().all(|p| *p == t) {
+            return Ok((v, t, nb));
+        }
+        Err(SchemaError::Unsupported { keyword: "$recursiveRef".into(), pointer: ptr.to_string() })
     }
 
     /// Resolves a reference relative to the resource at `base`.
@@ -79,9 +222,23 @@ impl<'a> Lowerer<'a> {
             Some(i) => (&r[..i], &r[i + 1..]),
             None => (r, ""),
         };
+        // Exactly, by RFC 3986 resolution against the base resource's URI; then by the raw
+        // `$id` text (documents whose ids are not resolvable URIs).
+        let base_uri = self.res_uri.get(base).map(String::as_str).unwrap_or(&self.root_uri);
+        let abs = resolve_uri(base_uri, uri);
+        let exact = if uri.is_empty() {
+            None
+        } else if abs == self.root_uri {
+            Some(Rc::<str>::from(""))
+        } else {
+            self.uris.iter().find(|(u, _)| *u == abs).map(|(_, p)| p.clone())
+        };
+        let doc_uri = if uri.is_empty() { base_uri.to_string() } else { abs.clone() };
         let uri = uri.trim_end_matches('/');
         let mut res_ptr: Rc<str> = base.into();
-        if !uri.is_empty() {
+        if let Some(p) = exact {
+            res_ptr = p;
+        } else if !uri.is_empty() {
             let found = self
                 .ids
                 .iter()
@@ -104,7 +261,7 @@ impl<'a> Lowerer<'a> {
         } else if frag.starts_with('/') {
             format!("{}{}", res_ptr, percent_decode(frag)).into()
         } else {
-            match self.anchors.get(frag) {
+            match self.anchors_at.get(&(doc_uri, frag.to_string())).or_else(|| self.anchors.get(frag)) {
                 Some(p) => p.clone(),
                 None => return Err(SchemaError::UnresolvedRef { reference: r.to_string(), pointer: ptr.to_string() }),
             }
