@@ -178,7 +178,7 @@ fn check_expected(o: &CorpusReport) {
 }
 
 #[test]
-fn reference_corpus_corpus::synthetic_vocab() {
+fn reference_corpus_synthetic_vocab() {
     let Some(dir) = corpus_dir() else {
         println!("skipped: schema corpus not found (set APPLIANCED_SCHEMA_CORPUS)");
         return;

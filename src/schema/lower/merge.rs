@@ -20,7 +20,7 @@ const ANNOTATIONS: &[&str] = &[
 ];
 
 /// Keywords of the standard vocabularies this compiler does not enforce.
-const UNSUPPORTED: &[&str] = &["maxContains", "$dynamicRef"];
+const UNSUPPORTED: &[&str] = &["maxContains"];
 
 impl<'a> Lowerer<'a> {
     /// Applies one conjunct of an alternative to `n` (sub-schemas go to the queue `q`).
@@ -168,29 +168,31 @@ impl<'a> Lowerer<'a> {
                             base = m.ptr.clone();
                         }
                     }
-                    if let Some(r) = map.get("$ref").or_else(|| map.get("$recursiveRef")) {
-                        let rs = if map.contains_key("$ref") {
-                            r.as_str()
-                                .ok_or_else(|| SchemaError::Invalid { keyword: "$ref".into(), pointer: m.ptr.to_string(), reason: "not a string".into() })?
-                                .to_string()
-                        } else {
-                            "#".into()
+                    // In-place references: `$ref`, `$recursiveRef` (2019-09), `$dynamicRef` (2020-12).
+                    let mut any_ref = false;
+                    for key in ["$ref", "$recursiveRef", "$dynamicRef"] {
+                        let Some(r) = map.get(key) else { continue };
+                        any_ref = true;
+                        let rs = || r.as_str().ok_or_else(|| SchemaError::Invalid { keyword: key.into(), pointer: m.ptr.to_string(), reason: "not a string".into() });
+                        let (v, t, nb) = match key {
+                            "$ref" => self.resolve(rs()?, &base, &m.ptr)?,
+                            "$recursiveRef" => self.resolve_recursive(&base, &m.ptr)?,
+                            _ => self.resolve_dynamic(rs()?, &base, &m.ptr)?,
                         };
-                        let (v, t, nb) = if map.contains_key("$ref") { self.resolve(&rs, &base, &m.ptr)? } else { self.resolve_recursive(&base, &m.ptr)? };
                         let count = self.stack.iter().filter(|s| **s == t).count();
                         if count >= self.opts.max_recursion as usize {
                             return Ok(false);
                         }
                         self.stack.push(t.clone());
-                        // A bare `$ref` at the root of the conjunction: its target is the root.
-                        let bare = map.keys().all(|k| k == "$ref" || k == "$recursiveRef" || ANNOTATIONS.contains(&k.as_str()) || k == "$defs" || k == "definitions");
+                        // A bare reference at the root of the conjunction: its target is the root.
+                        let bare = map.keys().all(|k| k == key || ANNOTATIONS.contains(&k.as_str()));
                         if bare && self.eval_root.as_deref() == Some(&*m.ptr) {
                             self.eval_root = Some(t.clone());
                         }
                         q.push(Sub { v, ptr: t, base: nb });
-                        if self.draft == Draft::Legacy {
-                            continue;
-                        }
+                    }
+                    if any_ref && self.draft == Draft::Legacy {
+                        continue;
                     }
                     self.apply(n, map, &m.ptr, &base, &mut q)?;
                 }
@@ -209,7 +211,7 @@ impl<'a> Lowerer<'a> {
         let legacy = self.draft == Draft::Legacy;
         for (k, v) in map {
             let k = k.as_str();
-            if ANNOTATIONS.contains(&k) || k == "$ref" || k == "$recursiveRef" {
+            if ANNOTATIONS.contains(&k) || k == "$ref" || k == "$recursiveRef" || k == "$dynamicRef" {
                 continue;
             }
             if UNSUPPORTED.contains(&k) {

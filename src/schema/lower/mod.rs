@@ -172,6 +172,8 @@ pub(crate) struct Lowerer<'a> {
     root_uri: String,
     anchors_at: HashMap<(String, String), Rc<str>>,
     recursive_anchors: Vec<Rc<str>>,
+    /// `$dynamicAnchor`s: (resource URI, name, pointer).
+    dyn_anchors: Vec<(String, String, Rc<str>)>,
     any_cache: HashMap<u32, Rc<Dfa>>,
     conj_cache: HashMap<(Vec<Rc<str>>, Vec<(Rc<str>, usize)>, u32), Rc<Dfa>>,
     /// Relative paths of `uniqueItems` arrays under each cached conjunction.
@@ -310,6 +312,7 @@ impl<'a> Lowerer<'a> {
             root_uri: String::new(),
             anchors_at: HashMap::default(),
             recursive_anchors: Vec::new(),
+            dyn_anchors: Vec::new(),
             any_cache: HashMap::default(),
             conj_cache: HashMap::default(),
             conj_unique: HashMap::default(),

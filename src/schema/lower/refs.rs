@@ -173,6 +173,9 @@ impl<'a> Lowerer<'a> {
                         self.res_uri.insert(ptr.clone(), base_uri.clone());
                     }
                 }
+                if let Some(Value::String(a)) = m.get("$dynamicAnchor") {
+                    self.dyn_anchors.push((base_uri.clone(), a.clone(), ptr.clone()));
+                }
                 for key in ["$anchor", "$dynamicAnchor"] {
                     if let Some(Value::String(a)) = m.get(key) {
                         self.anchors.entry(a.clone()).or_insert(ptr.clone());
@@ -196,6 +199,26 @@ impl<'a> Lowerer<'a> {
             }
             _ => {}
         }
+    }
+
+    /// `$dynamicRef` (2020-12): resolved as `$ref`; when that target carries the
+    /// `$dynamicAnchor` the fragment names, the outermost resource of the dynamic scope with
+    /// that dynamic anchor takes its place. Evaluation enters the document's root resource
+    /// first, so that is the root's when the root resource has one, and the target itself when
+    /// no other resource has one; any other case depends on the path taken and is refused.
+    pub(super) fn resolve_dynamic(&self, r: &str, base: &str, ptr: &str) -> Result<(&'a Value, Rc<str>, Rc<str>), SchemaError> {
+        let (v, t, nb) = self.resolve(r, base, ptr)?;
+        let frag = r.split_once('#').map_or("", |x| x.1);
+        if frag.is_empty() || frag.starts_with('/') || v.get("$dynamicAnchor").and_then(|a| a.as_str()) != Some(frag) {
+            return Ok((v, t, nb));
+        }
+        if self.dyn_anchors.iter().any(|(res, name, _)| *res == self.root_uri && name == frag) {
+            return self.resolve(&format!("#{frag}"), "", ptr);
+        }
+        if self.dyn_anchors.iter().filter(|(_, name, _)| name == frag).all(|(_, _, p)| *p == t) {
+            return Ok((v, t, nb));
+        }
+        Err(SchemaError::Unsupported { keyword: "$dynamicRef".into(), pointer: ptr.to_string() })
     }
 
     /// `$recursiveRef` (2019-09) from the resource at `base`: `#` of that resource, unless that
@@ -333,9 +356,9 @@ fn collect_refs(v: &Value, base: &Rc<str>, out: &mut Vec<(String, Rc<str>)>) {
 fn collect_refs_into(v: &Value, base: &Rc<str>, out: &mut Vec<(String, Rc<str>)>, seen: &mut std::collections::HashSet<String>) {
     match v {
         Value::Object(m) => {
-            for key in ["$ref", "$recursiveRef"] {
+            for key in ["$ref", "$recursiveRef", "$dynamicRef"] {
                 if let Some(Value::String(r)) = m.get(key) {
-                    let r = if key == "$ref" { r.clone() } else { "#".to_string() };
+                    let r = if key == "$recursiveRef" { "#".to_string() } else { r.clone() };
                     if seen.insert(r.clone()) {
                         out.push((r, base.clone()));
                     }
