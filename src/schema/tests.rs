@@ -640,3 +640,110 @@ mod class_tests {
         }
     }
 }
+
+/// Cases the JSON Schema Test Suite found (issue 28), kept here so that `cargo test` holds them
+/// without the suite: each compiles exactly or is refused by name.
+mod suite_regressions {
+    use super::*;
+
+    fn try_compile(s: Value) -> Result<CompiledSchema, SchemaError> {
+        let v = byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default())
+    }
+
+    fn refused(s: Value, keyword: &str) {
+        match try_compile(s) {
+            Err(e) => assert_eq!(e.keyword(), Some(keyword), "{e}"),
+            Ok(_) => panic!("compiled; expected a refusal naming {keyword}"),
+        }
+    }
+
+    #[test]
+    fn unevaluated_properties_sees_only_its_own_in_place_subschemas() {
+        // At the root, over its allOf / $ref / if-then-else: exact.
+        let c = compile(json!({"allOf": [{"properties": {"foo": {"type": "string"}}}], "unevaluatedProperties": false}));
+        assert!(accepts(&c, r#"{"foo":"a"}"#));
+        assert!(!accepts(&c, r#"{"foo":"a","bar":1}"#));
+        // A failed `if` evaluates nothing: its key falls under unevaluatedProperties in `else`.
+        let c = compile(json!({"if": {"properties": {"foo": {"const": "then"}}, "required": ["foo"]}, "then": {"properties": {"bar": {}}}, "else": {"properties": {"baz": {}}}, "unevaluatedProperties": false}));
+        assert!(accepts(&c, r#"{"foo":"then","bar":1}"#));
+        assert!(accepts(&c, r#"{"baz":1}"#));
+        assert!(!accepts(&c, r#"{"foo":"else","baz":1}"#), "foo was evaluated only by the failed if");
+        // `not` evaluates nothing (a double negation included): refused rather than widened.
+        refused(json!({"properties": {"foo": {}}, "not": {"not": {"properties": {"bar": {}}, "required": ["bar"]}}, "unevaluatedProperties": false}), "unevaluatedProperties");
+        // Inside an allOf member, a branch or beside a $ref it would see its siblings: refused.
+        refused(json!({"allOf": [{"properties": {"foo": true}}, {"unevaluatedProperties": false}]}), "unevaluatedProperties");
+        refused(json!({"$defs": {"A": {"unevaluatedProperties": false}}, "properties": {"p": {"type": "string"}}, "$ref": "#/$defs/A"}), "unevaluatedProperties");
+        refused(json!({"items": {"allOf": [{"prefixItems": [true]}, {"unevaluatedItems": false}]}}), "unevaluatedItems");
+        // A bare $ref makes its target the root: exact.
+        let c = compile(json!({"properties": {"x": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"properties": {"a": {}}, "unevaluatedProperties": false}}}));
+        assert!(accepts(&c, r#"{"x":{"a":1}}"#));
+        assert!(!accepts(&c, r#"{"x":{"a":1,"b":2}}"#));
+    }
+
+    #[test]
+    fn references_resolve_as_rfc_3986_says() {
+        // An anchor belongs to its resource.
+        let c = compile(json!({"$id": "http://localhost:1234/root", "$defs": {"A": {"$id": "child1", "allOf": [{"$id": "child2", "$anchor": "my_anchor", "type": "number"}, {"$anchor": "my_anchor", "type": "string"}]}}, "$ref": "child1#my_anchor"}));
+        assert!(accepts(&c, r#""a""#) && !accepts(&c, "1"));
+        // An absolute-path reference replaces the whole path.
+        let c = compile(json!({"$id": "http://example.com/ref/absref.json", "$defs": {"a": {"$id": "http://example.com/ref/absref/foobar.json", "type": "number"}, "b": {"$id": "http://example.com/absref/foobar.json", "type": "string"}}, "$ref": "/absref/foobar.json"}));
+        assert!(accepts(&c, r#""a""#) && !accepts(&c, "12"));
+        // Through draft 7, an $id beside $ref does not change the base.
+        let c = compile(json!({"$schema": "http://json-schema.org/draft-07/schema#", "$id": "http://localhost:1234/sibling_id/base/", "definitions": {"foo": {"$id": "http://localhost:1234/sibling_id/foo.json", "type": "string"}, "base_foo": {"$id": "foo.json", "type": "number"}}, "allOf": [{"$id": "http://localhost:1234/sibling_id/", "$ref": "foo.json"}]}));
+        assert!(accepts(&c, "1") && !accepts(&c, r#""a""#));
+        assert_eq!(lower::resolve_uri("http://a/b/c/d;p?q", "../../g"), "http://a/g");
+        assert_eq!(lower::resolve_uri("http://a/b/c/d;p?q", "g?y"), "http://a/b/c/g?y");
+        assert_eq!(lower::resolve_uri("", "foo.json"), "foo.json");
+    }
+
+    #[test]
+    fn recursive_and_dynamic_references() {
+        // $recursiveRef without $recursiveAnchor: like "#" of its own resource.
+        let c = compile(json!({"$schema": "https://json-schema.org/draft/2019-09/schema", "$id": "http://x/schema.json", "$defs": {"myobject": {"$id": "myobject.json", "anyOf": [{"type": "string"}, {"type": "object", "additionalProperties": {"$recursiveRef": "#"}}]}}, "anyOf": [{"type": "integer"}, {"$ref": "#/$defs/myobject"}]}));
+        assert!(accepts(&c, r#"{"foo":"a"}"#) && !accepts(&c, r#"{"foo":1}"#));
+        // $dynamicRef to the root resource's dynamic anchor (the metaschemas' pattern).
+        let s = json!({"$id": "http://x/root", "$dynamicAnchor": "node", "type": ["object", "integer"], "additionalProperties": {"$ref": "inner"}, "$defs": {"i": {"$id": "inner", "$dynamicAnchor": "node", "anyOf": [{"type": "string"}, {"$dynamicRef": "#node"}]}}});
+        let c = compile(s);
+        assert!(accepts(&c, r#"{"a":"s"}"#) && accepts(&c, r#"{"a":1}"#) && accepts(&c, r#"{"a":{"b":2}}"#));
+        assert!(!accepts(&c, r#"{"a":true}"#));
+        // Two candidate scopes and none at the root: depends on the path, refused.
+        refused(
+            json!({"$id": "http://x/r", "$defs": {"a": {"$id": "a", "$dynamicAnchor": "t", "type": "string"}, "b": {"$id": "b", "$dynamicAnchor": "t", "$dynamicRef": "#t"}}, "$ref": "b"}),
+            "$dynamicRef",
+        );
+    }
+
+    #[test]
+    fn max_contains_counts_exactly() {
+        let c = compile(json!({"contains": {"const": 1}, "minContains": 1, "maxContains": 2}));
+        assert!(accepts(&c, "[1]") && accepts(&c, "[1,2,1]") && accepts(&c, "[2,1,3]"));
+        assert!(!accepts(&c, "[1,1,1]") && !accepts(&c, "[2]") && !accepts(&c, "[]"));
+        let c = compile(json!({"contains": {"type": "string"}, "minContains": 0, "maxContains": 0}));
+        assert!(accepts(&c, "[]") && accepts(&c, "[1,2]") && !accepts(&c, r#"[1,"a"]"#));
+        // minContains beside no contains is ignored (not a bound on another member's contains).
+        let c = compile(json!({"allOf": [{"contains": {"const": 1}}, {"minContains": 0}]}));
+        assert!(!accepts(&c, "[2]"));
+    }
+
+    #[test]
+    fn unique_items_advance_refuses_what_the_mask_forbids() {
+        let v = byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let c = CompiledSchema::compile(&json!({"prefixItems": [{"type": "boolean"}, {"type": "boolean"}], "uniqueItems": true}), &v, &[eos], &CompileOptions::default()).unwrap();
+        let ids = |s: &str| -> Vec<u32> { s.bytes().map(|b| b as u32).collect() };
+        let mut m = Matcher::new(&c);
+        for t in ids("[false,") {
+            assert!(m.advance(t));
+        }
+        let mut mask = vec![0u64; c.mask_words()];
+        for t in 0..v.len() as u32 {
+            m.allowed(&mut mask);
+            let bit = mask[t as usize / 64] >> (t % 64) & 1 == 1;
+            assert_eq!(bit, m.clone().advance(t), "token {t} {:?}", String::from_utf8_lossy(&v[t as usize]));
+        }
+        let false_tok = v.iter().position(|t| t == b"false").unwrap() as u32;
+        assert!(!m.clone().advance(false_tok), "a duplicate false ends no array");
+    }
+}

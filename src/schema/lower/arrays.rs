@@ -35,8 +35,15 @@ impl<'a> Lowerer<'a> {
         for p in &node.prefix {
             prefix.push(item_dfa(self, p)?);
         }
+        // `contains` counting. With only a lower bound an item may be counted or not (some
+        // choice reaches the bound: exact). With `maxContains` every item is counted exactly: it
+        // is either a match (the item's schema ∧ `contains`) or not (the item's schema ∧
+        // ¬`contains`, by the exact negation `not` uses; refused where that cannot be written).
+        // Each branch only ever holds items of its kind, so no array with too many or too few
+        // matches is accepted; an item in neither (past a generation bound) is not offered.
+        let exact = node.contains.is_some() && node.max_contains.is_some();
         let contains: Option<(Rc<Dfa>, Vec<Rc<Dfa>>)> = match &node.contains {
-            Some(c) if node.min_contains > 0 => {
+            Some(c) if node.min_contains > 0 || exact => {
                 let mut conj = c.clone();
                 if let Some(i) = &node.items {
                     conj.extend(i.iter().cloned());
@@ -52,14 +59,39 @@ impl<'a> Lowerer<'a> {
             }
             _ => None,
         };
+        let mut items = items;
+        if exact {
+            let neg: Vec<Sub<'a>> = node.contains.iter().flatten().map(|c| Sub { v: c.v, ptr: format!("¬{}", c.ptr).into(), base: c.base.clone() }).collect();
+            let mut conj = neg.clone();
+            conj.extend(node.items.iter().flatten().cloned());
+            items = item_dfa(self, &conj)?;
+            for (j, p) in node.prefix.iter().enumerate() {
+                let mut conj = neg.clone();
+                conj.extend(p.iter().cloned());
+                prefix[j] = item_dfa(self, &conj)?;
+            }
+        }
         if node.unique {
             // Enforced at run time by the Matcher (items compared by canonical value).
             self.unique.push(self.path.clone());
         }
-        let need_c = if contains.is_some() { node.min_contains.min(8) as usize } else { 0 };
-        if contains.is_some() && node.min_contains > 8 {
+        const MAX_COUNT: u64 = 8;
+        if contains.is_some() && node.min_contains > MAX_COUNT {
             return Err(SchemaError::Unsupported { keyword: "minContains".into(), pointer: ptr.to_string() });
         }
+        if exact && node.max_contains.is_some_and(|m| m > MAX_COUNT) {
+            return Err(SchemaError::Unsupported { keyword: "maxContains".into(), pointer: ptr.to_string() });
+        }
+        // Count states f: saturating at need_c (lower bound only), or exact up to max_c.
+        let need_c = if contains.is_some() { node.min_contains as usize } else { 0 };
+        let max_c = if exact { node.max_contains.unwrap_or(0) as usize } else { need_c };
+        let next_count = |f: usize| -> Option<usize> {
+            if exact {
+                (f < max_c).then_some(f + 1)
+            } else {
+                Some((f + 1).min(need_c))
+            }
+        };
         let m = prefix.len() as u64;
         // Arrays bounded above by many items are generated with at most `max_items_generated`
         // items (at least minItems and the prefix): a subset of the valid arrays.
@@ -83,14 +115,16 @@ impl<'a> Lowerer<'a> {
         let s = nfa.state();
         let end = nfa.state();
         let open = nfa.lit(s, b"[");
-        // st[j][f]: j items written, f = number of `contains` matches (saturating at need_c).
-        let width = need_c + 1;
+        // st[j][f]: j items written, f = number of `contains` matches.
+        let width = max_c.max(need_c) + 1;
         let mut st: Vec<Vec<u32>> = vec![(0..width).map(|_| nfa.state()).collect()];
         nfa.eps(open, st[0][0]);
         let close = |nfa: &mut Nfa, j: u64, stj: &Vec<u32>| {
             let ok_len = j >= node.min_items && node.max_items.is_none_or(|mx| j <= mx);
             if ok_len {
-                nfa.lit_to(stj[need_c], b"]", end);
+                for &q in &stj[need_c..=max_c.max(need_c)] {
+                    nfa.lit_to(q, b"]", end);
+                }
             }
         };
         for j in 0..unroll {
@@ -112,8 +146,8 @@ impl<'a> Lowerer<'a> {
                         self.place(&mut nfa, from, &item, next[f]);
                     }
                     if let Some(c) = &citem {
-                        if !c.is_empty() && need_c > 0 {
-                            self.place(&mut nfa, from, c, next[(f + 1).min(need_c)]);
+                        if let Some(g) = next_count(f).filter(|_| !c.is_empty() && (need_c > 0 || exact)) {
+                            self.place(&mut nfa, from, c, next[g]);
                         }
                     }
                 }
@@ -129,8 +163,8 @@ impl<'a> Lowerer<'a> {
                 self.sep(&mut nfa, st[last][f], b",", x);
                 self.place(&mut nfa, x, &items, st[last][f]);
                 if let Some((ci, _)) = &contains {
-                    if need_c > 0 && !ci.is_empty() {
-                        self.place(&mut nfa, x, ci, st[last][(f + 1).min(need_c)]);
+                    if let Some(g) = next_count(f).filter(|_| !ci.is_empty() && (need_c > 0 || exact)) {
+                        self.place(&mut nfa, x, ci, st[last][g]);
                     }
                 }
             }
@@ -139,8 +173,8 @@ impl<'a> Lowerer<'a> {
                 for f in 0..width {
                     let x = nfa.state();
                     self.sep(&mut nfa, st[last][f], b",", x);
-                    if need_c > 0 && !ci.is_empty() {
-                        self.place(&mut nfa, x, ci, st[last][(f + 1).min(need_c)]);
+                    if let Some(g) = next_count(f).filter(|_| !ci.is_empty() && (need_c > 0 || exact)) {
+                        self.place(&mut nfa, x, ci, st[last][g]);
                     }
                 }
             }

@@ -20,7 +20,7 @@ const ANNOTATIONS: &[&str] = &[
 ];
 
 /// Keywords of the standard vocabularies this compiler does not enforce.
-const UNSUPPORTED: &[&str] = &["maxContains"];
+const UNSUPPORTED: &[&str] = &[];
 
 impl<'a> Lowerer<'a> {
     /// Applies one conjunct of an alternative to `n` (sub-schemas go to the queue `q`).
@@ -364,10 +364,13 @@ impl<'a> Lowerer<'a> {
                         return Err(SchemaError::Unsupported { keyword: "contains".into(), pointer: ptr.to_string() });
                     }
                     node.contains = Some(vec![sub(k, v)]);
-                    node.min_contains = node.min_contains.max(1);
+                    // `minContains` / `maxContains` apply to the `contains` beside them only.
+                    let count = |kw: &str| map.get(kw).map(|x| as_u64(x).ok_or_else(|| bad(kw, "expected an integer"))).transpose();
+                    node.min_contains = count("minContains")?.unwrap_or(1);
+                    node.max_contains = count("maxContains")?;
                 }
-                "minContains" => {
-                    node.min_contains = as_u64(v).ok_or_else(|| bad(k, "expected an integer"))?;
+                "minContains" | "maxContains" => {
+                    as_u64(v).ok_or_else(|| bad(k, "expected an integer"))?;
                 }
                 "properties" => {
                     let pm = v.as_object().ok_or_else(|| bad(k, "expected an object"))?;

@@ -30,6 +30,8 @@ mod negate;
 mod objects;
 mod patterns;
 mod refs;
+#[cfg(test)]
+pub(crate) use refs::resolve_uri;
 
 use assemble::{global_get, global_put};
 use literals::value_texts;
@@ -126,6 +128,8 @@ struct Node<'a> {
     max_items: Option<u64>,
     contains: Option<Vec<Sub<'a>>>,
     min_contains: u64,
+    /// `maxContains` beside `contains`: items are then counted exactly (see `lower_array`).
+    max_contains: Option<u64>,
     props: Vec<(String, Vec<Sub<'a>>)>,
     required: Vec<String>,
     pattern_props: Vec<(String, Vec<Sub<'a>>, Rc<str>)>,

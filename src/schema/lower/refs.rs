@@ -105,7 +105,7 @@ fn remove_dot_segments(path: &str) -> String {
 
 /// Resolves the URI reference `r` (no fragment) against `base` (RFC 3986 §5.2.2; `base` may
 /// itself be relative or empty, for a document without an absolute `$id`).
-pub(super) fn resolve_uri(base: &str, r: &str) -> String {
+pub(crate) fn resolve_uri(base: &str, r: &str) -> String {
     let rp = uri_parts(r);
     let bp = uri_parts(base);
     let fmt = |scheme: Option<&str>, auth: Option<&str>, path: &str, query: Option<&str>| {
