@@ -80,6 +80,10 @@ pub struct BenchArgs {
     /// Print one JSON object (figures and per-schema outcomes) on stdout instead of a summary.
     #[arg(long)]
     pub json: bool,
+    /// At every step of every instance, compare the mask with `advance` for every token of the
+    /// vocabulary, not only the instance's own (slow on a real vocabulary).
+    #[arg(long)]
+    pub every_token: bool,
     #[command(flatten)]
     pub trust: TrustArgs,
     #[command(flatten)]
@@ -245,7 +249,7 @@ fn bench(a: BenchArgs) -> Result<(), CliError> {
         cases.truncate(n);
     }
     let encode = |s: &str| vec![tok.encode(s, false).unwrap_or_default()];
-    let r = crate::schema::corpus::run(&cases, &vocab, eos, &encode, &Default::default(), &mut progress_printer(cases.len()));
+    let r = crate::schema::corpus::run(&cases, &vocab, eos, &encode, &Default::default(), a.every_token, &mut progress_printer(cases.len()));
     if a.json {
         return write_json(&r);
     }

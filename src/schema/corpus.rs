@@ -207,6 +207,7 @@ pub fn run(
     eos: u32,
     tokenize: &Tokenize<'_>,
     opts: &CompileOptions,
+    every_token: bool,
     progress: &mut dyn FnMut(usize, &str),
 ) -> CorpusReport {
     let mut compile_ms = Vec::new();
@@ -247,7 +248,13 @@ pub fn run(
         o.mask_ms = Some(dur_ms(c.stats().mask_time));
         compile_ms.push(dur_ms(dt));
         for inst in &case.valid {
-            let results: Vec<bool> = tokenize(inst).iter().map(|ids| walk(&c, ids, eos, &mut lookups, &mut disagreements, &case.id)).collect();
+            let toks = tokenize(inst);
+            if every_token {
+                if let Some(ids) = toks.first() {
+                    super::suite::check_every_token(&c, ids, &case.id, &mut disagreements);
+                }
+            }
+            let results: Vec<bool> = toks.iter().map(|ids| walk(&c, ids, eos, &mut lookups, &mut disagreements, &case.id)).collect();
             if results.windows(2).any(|w| w[0] != w[1]) {
                 disagreements.push(format!("{}: the tokenizations of one valid instance disagree: {}", case.id, mark_exit(&c, inst)));
             }
@@ -259,6 +266,9 @@ pub fn run(
         }
         for inst in &case.invalid {
             let ids = tokenize(inst).into_iter().next().unwrap_or_default();
+            if every_token {
+                super::suite::check_every_token(&c, &ids, &case.id, &mut disagreements);
+            }
             if walk(&c, &ids, eos, &mut lookups, &mut disagreements, &case.id) {
                 o.accepted_invalid.push(inst.clone());
             } else {

@@ -338,7 +338,7 @@ fn accepts(c: &CompiledSchema, text: &str) -> bool {
 
 /// At every step of `ids`, every token of the vocabulary: the mask allows it exactly when
 /// `advance` takes it.
-fn check_every_token(c: &CompiledSchema, ids: &[u32], what: &str, out: &mut Vec<String>) {
+pub(crate) fn check_every_token(c: &CompiledSchema, ids: &[u32], what: &str, out: &mut Vec<String>) {
     let mut m = Matcher::new(c);
     let mut buf = vec![0u64; c.mask_words()];
     let n = c.vocabulary().len() as u32;
