@@ -166,7 +166,15 @@ fn disclaimer_and_structured_output_on_both_apis() {
         "output_config": {"format": {"type": "json_schema", "schema": schema}}}).to_string());
     let v: serde_json::Value = serde_json::from_str(&o).unwrap_or_else(|_| panic!("{o}"));
     check(v["content"][0]["text"].as_str().unwrap());
-    let o = curl("/v1/chat/completions", &serde_json::json!({"max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+    // `maxContains` is enforced (items counted exactly, issue 28)…
+    let o = curl("/v1/chat/completions", &serde_json::json!({"max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": "x"}],
         "response_format": {"type": "json_schema", "json_schema": {"name": "u", "schema": {"type": "array", "contains": {"type": "integer"}, "maxContains": 1}}}}).to_string());
+    let v: serde_json::Value = serde_json::from_str(&o).unwrap_or_else(|_| panic!("{o}"));
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("{o}"));
+    let arr: Vec<serde_json::Value> = serde_json::from_str(text).unwrap_or_else(|e| panic!("not a JSON array ({e}): {text}"));
+    assert_eq!(arr.iter().filter(|x| x.as_f64().is_some_and(|f| f.fract() == 0.0)).count(), 1, "{text}");
+    // …and a keyword the compiler cannot enforce exactly is a 4xx naming it, never loosened.
+    let o = curl("/v1/chat/completions", &serde_json::json!({"max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "u", "schema": {"type": "array", "contains": {"type": "integer"}, "maxContains": 9}}}}).to_string());
     assert!(o.contains("maxContains") && o.contains("invalid_request_error"), "{o}");
 }
