@@ -20,8 +20,10 @@ pub enum SchemaCommand {
     /// Run the official JSON Schema Test Suite (draft 2020-12, 2019-09, 7 and 4; fetch it with
     /// scripts/fetch-jsonschema-suite.sh) through the compiler: per draft and keyword file, the
     /// share of cases whose schema compiles, valid instances accepted (in some spelling the text
-    /// policy allows), invalid ones rejected (in every spelling), refusals by keyword. Fails
-    /// (exit 14) on an accepted invalid instance or a mask/automaton disagreement.
+    /// policy allows), invalid ones rejected (in every spelling), refusals by keyword. Without
+    /// --tokenizer-json or --bundle it uses a small synthetic byte-level vocabulary (fast; every
+    /// token can be checked). Fails (exit 14) on an accepted invalid instance or a
+    /// mask/automaton disagreement.
     Suite(SuiteArgs),
 }
 
@@ -36,13 +38,8 @@ pub struct SuiteArgs {
     /// Only the groups whose id (`draft2020-12/oneOf.json#3`) contains SUBSTR (repeatable).
     #[arg(long, value_name = "SUBSTR")]
     pub only: Vec<String>,
-    /// The vocabulary: a Hugging Face tokenizer.json. Default: a small synthetic byte-level
-    /// vocabulary with JSON punctuation clusters (fast; every token can be checked).
-    #[arg(long, value_name = "FILE", conflicts_with = "bundle")]
-    pub tokenizer_json: Option<PathBuf>,
-    /// Or the vocabulary of this bundle's tokenizer (verified first).
-    #[arg(long, value_name = "X.zlb")]
-    pub bundle: Option<PathBuf>,
+    #[command(flatten)]
+    pub vocab: VocabArgs,
     /// At every step of every walked instance, compare the mask with `advance` for every token
     /// of the vocabulary, not only the instance's own (slow on a real vocabulary).
     #[arg(long)]
@@ -53,6 +50,18 @@ pub struct SuiteArgs {
     /// Print one JSON object (tallies and per-group outcomes) instead of a summary.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Where `schema bench` and `schema suite` take their vocabulary from.
+#[derive(Debug, Args)]
+pub struct VocabArgs {
+    /// A Hugging Face tokenizer.json (byte-level BPE). Instances are tokenized with it; EOS is
+    /// `<|im_end|>`, `<|endoftext|>`, `</s>` or `<eos>`.
+    #[arg(long, value_name = "FILE", conflicts_with = "bundle")]
+    pub tokenizer_json: Option<PathBuf>,
+    /// Or the vocabulary of this bundle's tokenizer (verified first).
+    #[arg(long, value_name = "X.zlb")]
+    pub bundle: Option<PathBuf>,
     #[command(flatten)]
     pub trust: TrustArgs,
     #[command(flatten)]
@@ -64,13 +73,8 @@ pub struct BenchArgs {
     /// The corpus directory.
     #[arg(long, value_name = "DIR")]
     pub corpus: PathBuf,
-    /// The vocabulary: a Hugging Face tokenizer.json (byte-level BPE). Instances are tokenized
-    /// with it; EOS is `<|im_end|>` or `<|endoftext|>`.
-    #[arg(long, value_name = "FILE", conflicts_with = "bundle")]
-    pub tokenizer_json: Option<PathBuf>,
-    /// Or the vocabulary of this bundle's tokenizer (verified first).
-    #[arg(long, value_name = "X.zlb")]
-    pub bundle: Option<PathBuf>,
+    #[command(flatten)]
+    pub vocab: VocabArgs,
     /// Only the first N schemas of the manifest.
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
@@ -84,10 +88,6 @@ pub struct BenchArgs {
     /// vocabulary, not only the instance's own (slow on a real vocabulary).
     #[arg(long)]
     pub every_token: bool,
-    #[command(flatten)]
-    pub trust: TrustArgs,
-    #[command(flatten)]
-    pub store: StoreArgs,
 }
 
 #[derive(Debug, Args)]
@@ -118,10 +118,10 @@ pub fn exec(cmd: SchemaCommand) -> Result<(), CliError> {
 }
 
 /// The tokenizer named by `--tokenizer-json` or `--bundle` (verified first), if any.
-fn load_tokenizer(json: &Option<PathBuf>, bundle: &Option<PathBuf>, trust: &TrustArgs, store: &StoreArgs) -> Result<Option<std::sync::Arc<crate::tokenizer::Tokenizer>>, CliError> {
-    Ok(match (json, bundle) {
+fn load_tokenizer(v: &VocabArgs) -> Result<Option<std::sync::Arc<crate::tokenizer::Tokenizer>>, CliError> {
+    Ok(match (&v.tokenizer_json, &v.bundle) {
         (Some(p), _) => Some(std::sync::Arc::new(crate::tokenizer::Tokenizer::load(p).map_err(|e| CliError::Usage(e.to_string()))?)),
-        (None, Some(b)) => Some(crate::runtime::LoadedBundle::open(&open_bundle(b, trust, store, true)?)?.tokenizer.clone()),
+        (None, Some(b)) => Some(crate::runtime::LoadedBundle::open(&open_bundle(b, &v.trust, &v.store, true)?)?.tokenizer.clone()),
         (None, None) => None,
     })
 }
@@ -173,7 +173,7 @@ fn suite(a: SuiteArgs) -> Result<(), CliError> {
             return Err(CliError::Usage(format!("no group id in {} contains {}", root.display(), a.only.join(" or "))));
         }
     }
-    let tok = load_tokenizer(&a.tokenizer_json, &a.bundle, &a.trust, &a.store)?;
+    let tok = load_tokenizer(&a.vocab)?;
     let (tokens, eos) = match &tok {
         Some(t) => schema_vocab(t)?,
         None => crate::schema::corpus::synthetic_vocab(),
@@ -234,7 +234,7 @@ fn print_suite(r: &crate::schema::suite::SuiteReport, root: &Path, verbose: bool
 }
 
 fn bench(a: BenchArgs) -> Result<(), CliError> {
-    let tok = load_tokenizer(&a.tokenizer_json, &a.bundle, &a.trust, &a.store)?
+    let tok = load_tokenizer(&a.vocab)?
         .ok_or_else(|| CliError::Usage("schema bench needs a vocabulary: --tokenizer-json FILE or --bundle X.zlb".into()))?;
     let (tokens, eos) = schema_vocab(&tok)?;
     let vocab = std::sync::Arc::new(crate::schema::Vocabulary::new(&tokens, &[eos]));
