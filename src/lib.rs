@@ -25,4 +25,5 @@ pub mod server;
 pub mod sys;
 pub mod tokenizer;
 pub mod tokenmask;
+pub mod tools;
 pub mod trust;

@@ -35,6 +35,7 @@ pub use cache::{Lookup, SchemaCache};
 pub use matcher::Matcher;
 pub use tokens::Vocabulary;
 
+
 use automata::{Dfa, DEAD};
 use calls::{Calls, Config};
 use crate::tokenmask::MaskTable;
@@ -151,6 +152,24 @@ pub struct CompileOptions {
     /// Allow keys a schema does not declare when `additionalProperties` is absent (JSON Schema's
     /// default). With `false`, such objects only get their declared keys.
     pub allow_undeclared_properties: bool,
+    /// Literal text around the schema's documents (tool calls); `None`: the output is one
+    /// document.
+    pub frame: Option<Frame>,
+}
+
+/// Literal text around a schema's documents, for tool calls (`crate::tools`): the compiled
+/// language is `prefix DOC suffix`, then, with `repeat`, any number of `separator prefix DOC
+/// suffix`; with `free_text`, also every text that does not start with `prefix` (a plain answer
+/// instead of a call; the empty text included; UTF-8 only).
+/// The `uniqueItems` check of [`Matcher`] reads the output as one JSON document: a schema that
+/// needs it is refused under a frame.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Frame {
+    pub prefix: String,
+    pub suffix: String,
+    pub separator: String,
+    pub repeat: bool,
+    pub free_text: bool,
 }
 
 impl Default for CompileOptions {
@@ -170,6 +189,7 @@ impl Default for CompileOptions {
             enforce_formats: true,
             unknown_formats_are_errors: false,
             allow_undeclared_properties: true,
+            frame: None,
         }
     }
 }
@@ -228,6 +248,78 @@ pub struct CompiledSchema {
     /// return; empty without calls).
     state_unc: Vec<u32>,
     unc: Vec<Vec<u32>>,
+}
+
+/// Edges from `from` to `to` spelling one UTF-8 character (RFC 3629: no overlong forms, no
+/// surrogates), except the ASCII byte `except`.
+fn utf8_chars(n: &mut automata::Nfa, from: u32, to: u32, except: Option<u8>) {
+    match except {
+        Some(x) if x < 0x80 => {
+            if x > 0 {
+                n.range(from, 0, x - 1, to);
+            }
+            if x < 0x7F {
+                n.range(from, x + 1, 0x7F, to);
+            }
+        }
+        _ => n.range(from, 0, 0x7F, to),
+    }
+    // (lead range, then the range of each continuation byte)
+    let seqs: [(u8, u8, &[(u8, u8)]); 8] = [
+        (0xC2, 0xDF, &[(0x80, 0xBF)]),
+        (0xE0, 0xE0, &[(0xA0, 0xBF), (0x80, 0xBF)]),
+        (0xE1, 0xEC, &[(0x80, 0xBF), (0x80, 0xBF)]),
+        (0xED, 0xED, &[(0x80, 0x9F), (0x80, 0xBF)]),
+        (0xEE, 0xEF, &[(0x80, 0xBF), (0x80, 0xBF)]),
+        (0xF0, 0xF0, &[(0x90, 0xBF), (0x80, 0xBF), (0x80, 0xBF)]),
+        (0xF1, 0xF3, &[(0x80, 0xBF), (0x80, 0xBF), (0x80, 0xBF)]),
+        (0xF4, 0xF4, &[(0x80, 0x8F), (0x80, 0xBF), (0x80, 0xBF)]),
+    ];
+    for (lo, hi, rest) in seqs {
+        let mut cur = n.state();
+        n.range(from, lo, hi, cur);
+        for (k, &(a, b)) in rest.iter().enumerate() {
+            let next = if k + 1 == rest.len() { to } else { n.state() };
+            n.range(cur, a, b, next);
+            cur = next;
+        }
+    }
+}
+
+/// The automaton of [`Frame`] around the documents of `doc` (still holding its call markers).
+fn framed(doc: &Dfa, f: &Frame, cap: usize) -> Result<Dfa, SchemaError> {
+    let mut n = automata::Nfa::new();
+    let start = n.state();
+    let accept = n.state();
+    let prefix = f.prefix.as_bytes();
+    // The calls: prefix DOC suffix (separator prefix DOC suffix)*.
+    let before_doc = n.lit(start, prefix);
+    let after_doc = n.embed(before_doc, doc);
+    let after_call = n.lit(after_doc, f.suffix.as_bytes());
+    n.eps(after_call, accept);
+    if f.repeat {
+        let mut again = f.separator.as_bytes().to_vec();
+        again.extend_from_slice(prefix);
+        n.lit_to(after_call, &again, before_doc);
+    }
+    // A plain answer: any UTF-8 text that leaves the prefix before its end.
+    if f.free_text && !prefix.is_empty() {
+        let free = n.state();
+        utf8_chars(&mut n, free, free, None);
+        n.eps(free, accept);
+        let mut t = n.state();
+        n.eps(start, t);
+        for (i, &b) in prefix.iter().enumerate() {
+            n.eps(t, accept);
+            utf8_chars(&mut n, t, free, Some(b));
+            if i + 1 < prefix.len() {
+                let next = n.state();
+                n.byte(t, b, next);
+                t = next;
+            }
+        }
+    }
+    n.determinize(start, accept, cap).map_err(|o| SchemaError::TooLarge { pointer: String::new(), what: "states (tool-call frame)".into(), limit: o.states.max(cap) })
 }
 
 impl CompiledSchema {
@@ -289,6 +381,24 @@ impl CompiledSchema {
         if dfa.is_empty() {
             return Err(SchemaError::Unsatisfiable { pointer: String::new() });
         }
+        let dfa = match &opts.frame {
+            None => dfa,
+            Some(f) => {
+                if !unique.is_empty() {
+                    // The location as a path into the output (the combined tool-call schema's
+                    // instance, not the schema): `/arguments/tags`, `*` for any member or item.
+                    let pointer = unique[0]
+                        .iter()
+                        .map(|s| match s {
+                            lower::PStep::Key(k) => format!("/{}", serde_json::from_slice::<String>(k).unwrap_or_default()),
+                            lower::PStep::AnyKey | lower::PStep::AnyIndex => "/*".into(),
+                        })
+                        .collect();
+                    return Err(SchemaError::Unsupported { keyword: "uniqueItems".into(), pointer });
+                }
+                framed(&dfa, f, opts.max_states)?
+            }
+        };
         let (dfa, calls) = calls::assemble(&dfa, &subs);
         let sub_automata = calls.as_ref().map_or(0, |c| {
             let mut s: Vec<u32> = c.to.iter().map(|x| x.0).collect();

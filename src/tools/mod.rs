@@ -1,0 +1,560 @@
+//! Tool calling (issue 26): the tools a request declares, the one grammar a call is held to, how
+//! tools and results are written into the prompt, and how the model's output is read back as
+//! text or calls — whole or piece by piece while it streams.
+//!
+//! **The call syntax.** A call is written as the Hermes/Qwen form, which is also the generic
+//! wrapper for chat templates with no tool syntax of their own (SmolLM2's):
+//!
+//! ```text
+//! <tool_call>
+//! {"name": "get_weather", "arguments": {"city": "Oslo"}}
+//! </tool_call>
+//! ```
+//!
+//! Parallel calls follow one another, separated by a newline. The grammar is one compiled
+//! automaton ([`ToolSpec::grammar`]): the frame's literals (a [`Frame`] of the schema compiler)
+//! around a JSON Schema whose instances are exactly `{"name": N, "arguments": A}` with `N` a
+//! declared tool's name and `A` valid under that tool's parameter schema (an `anyOf` over the
+//! tools, each tool's schema its own resource so its `$ref`s resolve inside it). Keys come in
+//! that order (the compiler keeps schema order), so the name is known before the arguments
+//! start and the arguments stream as they are generated. With `auto` the automaton also admits
+//! any text that does not start with `<tool_call>`: the model answers or calls, and once the
+//! marker is complete the call is held to the grammar up to its end. With `required`/`any` or a
+//! named tool the grammar holds from the first token. `none` declares no tools to the model.
+//!
+//! **Reading the output.** [`StreamParser`] turns the text into [`Piece`]s: text, a call's
+//! start (its name), argument pieces (exact substrings of the output, so the pieces concatenate
+//! byte for byte to the final arguments) and a call's end. The whole-answer path feeds the whole
+//! text through the same parser.
+//!
+//! **The prompt.** [`ToolSpec::system_block`] is appended to the system message, as Qwen2.5's
+//! template writes tools; assistant calls in the history are written back in the call syntax
+//! ([`render_call`]) and tool results as `<tool_response>` blocks in a user turn
+//! ([`render_result`]), so the conversation goes through the bundle's own (verified) chat
+//! template unchanged.
+
+use serde_json::{json, Map, Value};
+
+use crate::schema::{Frame, SchemaError};
+
+/// The marker that opens a call (and decides, in `auto`, that the answer is a call).
+pub const CALL_OPEN: &str = "<tool_call>\n";
+/// The marker that closes a call.
+pub const CALL_CLOSE: &str = "\n</tool_call>";
+/// Between parallel calls.
+pub const CALL_SEP: &str = "\n";
+
+/// Most tools one request may declare.
+pub const MAX_TOOLS: usize = 128;
+/// Longest tool name (OpenAI's limit).
+pub const MAX_NAME: usize = 64;
+
+/// One declared tool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    /// The JSON Schema of its arguments (an object schema).
+    pub parameters: Value,
+}
+
+/// Which calls the model may or must make.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    /// Tools are not shown to the model; it answers in text.
+    None,
+    /// Text or calls, the model's choice.
+    Auto,
+    /// At least one call, of any declared tool (OpenAI `required`, Anthropic `any`).
+    Required,
+    /// Calls of this tool only.
+    Named(String),
+}
+
+/// A request's tools.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    pub tools: Vec<Tool>,
+    pub choice: Choice,
+    /// Several calls in one answer.
+    pub parallel: bool,
+}
+
+/// A declared tool set that is not usable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolError {
+    #[error("tool name {0:?} is invalid: use 1 to 64 characters from a-z, A-Z, 0-9, `_`, `-` and `.`")]
+    Name(String),
+    #[error("tool name {0:?} is declared twice")]
+    Duplicate(String),
+    #[error("at most {MAX_TOOLS} tools per request, got {0}")]
+    TooMany(usize),
+    #[error("tool {tool:?}: the parameter schema must be an object schema ({reason})")]
+    Parameters { tool: String, reason: String },
+    #[error("tool_choice names tool {0:?}, which is not among the declared tools")]
+    UnknownChoice(String),
+    #[error("tool_choice asks for a tool call but no tools are declared")]
+    NoTools,
+}
+
+/// Whether `name` is a usable tool name.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_NAME && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+impl ToolSpec {
+    /// Checks names, duplicates and parameter schemas, and that a named choice is declared.
+    pub fn new(tools: Vec<Tool>, choice: Choice, parallel: bool) -> Result<ToolSpec, ToolError> {
+        if tools.len() > MAX_TOOLS {
+            return Err(ToolError::TooMany(tools.len()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for t in &tools {
+            if !valid_name(&t.name) {
+                return Err(ToolError::Name(t.name.chars().take(80).collect()));
+            }
+            if !seen.insert(t.name.as_str()) {
+                return Err(ToolError::Duplicate(t.name.clone()));
+            }
+            match &t.parameters {
+                Value::Object(m) => {
+                    if let Some(ty) = m.get("type").filter(|ty| *ty != "object") {
+                        return Err(ToolError::Parameters { tool: t.name.clone(), reason: format!("`type` is {ty}, not \"object\"") });
+                    }
+                }
+                Value::Bool(true) => {}
+                other => return Err(ToolError::Parameters { tool: t.name.clone(), reason: format!("got {}", clip(&other.to_string())) }),
+            }
+        }
+        match &choice {
+            Choice::Named(n) if !tools.iter().any(|t| &t.name == n) => return Err(ToolError::UnknownChoice(n.clone())),
+            Choice::Required | Choice::Named(_) if tools.is_empty() => return Err(ToolError::NoTools),
+            _ => {}
+        }
+        Ok(ToolSpec { tools, choice, parallel })
+    }
+
+    /// Whether the model sees the tools and may call them.
+    pub fn active(&self) -> bool {
+        !self.tools.is_empty() && self.choice != Choice::None
+    }
+
+    /// The tools the grammar admits (all, or the named one).
+    fn callable(&self) -> impl Iterator<Item = (usize, &Tool)> {
+        self.tools.iter().enumerate().filter(move |(_, t)| match &self.choice {
+            Choice::Named(n) => &t.name == n,
+            _ => true,
+        })
+    }
+
+    /// The JSON Schema of one call's document and the frame around it, or `None` when the
+    /// model may not call (`none`, or no tools). Compile both with the schema compiler.
+    pub fn grammar(&self) -> Option<(Value, Frame)> {
+        if !self.active() {
+            return None;
+        }
+        let branches: Vec<Value> = self
+            .callable()
+            .map(|(i, t)| {
+                let mut params = match &t.parameters {
+                    Value::Object(m) => m.clone(),
+                    _ => Map::new(),
+                };
+                params.entry("type").or_insert_with(|| json!("object"));
+                // Each tool's schema is its own resource: its `#/$defs/…` references resolve
+                // inside it, not against the combined schema.
+                params.entry("$id").or_insert_with(|| json!(format!("urn:applianced:tool:{i}")));
+                json!({
+                    "type": "object",
+                    "properties": {"name": {"const": t.name}, "arguments": Value::Object(params)},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        let schema = if branches.len() == 1 { branches.into_iter().next()? } else { json!({ "anyOf": branches }) };
+        let frame = Frame {
+            prefix: CALL_OPEN.into(),
+            suffix: CALL_CLOSE.into(),
+            separator: CALL_SEP.into(),
+            repeat: self.parallel,
+            free_text: self.choice == Choice::Auto,
+        };
+        Some((schema, frame))
+    }
+
+    /// A compile error of [`grammar`](Self::grammar)'s schema, told in terms of the tool it
+    /// arose in: `tool "x": unsupported schema keyword `oneOf` at `/properties/a``.
+    pub fn explain(&self, e: &SchemaError) -> String {
+        let callable: Vec<&Tool> = self.callable().map(|(_, t)| t).collect();
+        if e.keyword() == Some("uniqueItems") {
+            // Located by the compiler as a path into the output: find the keyword in the schemas.
+            for t in &callable {
+                if let Some(at) = find_key(&t.parameters, "uniqueItems", "") {
+                    return format!("tool {:?}: unsupported schema keyword `uniqueItems` at `{at}`: tool arguments cannot enforce it (see docs/tools.md); remove it", t.name);
+                }
+            }
+        }
+        let Some(ptr) = e.pointer() else { return e.to_string() };
+        let (k, rest) = if callable.len() == 1 {
+            (0, ptr.to_string())
+        } else {
+            let Some(r) = ptr.strip_prefix("/anyOf/") else { return e.to_string() };
+            let (k, rest) = r.split_once('/').unwrap_or((r, ""));
+            let Ok(k) = k.parse::<usize>() else { return e.to_string() };
+            (k, if rest.is_empty() { String::new() } else { format!("/{rest}") })
+        };
+        let Some(tool) = callable.get(k) else { return e.to_string() };
+        let inner = rest.strip_prefix("/properties/arguments").unwrap_or(&rest);
+        let inner = if inner.is_empty() { "/" } else { inner };
+        let msg = e.to_string().replace(&format!("`{ptr}`"), &format!("`{inner}`"));
+        format!("tool {:?}: {msg}", tool.name)
+    }
+
+    /// The text appended to the system prompt that declares the tools (Qwen2.5's wording).
+    pub fn system_block(&self) -> String {
+        let mut s = String::from(
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>",
+        );
+        for t in &self.tools {
+            let mut f = Map::new();
+            f.insert("name".into(), json!(t.name));
+            if let Some(d) = &t.description {
+                f.insert("description".into(), json!(d));
+            }
+            f.insert("parameters".into(), t.parameters.clone());
+            s.push('\n');
+            s.push_str(&json!({"type": "function", "function": Value::Object(f)}).to_string());
+        }
+        s.push_str(
+            "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
+        );
+        if let Choice::Named(n) = &self.choice {
+            s.push_str(&format!("\n\nCall the function {n:?} now."));
+        } else if self.choice == Choice::Required {
+            s.push_str("\n\nCall one of the functions now.");
+        }
+        s
+    }
+}
+
+/// The JSON pointer of the first `key: true` in a schema (depth first).
+fn find_key(v: &Value, key: &str, at: &str) -> Option<String> {
+    let esc = |k: &str| k.replace('~', "~0").replace('/', "~1");
+    match v {
+        Value::Object(m) => {
+            if m.get(key) == Some(&Value::Bool(true)) {
+                return Some(if at.is_empty() { "/".into() } else { at.to_string() });
+            }
+            m.iter().find_map(|(k, x)| find_key(x, key, &format!("{at}/{}", esc(k))))
+        }
+        Value::Array(a) => a.iter().enumerate().find_map(|(i, x)| find_key(x, key, &format!("{at}/{i}"))),
+        _ => None,
+    }
+}
+
+fn clip(s: &str) -> String {
+    if s.chars().count() <= 80 { s.to_string() } else { format!("{}…", s.chars().take(80).collect::<String>()) }
+}
+
+/// One call in the history, written as the model writes it.
+pub fn render_call(name: &str, arguments: &str) -> String {
+    format!("{CALL_OPEN}{{\"name\": {}, \"arguments\": {arguments}}}{CALL_CLOSE}", json!(name))
+}
+
+/// One tool result, as it is given back to the model (in a user turn).
+pub fn render_result(content: &str) -> String {
+    format!("<tool_response>\n{content}\n</tool_response>")
+}
+
+/// One call read from the output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub name: String,
+    /// The arguments exactly as generated (a JSON object's text).
+    pub arguments: String,
+}
+
+/// A piece of output, as the stream reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Text(String),
+    CallStart { index: usize, name: String },
+    Args { index: usize, text: String },
+    CallEnd { index: usize },
+}
+
+/// The output read whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// A plain answer.
+    Text(String),
+    /// Complete calls (every one closed, nothing after the last).
+    Calls(Vec<Call>),
+    /// The output stopped inside a call (`max_tokens`, a stop sequence): no call is presented.
+    Incomplete,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// `auto`: the output so far is a prefix of the call marker.
+    Undecided,
+    Text,
+    /// Expecting a call's opening marker.
+    Open,
+    /// Inside the document, before the arguments.
+    Head,
+    /// Inside the arguments.
+    Args,
+    /// After the arguments: `}` and the closing marker.
+    Tail,
+    /// After a closing marker: another call (separator + marker) or the end.
+    Between,
+    /// The text broke the syntax (only a bug or redaction could do it).
+    Broken,
+}
+
+/// Reads the output as it streams (see the module docs).
+#[derive(Debug, Clone)]
+pub struct StreamParser {
+    phase: Phase,
+    /// Text received and not yet consumed.
+    pending: String,
+    calls: Vec<Call>,
+    text: String,
+    /// Arguments scanner: depth, inside a string, after a backslash.
+    depth: u32,
+    in_str: bool,
+    esc: bool,
+}
+
+impl StreamParser {
+    /// `calls_only`: the grammar holds from the first token (`required`, `any`, a named tool).
+    pub fn new(calls_only: bool) -> StreamParser {
+        StreamParser {
+            phase: if calls_only { Phase::Open } else { Phase::Undecided },
+            pending: String::new(),
+            calls: Vec::new(),
+            text: String::new(),
+            depth: 0,
+            in_str: false,
+            esc: false,
+        }
+    }
+
+    /// Whether the output has turned out to be calls.
+    pub fn is_calls(&self) -> bool {
+        !matches!(self.phase, Phase::Undecided | Phase::Text)
+    }
+
+    /// Feeds generated text; returns what can be told from it now.
+    pub fn feed(&mut self, t: &str) -> Vec<Piece> {
+        let mut out = Vec::new();
+        self.pending.push_str(t);
+        loop {
+            let before = (self.phase, self.pending.len());
+            self.step(&mut out);
+            if (self.phase, self.pending.len()) == before {
+                return out;
+            }
+        }
+    }
+
+    fn step(&mut self, out: &mut Vec<Piece>) {
+        let p = &self.pending;
+        match self.phase {
+            Phase::Undecided => {
+                if p.starts_with(CALL_OPEN) {
+                    self.phase = Phase::Open;
+                } else if !CALL_OPEN.starts_with(p.as_str()) {
+                    self.phase = Phase::Text;
+                }
+            }
+            Phase::Text => {
+                if !p.is_empty() {
+                    let t = std::mem::take(&mut self.pending);
+                    self.text.push_str(&t);
+                    out.push(Piece::Text(t));
+                }
+            }
+            Phase::Open => {
+                if p.starts_with(CALL_OPEN) {
+                    self.pending.drain(..CALL_OPEN.len());
+                    self.phase = Phase::Head;
+                } else if !CALL_OPEN.starts_with(p.as_str()) {
+                    self.phase = Phase::Broken;
+                }
+            }
+            Phase::Head => match head(p) {
+                Head::Wait => {}
+                Head::Bad => self.phase = Phase::Broken,
+                Head::Done { name, len } => {
+                    self.pending.drain(..len);
+                    out.push(Piece::CallStart { index: self.calls.len(), name: name.clone() });
+                    self.calls.push(Call { name, arguments: String::new() });
+                    (self.depth, self.in_str, self.esc) = (0, false, false);
+                    self.phase = Phase::Args;
+                }
+            },
+            Phase::Args => {
+                let mut end = None;
+                for (i, b) in p.bytes().enumerate() {
+                    if self.in_str {
+                        if self.esc {
+                            self.esc = false;
+                        } else if b == b'\\' {
+                            self.esc = true;
+                        } else if b == b'"' {
+                            self.in_str = false;
+                        }
+                    } else {
+                        match b {
+                            b'"' => self.in_str = true,
+                            b'{' | b'[' => self.depth += 1,
+                            b'}' | b']' => self.depth = self.depth.saturating_sub(1),
+                            _ => {}
+                        }
+                    }
+                    if self.depth == 0 && !self.in_str {
+                        end = Some(i + 1);
+                        break;
+                    }
+                }
+                let take = end.unwrap_or(p.len());
+                if take > 0 {
+                    let piece: String = self.pending.drain(..take).collect();
+                    let index = self.calls.len() - 1;
+                    if let Some(c) = self.calls.last_mut() {
+                        c.arguments.push_str(&piece);
+                    }
+                    out.push(Piece::Args { index, text: piece });
+                }
+                if end.is_some() {
+                    self.phase = Phase::Tail;
+                }
+            }
+            Phase::Tail => {
+                let close = format!("}}{CALL_CLOSE}");
+                if p.starts_with(&close) {
+                    self.pending.drain(..close.len());
+                    out.push(Piece::CallEnd { index: self.calls.len() - 1 });
+                    self.phase = Phase::Between;
+                } else if !close.starts_with(p.as_str()) {
+                    self.phase = Phase::Broken;
+                }
+            }
+            Phase::Between => {
+                let again = format!("{CALL_SEP}{CALL_OPEN}");
+                if p.starts_with(&again) {
+                    self.pending.drain(..CALL_SEP.len());
+                    self.phase = Phase::Open;
+                } else if !again.starts_with(p.as_str()) {
+                    self.phase = Phase::Broken;
+                }
+            }
+            Phase::Broken => {}
+        }
+    }
+
+    /// The end of the output: held-back text is released (as pieces), and the whole outcome.
+    pub fn finish(&mut self) -> (Vec<Piece>, Outcome) {
+        let mut out = Vec::new();
+        if self.phase == Phase::Undecided {
+            self.phase = Phase::Text;
+            self.step(&mut out);
+        }
+        let outcome = match self.phase {
+            Phase::Text => Outcome::Text(self.text.clone()),
+            Phase::Between if self.pending.is_empty() && !self.calls.is_empty() => Outcome::Calls(self.calls.clone()),
+            _ => Outcome::Incomplete,
+        };
+        (out, outcome)
+    }
+}
+
+enum Head {
+    Wait,
+    Bad,
+    Done { name: String, len: usize },
+}
+
+/// `{"name": "N", "arguments": ` at the start of `p` (spaces after `:` and `,` optional).
+fn head(p: &str) -> Head {
+    let b = p.as_bytes();
+    let mut i = 0;
+    // Matches `lit` at i; Wait when p ends inside it.
+    let lit = |i: &mut usize, lit: &[u8]| -> Option<bool> {
+        let n = lit.len().min(b.len() - *i);
+        if b[*i..*i + n] != lit[..n] {
+            return Some(false);
+        }
+        if n < lit.len() {
+            return None;
+        }
+        *i += lit.len();
+        Some(true)
+    };
+    let space = |i: &mut usize| -> bool {
+        // true: decided (a space taken or another byte follows); false: p ends here.
+        if *i >= b.len() {
+            return false;
+        }
+        if b[*i] == b' ' {
+            *i += 1;
+        }
+        true
+    };
+    match lit(&mut i, b"{\"name\":") {
+        None => return Head::Wait,
+        Some(false) => return Head::Bad,
+        Some(true) => {}
+    }
+    if !space(&mut i) || i == b.len() {
+        return Head::Wait;
+    }
+    if b[i] != b'"' {
+        return Head::Bad;
+    }
+    let start = i;
+    i += 1;
+    let mut esc = false;
+    loop {
+        let Some(&c) = b.get(i) else { return Head::Wait };
+        i += 1;
+        if esc {
+            esc = false;
+        } else if c == b'\\' {
+            esc = true;
+        } else if c == b'"' {
+            break;
+        }
+    }
+    let Ok(name) = serde_json::from_str::<String>(&p[start..i]) else { return Head::Bad };
+    match lit(&mut i, b",") {
+        None => return Head::Wait,
+        Some(false) => return Head::Bad,
+        Some(true) => {}
+    }
+    if !space(&mut i) {
+        return Head::Wait;
+    }
+    match lit(&mut i, b"\"arguments\":") {
+        None => return Head::Wait,
+        Some(false) => return Head::Bad,
+        Some(true) => {}
+    }
+    if !space(&mut i) {
+        return Head::Wait;
+    }
+    Head::Done { name, len: i }
+}
+
+/// Reads a whole output.
+pub fn parse(text: &str, calls_only: bool) -> Outcome {
+    let mut p = StreamParser::new(calls_only);
+    p.feed(text);
+    p.finish().1
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,344 @@
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::schema::{corpus, CompileOptions, CompiledSchema, Matcher, Vocabulary};
+
+fn tool(name: &str, parameters: Value) -> Tool {
+    Tool { name: name.into(), description: Some(format!("{name} tool")), parameters }
+}
+
+fn weather() -> Tool {
+    tool("get_weather", json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}}, "required": ["city"], "additionalProperties": false}))
+}
+
+fn lookup() -> Tool {
+    tool("lookup_record", json!({"$defs": {"id": {"type": "integer", "minimum": 1, "maximum": 999}}, "properties": {"id": {"$ref": "#/$defs/id"}}, "required": ["id"], "additionalProperties": false}))
+}
+
+fn vocab() -> (Arc<Vocabulary>, u32) {
+    let (v, eos) = corpus::synthetic_vocab();
+    (Arc::new(Vocabulary::new(&v, &[eos])), eos)
+}
+
+fn compile(spec: &ToolSpec, vocab: &Arc<Vocabulary>) -> Result<CompiledSchema, crate::schema::SchemaError> {
+    let (schema, frame) = spec.grammar().expect("active");
+    CompiledSchema::compile_with(&schema, vocab, &CompileOptions { frame: Some(frame), ..Default::default() })
+}
+
+/// xorshift64*: the tests' own deterministic draws.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// A random output the grammar admits, drawn token by token as the sampler would (only tokens
+/// after which the answer can still end within the budget), ending at an accepting state.
+fn draw(c: &CompiledSchema, eos: u32, rng: &mut Rng, budget: u32) -> Option<String> {
+    let mut m = Matcher::new(c);
+    let mut buf = vec![0u64; c.mask_words()];
+    let vocab = c.vocabulary().clone();
+    let mut out = Vec::new();
+    // Under `auto` a random first token almost always starts a text answer: half the draws
+    // start with the call marker (which every mode admits first).
+    if rng.below(2) == 0 && m.advance_bytes(CALL_OPEN.as_bytes()) {
+        out.extend_from_slice(CALL_OPEN.as_bytes());
+    } else {
+        m = Matcher::new(c);
+    }
+    for step in 0..budget {
+        m.allowed(&mut buf);
+        let left = budget - step;
+        if m.is_accepting() && (rng.below(4) == 0 || left < 4) {
+            assert!(buf[eos as usize / 64] >> (eos % 64) & 1 == 1, "EOS not allowed in an accepting state");
+            return Some(String::from_utf8(out).expect("UTF-8"));
+        }
+        let ids: Vec<u32> = (0..vocab.tokens.len() as u32)
+            .filter(|&id| id != eos && buf[id as usize / 64] >> (id % 64) & 1 == 1)
+            .filter(|&id| m.tokens_to_finish_after(id).is_some_and(|n| n < left - 1))
+            .collect();
+        if ids.is_empty() {
+            return m.is_accepting().then(|| String::from_utf8(out).expect("UTF-8"));
+        }
+        let id = ids[rng.below(ids.len())];
+        assert!(m.advance(id), "the mask allowed a token that advance refused");
+        out.extend_from_slice(&vocab.tokens[id as usize]);
+    }
+    None
+}
+
+/// Every piece split of `text` streams to the same outcome, and argument pieces concatenate
+/// byte for byte to the final arguments.
+fn stream_agrees(text: &str, calls_only: bool, rng: &mut Rng) -> Outcome {
+    let whole = parse(text, calls_only);
+    let mut p = StreamParser::new(calls_only);
+    let mut args: Vec<String> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    let mut texts = String::new();
+    let mut rest = text;
+    let mut pieces = Vec::new();
+    while !rest.is_empty() {
+        let mut n = 1 + rng.below(6).min(rest.len() - 1);
+        while !rest.is_char_boundary(n) {
+            n += 1;
+        }
+        pieces.extend(p.feed(&rest[..n]));
+        rest = &rest[n..];
+    }
+    let (tail, outcome) = p.finish();
+    pieces.extend(tail);
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => texts.push_str(&t),
+            Piece::CallStart { index, name } => {
+                assert_eq!(index, names.len());
+                names.push(name);
+                args.push(String::new());
+            }
+            Piece::Args { index, text } => args[index].push_str(&text),
+            Piece::CallEnd { index } => assert!(index < names.len()),
+        }
+    }
+    assert_eq!(outcome, whole, "{text:?}");
+    match &outcome {
+        Outcome::Text(t) => assert_eq!(&texts, t),
+        Outcome::Calls(calls) => {
+            assert!(texts.is_empty());
+            assert_eq!(calls.iter().map(|c| c.name.clone()).collect::<Vec<_>>(), names);
+            assert_eq!(calls.iter().map(|c| c.arguments.clone()).collect::<Vec<_>>(), args);
+        }
+        Outcome::Incomplete => {}
+    }
+    outcome
+}
+
+/// Each call names a declared (and, for a named choice, that) tool and its arguments are valid
+/// under the tool's own schema compiled alone, without the frame.
+fn check_calls(spec: &ToolSpec, calls: &[Call], vocab: &Arc<Vocabulary>, alone: &mut std::collections::HashMap<String, CompiledSchema>) {
+    assert!(!calls.is_empty());
+    if !spec.parallel {
+        assert_eq!(calls.len(), 1);
+    }
+    for c in calls {
+        let t = spec.tools.iter().find(|t| t.name == c.name).unwrap_or_else(|| panic!("undeclared tool {:?}", c.name));
+        if let Choice::Named(n) = &spec.choice {
+            assert_eq!(&c.name, n);
+        }
+        // JSON allows exponents past f64's range (`1e999`; Python reads it as inf), serde_json
+        // refuses them: only that error is tolerated.
+        match serde_json::from_str::<Value>(&c.arguments) {
+            Ok(v) => assert!(v.is_object(), "{v}"),
+            Err(e) => assert!(e.to_string().contains("number out of range"), "arguments {:?} do not parse: {e}", c.arguments),
+        }
+        // The tool's schema alone at the widest bounds (the grammar may have been built with
+        // lower ones: a sound narrowing).
+        let wide = CompileOptions { adaptive_nesting: false, max_states: 2_000_000, ..Default::default() };
+        let s = alone.entry(t.name.clone()).or_insert_with(|| CompiledSchema::compile_with(&t.parameters, vocab, &wide).unwrap());
+        let mut m = Matcher::new(&*s);
+        assert!(m.advance_bytes(c.arguments.as_bytes()) && m.is_accepting(), "tool {:?}: arguments {} not valid under its schema", t.name, c.arguments);
+    }
+}
+
+#[test]
+fn calls_are_valid_by_construction_in_every_mode() {
+    let (vocab, eos) = vocab();
+    let mut rng = Rng(0x5eed_0026);
+    let mut alone = std::collections::HashMap::new();
+    for (choice, parallel) in [
+        (Choice::Required, false),
+        (Choice::Required, true),
+        (Choice::Named("lookup_record".into()), false),
+        (Choice::Auto, true),
+        (Choice::Auto, false),
+    ] {
+        let spec = ToolSpec::new(vec![weather(), lookup()], choice.clone(), parallel).unwrap();
+        let c = compile(&spec, &vocab).unwrap();
+        let calls_only = choice != Choice::Auto;
+        let (mut n_calls, mut n_text) = (0, 0);
+        for _ in 0..60 {
+            let Some(text) = draw(&c, eos, &mut rng, 160) else { continue };
+            match stream_agrees(&text, calls_only, &mut rng) {
+                Outcome::Calls(calls) => {
+                    n_calls += 1;
+                    check_calls(&spec, &calls, &vocab, &mut alone);
+                }
+                Outcome::Text(t) => {
+                    assert!(!calls_only, "{choice:?}: a text answer {t:?}");
+                    assert!(!t.starts_with(CALL_OPEN));
+                    n_text += 1;
+                }
+                Outcome::Incomplete => panic!("{choice:?}: an accepted output {text:?} reads as incomplete"),
+            }
+        }
+        assert!(n_calls > 10, "{choice:?}: {n_calls} calls drawn");
+        if choice == Choice::Auto {
+            assert!(n_text > 0, "auto: no text answer drawn");
+        }
+    }
+}
+
+#[test]
+fn frame_accepts_exactly_its_language() {
+    let (vocab, _) = vocab();
+    let spec = ToolSpec::new(vec![weather(), lookup()], Choice::Auto, true).unwrap();
+    let c = compile(&spec, &vocab).unwrap();
+    let accepts = |t: &str| {
+        let mut m = Matcher::new(&c);
+        m.advance_bytes(t.as_bytes()) && m.is_accepting()
+    };
+    let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    assert!(accepts(call));
+    assert!(accepts(&format!("{call}\n{call}")));
+    assert!(accepts("<tool_call>\n{\"name\":\"lookup_record\",\"arguments\":{\"id\":7}}\n</tool_call>"));
+    assert!(accepts("It is sunny."));
+    assert!(accepts(""));
+    assert!(accepts("<tool"));
+    assert!(accepts("<tool_call>x"[..11].trim_end_matches('>')));
+    // Once the marker is complete, only a valid call.
+    assert!(!accepts("<tool_call>\nhello"));
+    assert!(!accepts("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"), "required city");
+    assert!(!accepts("<tool_call>\n{\"name\": \"rm_rf\", \"arguments\": {}}\n</tool_call>"));
+    assert!(!accepts("<tool_call>\n{\"name\": \"lookup_record\", \"arguments\": {\"id\": 1000}}\n</tool_call>"));
+    assert!(!accepts(&format!("{call}\ntrailing text")));
+    // Without `repeat`, one call only; without free text, no plain answer.
+    let one = ToolSpec::new(vec![weather()], Choice::Required, false).unwrap();
+    let c = compile(&one, &vocab).unwrap();
+    let accepts = |t: &str| {
+        let mut m = Matcher::new(&c);
+        m.advance_bytes(t.as_bytes()) && m.is_accepting()
+    };
+    assert!(accepts(call));
+    assert!(!accepts(&format!("{call}\n{call}")));
+    assert!(!accepts("It is sunny."));
+    assert!(!accepts(""));
+}
+
+#[test]
+fn refusals_name_the_tool_and_the_pointer_inside_it() {
+    let (vocab, _) = vocab();
+    let bad = tool("needs_unique", json!({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": true}}}));
+    let spec = ToolSpec::new(vec![weather(), bad.clone()], Choice::Auto, false).unwrap();
+    let e = compile(&spec, &vocab).unwrap_err();
+    let msg = spec.explain(&e);
+    assert!(msg.contains("uniqueItems") && msg.contains("needs_unique"), "{msg}");
+    let pat = tool("pat", json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=x)"}}}));
+    let spec = ToolSpec::new(vec![weather(), pat], Choice::Required, false).unwrap();
+    let e = compile(&spec, &vocab).unwrap_err();
+    let msg = spec.explain(&e);
+    assert!(msg.starts_with("tool \"pat\":") && msg.contains("`/properties/a/pattern`"), "{msg}");
+    assert!(!msg.contains("anyOf"), "{msg}");
+}
+
+#[test]
+fn tool_sets_are_checked() {
+    assert!(matches!(ToolSpec::new(vec![tool("a b", json!({}))], Choice::Auto, true), Err(ToolError::Name(_))));
+    assert!(matches!(ToolSpec::new(vec![tool("a", json!({})), tool("a", json!({}))], Choice::Auto, true), Err(ToolError::Duplicate(_))));
+    assert!(matches!(ToolSpec::new(vec![tool("a", json!({"type": "string"}))], Choice::Auto, true), Err(ToolError::Parameters { .. })));
+    assert!(matches!(ToolSpec::new(vec![tool("a", json!({}))], Choice::Named("b".into()), true), Err(ToolError::UnknownChoice(_))));
+    assert!(matches!(ToolSpec::new(vec![], Choice::Required, true), Err(ToolError::NoTools)));
+    let none = ToolSpec::new(vec![weather()], Choice::None, true).unwrap();
+    assert!(none.grammar().is_none() && !none.active());
+}
+
+#[test]
+fn the_parser_reads_text_calls_and_cut_calls() {
+    let call = |n: &str, a: &str| render_call(n, a);
+    assert_eq!(parse("Hello", false), Outcome::Text("Hello".into()));
+    assert_eq!(parse("<tool", false), Outcome::Text("<tool".into()));
+    assert_eq!(parse("", false), Outcome::Text(String::new()));
+    let two = format!("{}\n{}", call("a", "{\"x\": [1, {\"y\": \"}\\\"\"}]}"), call("b", "{}"));
+    assert_eq!(
+        parse(&two, true),
+        Outcome::Calls(vec![Call { name: "a".into(), arguments: "{\"x\": [1, {\"y\": \"}\\\"\"}]}".into() }, Call { name: "b".into(), arguments: "{}".into() }])
+    );
+    assert_eq!(parse(&two[..two.len() - 3], true), Outcome::Incomplete);
+    assert_eq!(parse("<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\"", true), Outcome::Incomplete);
+    let mut rng = Rng(7);
+    for _ in 0..50 {
+        stream_agrees(&two, true, &mut rng);
+        stream_agrees(&two, false, &mut rng);
+    }
+}
+
+/// The goal of issue 26 on the model-free side: over 1 000 calls on random tool sets drawn from
+/// the reference corpus' function-call argument schemas (BFCL) and hand-written application
+/// schemas, in every `tool_choice` mode, each call parses, names a declared tool and validates,
+/// and its streamed pieces concatenate to it (the server tests add the real model).
+#[test]
+fn a_thousand_calls_on_corpus_tool_sets() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference/schemas");
+    let manifest: Vec<Value> = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let mut pool: Vec<Tool> = Vec::new();
+    for e in &manifest {
+        let fam = e["family"].as_str().unwrap_or("");
+        if !(fam.starts_with("bfcl") || fam.starts_with("hw")) || e["bytes"].as_u64().unwrap_or(u64::MAX) > 16_000 {
+            continue;
+        }
+        let id = e["id"].as_str().unwrap();
+        let Ok(bytes) = std::fs::read(dir.join("schemas").join(format!("{id}.json"))) else { continue };
+        let Ok(schema) = serde_json::from_slice::<Value>(&bytes) else { continue };
+        let name: String = format!("t{}_{}", pool.len(), id.split("--").last().unwrap_or(id))
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .take(MAX_NAME)
+            .collect();
+        pool.push(tool(&name, schema));
+    }
+    assert!(pool.len() >= 20, "{} corpus tools", pool.len());
+    let (vocab, eos) = vocab();
+    let mut rng = Rng(0x1000_c411);
+    let mut alone = std::collections::HashMap::new();
+    let (mut calls_checked, mut sets, mut refused) = (0usize, 0usize, 0usize);
+    let t0 = std::time::Instant::now();
+    while calls_checked < 1000 {
+        assert!(t0.elapsed().as_secs() < 300, "{calls_checked} calls in 300 s");
+        let k = 1 + rng.below(4);
+        let mut tools: Vec<Tool> = Vec::new();
+        while tools.len() < k {
+            let t = pool[rng.below(pool.len())].clone();
+            if !tools.iter().any(|x| x.name == t.name) {
+                tools.push(t);
+            }
+        }
+        let choice = match sets % 3 {
+            0 => Choice::Auto,
+            1 => Choice::Required,
+            _ => Choice::Named(tools[rng.below(tools.len())].name.clone()),
+        };
+        sets += 1;
+        let spec = ToolSpec::new(tools, choice.clone(), rng.below(2) == 0).unwrap();
+        let c = match compile(&spec, &vocab) {
+            Ok(c) => c,
+            Err(e) => {
+                // Refused by name (a keyword the compiler cannot enforce), never loosened.
+                let msg = spec.explain(&e);
+                assert!(msg.starts_with("tool \""), "{msg}");
+                refused += 1;
+                continue;
+            }
+        };
+        for _ in 0..12 {
+            let Some(text) = draw(&c, eos, &mut rng, 400) else { continue };
+            match stream_agrees(&text, choice != Choice::Auto, &mut rng) {
+                Outcome::Calls(calls) => {
+                    check_calls(&spec, &calls, &vocab, &mut alone);
+                    calls_checked += calls.len();
+                }
+                Outcome::Text(_) => assert_eq!(choice, Choice::Auto),
+                Outcome::Incomplete => panic!("an accepted output reads as incomplete: {text:?}"),
+            }
+        }
+    }
+    eprintln!("{calls_checked} calls checked on {sets} tool sets ({refused} refused by name) in {:?}", t0.elapsed());
+    assert!(refused * 4 < sets, "{refused} of {sets} tool sets refused");
+}
+
