@@ -23,6 +23,7 @@ use super::scheduler::{Finish, GenError};
 use super::State;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::ChatMessage;
+use crate::tools::{self, Choice, Tool, ToolSpec};
 
 /// Which API a request speaks (decides error and response shapes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +119,9 @@ pub struct ChatRequest {
     /// `POST /v1/completions`: the prompt, given to the model as plain text (no chat template);
     /// `messages` is then empty.
     pub prompt: Option<String>,
+    /// Declared tools and the tool choice (`None`: no `tools` field). When active, their
+    /// declaration is already in the system message and the answer is held to their grammar.
+    pub tools: Option<ToolSpec>,
 }
 
 impl ChatRequest {
@@ -349,6 +353,185 @@ fn string_list(v: &Value, path: &str, max: usize) -> Result<Vec<String>, ApiErro
     Ok(list)
 }
 
+/// OpenAI `tools`, `tool_choice` and `parallel_tool_calls`.
+fn openai_tools(o: &Obj<'_>) -> Result<Option<ToolSpec>, ApiError> {
+    let parallel = o.bool("parallel_tool_calls")?.unwrap_or(true);
+    let list = match o.get("tools") {
+        None => {
+            return match o.get("tool_choice") {
+                None => Ok(None),
+                Some(Value::String(c)) if c == "none" || c == "auto" => Ok(None),
+                Some(_) => Err(ApiError::bad("tool_choice", "asks for a tool call but no tools are declared")),
+            }
+        }
+        Some(Value::Array(a)) => a,
+        Some(v) => return Err(ApiError::bad("tools", format!("expected an array, got {}", kind(v)))),
+    };
+    let mut decl = Vec::new();
+    for (i, t) in list.iter().enumerate() {
+        let p = format!("tools[{i}]");
+        let Value::Object(tm) = t else { return Err(ApiError::bad(&p, format!("expected a tool object, got {}", kind(t)))) };
+        let to = Obj::new(tm, &p);
+        to.reject_unknown(&["type", "function"], &["custom"])?;
+        if let Some(ty) = to.str("type")?.filter(|t| *t != "function") {
+            return Err(ApiError::unsupported(&to.p("type"), format!("tools of type {ty:?} are not supported (only \"function\")")));
+        }
+        let Some(Value::Object(fm)) = to.get("function") else { return Err(ApiError::bad(&to.p("function"), "required object is missing")) };
+        let fo = Obj::new(fm, &to.p("function"));
+        fo.reject_unknown(&["name", "description", "parameters", "strict"], &[])?;
+        // `strict` is accepted either way: arguments always follow the schema exactly here.
+        fo.bool("strict")?;
+        decl.push(Tool {
+            name: fo.req_str("name")?.to_owned(),
+            description: fo.str("description")?.map(str::to_owned),
+            parameters: fo.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+        });
+    }
+    let choice = match o.get("tool_choice") {
+        None => Choice::Auto,
+        Some(Value::String(c)) => match c.as_str() {
+            "none" => Choice::None,
+            "auto" => Choice::Auto,
+            "required" => Choice::Required,
+            other => return Err(ApiError::bad("tool_choice", format!("expected \"none\", \"auto\", \"required\" or a function object, got {other:?}"))),
+        },
+        Some(Value::Object(cm)) => {
+            let co = Obj::new(cm, "tool_choice");
+            co.reject_unknown(&["type", "function"], &["allowed_tools", "custom"])?;
+            if let Some(ty) = co.str("type")?.filter(|t| *t != "function") {
+                return Err(ApiError::unsupported("tool_choice.type", format!("{ty:?} is not supported (only \"function\")")));
+            }
+            let Some(Value::Object(fm)) = co.get("function") else { return Err(ApiError::bad("tool_choice.function", "required object is missing")) };
+            Choice::Named(Obj::new(fm, "tool_choice.function").req_str("name")?.to_owned())
+        }
+        Some(v) => return Err(ApiError::bad("tool_choice", format!("expected a string or an object, got {}", kind(v)))),
+    };
+    tool_spec(decl, choice, parallel)
+}
+
+/// Anthropic `tools` and `tool_choice`.
+fn anthropic_tools(o: &Obj<'_>) -> Result<Option<ToolSpec>, ApiError> {
+    let list = match o.get("tools") {
+        None => {
+            return match o.get("tool_choice").and_then(|c| c.get("type")).and_then(Value::as_str) {
+                None | Some("none" | "auto") => Ok(None),
+                Some(_) => Err(ApiError::bad("tool_choice", "asks for a tool call but no tools are declared")),
+            }
+        }
+        Some(Value::Array(a)) => a,
+        Some(v) => return Err(ApiError::bad("tools", format!("expected an array, got {}", kind(v)))),
+    };
+    let mut decl = Vec::new();
+    for (i, t) in list.iter().enumerate() {
+        let p = format!("tools[{i}]");
+        let Value::Object(tm) = t else { return Err(ApiError::bad(&p, format!("expected a tool object, got {}", kind(t)))) };
+        let to = Obj::new(tm, &p);
+        if let Some(ty) = to.str("type")?.filter(|t| *t != "custom") {
+            return Err(ApiError::unsupported(&to.p("type"), format!("server tools ({ty:?}) are not available on this appliance; declare client tools with an input_schema")));
+        }
+        to.reject_unknown(&["type", "name", "description", "input_schema", "cache_control", "strict"], &[])?;
+        to.bool("strict")?;
+        let schema = to.get("input_schema").cloned().ok_or_else(|| ApiError::bad(&to.p("input_schema"), "required field is missing"))?;
+        decl.push(Tool { name: to.req_str("name")?.to_owned(), description: to.str("description")?.map(str::to_owned), parameters: schema });
+    }
+    let mut parallel = true;
+    let choice = match o.get("tool_choice") {
+        None => Choice::Auto,
+        Some(Value::Object(cm)) => {
+            let co = Obj::new(cm, "tool_choice");
+            co.reject_unknown(&["type", "name", "disable_parallel_tool_use"], &[])?;
+            parallel = !co.bool("disable_parallel_tool_use")?.unwrap_or(false);
+            match co.req_str("type")? {
+                "auto" => Choice::Auto,
+                "any" => Choice::Required,
+                "none" => Choice::None,
+                "tool" => Choice::Named(co.req_str("name")?.to_owned()),
+                other => return Err(ApiError::bad("tool_choice.type", format!("expected \"auto\", \"any\", \"tool\" or \"none\", got {other:?}"))),
+            }
+        }
+        Some(v) => return Err(ApiError::bad("tool_choice", format!("expected an object, got {}", kind(v)))),
+    };
+    tool_spec(decl, choice, parallel)
+}
+
+fn tool_spec(decl: Vec<Tool>, choice: Choice, parallel: bool) -> Result<Option<ToolSpec>, ApiError> {
+    ToolSpec::new(decl, choice, parallel).map(Some).map_err(|e| {
+        let param = if matches!(e, tools::ToolError::UnknownChoice(_) | tools::ToolError::NoTools) { "tool_choice" } else { "tools" };
+        ApiError::bad(param, e.to_string())
+    })
+}
+
+/// Puts the tools' declaration into the system message (first message; one is added when the
+/// conversation has none). Tools and a response schema do not combine.
+fn declare_tools(messages: &mut Vec<ChatMessage>, spec: Option<&ToolSpec>, has_schema: bool, schema_param: &str) -> Result<(), ApiError> {
+    let Some(spec) = spec.filter(|t| t.active()) else { return Ok(()) };
+    if has_schema {
+        return Err(ApiError::unsupported(schema_param, "a response schema cannot be combined with tools (tool calls are held to the tools' own schemas); drop one of the two"));
+    }
+    let block = spec.system_block();
+    match messages.first_mut() {
+        Some(m) if m.role == "system" => {
+            if !m.content.is_empty() {
+                m.content.push_str("\n\n");
+            }
+            m.content.push_str(&block);
+        }
+        _ => messages.insert(0, ChatMessage::new("system", &block)),
+    }
+    Ok(())
+}
+
+/// An Anthropic message's `content` as the model sees it: text blocks as they are, `tool_use`
+/// blocks (assistant) in the call syntax, `tool_result` blocks (user) as tool responses.
+fn anthropic_content(v: &Value, path: &str, role: &str) -> Result<String, ApiError> {
+    let Value::Array(blocks) = v else { return text_content(v, path, false) };
+    if blocks.is_empty() {
+        return Err(ApiError::bad(path, "must not be an empty array"));
+    }
+    let mut out = String::new();
+    let mut last_text = true; // the last piece was text (or there was none)
+    for (i, b) in blocks.iter().enumerate() {
+        let bp = format!("{path}[{i}]");
+        let Value::Object(m) = b else { return Err(ApiError::bad(&bp, format!("expected a content block object, got {}", kind(b)))) };
+        let o = Obj::new(m, &bp);
+        let ty = o.req_str("type")?;
+        let piece = match (ty, role) {
+            ("text", _) => {
+                if !out.is_empty() && !last_text {
+                    out.push('\n');
+                }
+                out.push_str(o.req_str("text")?);
+                last_text = true;
+                continue;
+            }
+            ("tool_use", "assistant") => {
+                o.req_str("id")?;
+                let input = o.get("input").ok_or_else(|| ApiError::bad(&o.p("input"), "required field is missing"))?;
+                tools::render_call(o.req_str("name")?, &input.to_string())
+            }
+            ("tool_result", "user") => {
+                o.req_str("tool_use_id")?;
+                let text = match o.get("content") {
+                    None => String::new(),
+                    Some(c) => text_content(c, &o.p("content"), true)?,
+                };
+                let text = if o.bool("is_error")? == Some(true) { format!("Error: {text}") } else { text };
+                tools::render_result(&text)
+            }
+            ("tool_use" | "tool_result", _) => {
+                return Err(ApiError::bad(&format!("{bp}.type"), format!("a {ty:?} block belongs in {} message", if ty == "tool_use" { "an assistant" } else { "a user" })))
+            }
+            _ => return Err(ApiError::unsupported(&format!("{bp}.type"), format!("content blocks of type {ty:?} are not supported (only \"text\", \"tool_use\" and \"tool_result\")"))),
+        };
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&piece);
+        last_text = false;
+    }
+    Ok(out)
+}
+
 /// `POST /v1/messages` (and `count_tokens`, with `counting` = true: no `max_tokens` needed).
 pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatRequest, ApiError> {
     let o = Obj::new(m, "");
@@ -359,8 +542,9 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
         known.extend(["max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "metadata", "stream"]);
     }
     known.extend(HINTS);
-    known.extend(["output_config", "output_format"]);
-    o.reject_unknown(&known, &["tools", "tool_choice", "thinking", "mcp_servers", "container"])?;
+    known.extend(["output_config", "output_format", "tools", "tool_choice"]);
+    o.reject_unknown(&known, &["thinking", "mcp_servers", "container"])?;
+    let tools = anthropic_tools(&o)?;
     let fmt = match (o.get("output_config"), o.get("output_format")) {
         (Some(c), _) => match c.get("format") {
             Some(f) => Some(("output_config.format", f)),
@@ -401,7 +585,7 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
             return Err(ApiError::bad(&format!("{p}.role"), format!("expected \"user\" or \"assistant\", got {role:?} (use the top-level \"system\" field for system prompts)")));
         }
         let content = mo.get("content").ok_or_else(|| ApiError::bad(&format!("{p}.content"), "required field is missing"))?;
-        let mut text = text_content(content, &format!("{p}.content"), false)?;
+        let mut text = anthropic_content(content, &format!("{p}.content"), role)?;
         if i + 1 == arr.len() && role == "assistant" {
             // Anthropic: a final assistant turn may not end with whitespace.
             text = text.trim_end().to_string();
@@ -451,7 +635,8 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
         stream = o.bool("stream")?.unwrap_or(false);
     }
     let preset = o.str("preset")?.map(str::to_owned);
-    Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false, overrides, schema, preset, prompt: None })
+    declare_tools(&mut messages, tools.as_ref(), schema.is_some(), "output_config")?;
+    Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false, overrides, schema, preset, prompt: None, tools })
 }
 
 /// `POST /v1/chat/completions`.
@@ -461,33 +646,77 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         &[
             "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream",
             "stream_options", "user", "frequency_penalty", "presence_penalty", "logprobs", "response_format", "store",
-            "metadata", "parallel_tool_calls", "service_tier", "preset",
+            "metadata", "parallel_tool_calls", "service_tier", "preset", "tools", "tool_choice",
         ],
-        &["tools", "tool_choice", "functions", "function_call", "logit_bias", "top_logprobs", "audio", "modalities", "prediction", "reasoning_effort", "web_search_options"],
+        &["functions", "function_call", "logit_bias", "top_logprobs", "audio", "modalities", "prediction", "reasoning_effort", "web_search_options"],
     )?;
     let arr = messages_array(&o)?;
-    let mut messages = Vec::new();
+    let mut messages: Vec<ChatMessage> = Vec::new();
+    let mut last_was_tool = false;
     for (i, v) in arr.iter().enumerate() {
         let p = format!("messages[{i}]");
         let Value::Object(mm) = v else {
             return Err(ApiError::bad(&p, format!("expected a message object, got {}", kind(v))));
         };
         let mo = Obj::new(mm, &p);
-        mo.reject_unknown(&["role", "content", "name"], &["tool_calls", "tool_call_id", "function_call", "audio", "refusal"])?;
+        mo.reject_unknown(&["role", "content", "name", "tool_calls", "tool_call_id", "refusal"], &["function_call", "audio"])?;
         let role = mo.req_str("role")?;
         let role = match role {
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
-            "tool" | "function" => return Err(ApiError::unsupported(&format!("{p}.role"), format!("role {role:?} is not supported (no tool use)"))),
-            other => return Err(ApiError::bad(&format!("{p}.role"), format!("expected one of \"system\", \"developer\", \"user\", \"assistant\", got {other:?}"))),
+            "tool" => "tool",
+            "function" => return Err(ApiError::unsupported(&format!("{p}.role"), "role \"function\" (the deprecated function-calling API) is not supported; use tools and role \"tool\"")),
+            other => return Err(ApiError::bad(&format!("{p}.role"), format!("expected one of \"system\", \"developer\", \"user\", \"assistant\", \"tool\", got {other:?}"))),
         };
         mo.str("name")?;
-        let content = match mo.get("content") {
+        mo.str("refusal")?;
+        let mut content = match mo.get("content") {
             Some(c) => text_content(c, &format!("{p}.content"), role == "assistant")?,
             None if role == "assistant" => String::new(),
             None => return Err(ApiError::bad(&format!("{p}.content"), "required field is missing")),
         };
+        if role == "tool" {
+            mo.req_str("tool_call_id")?;
+            // Tool results go back to the model in a user turn; consecutive results share one.
+            let r = tools::render_result(&content);
+            match messages.last_mut() {
+                Some(m) if last_was_tool => {
+                    m.content.push('\n');
+                    m.content.push_str(&r);
+                }
+                _ => messages.push(ChatMessage::new("user", &r)),
+            }
+            last_was_tool = true;
+            continue;
+        }
+        last_was_tool = false;
+        if let Some(calls) = mo.get("tool_calls") {
+            if role != "assistant" {
+                return Err(ApiError::bad(&format!("{p}.tool_calls"), "only assistant messages carry tool calls"));
+            }
+            let Value::Array(calls) = calls else {
+                return Err(ApiError::bad(&format!("{p}.tool_calls"), format!("expected an array, got {}", kind(calls))));
+            };
+            for (j, c) in calls.iter().enumerate() {
+                let cp = format!("{p}.tool_calls[{j}]");
+                let Value::Object(cm) = c else { return Err(ApiError::bad(&cp, format!("expected an object, got {}", kind(c)))) };
+                let co = Obj::new(cm, &cp);
+                co.reject_unknown(&["id", "type", "function"], &["custom"])?;
+                co.str("id")?;
+                if let Some(t) = co.str("type")?.filter(|t| *t != "function") {
+                    return Err(ApiError::unsupported(&co.p("type"), format!("tool calls of type {t:?} are not supported (only \"function\")")));
+                }
+                let Some(Value::Object(fm)) = co.get("function") else { return Err(ApiError::bad(&co.p("function"), "required object is missing")) };
+                let fo = Obj::new(fm, &co.p("function"));
+                fo.reject_unknown(&["name", "arguments"], &[])?;
+                let call = tools::render_call(fo.req_str("name")?, fo.req_str("arguments")?);
+                if !content.is_empty() {
+                    content.push('\n');
+                }
+                content.push_str(&call);
+            }
+        }
         messages.push(ChatMessage::new(role, &content));
     }
     // (OpenAI answers after the conversation; a trailing assistant message is history.)
@@ -495,6 +724,8 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         return Err(ApiError::unsupported("logprobs", "log probabilities are not supported"));
     }
     let mut r = openai_params(&o)?;
+    r.tools = openai_tools(&o)?;
+    declare_tools(&mut messages, r.tools.as_ref(), r.schema.is_some(), "response_format")?;
     r.messages = messages;
     Ok(r)
 }
@@ -614,7 +845,7 @@ fn openai_params(o: &Obj<'_>) -> Result<ChatRequest, ApiError> {
     }
     overrides.seed = seed;
     let preset = o.str("preset")?.map(str::to_owned);
-    Ok(ChatRequest { model, messages: Vec::new(), max_tokens: mt.map(|x| x as usize), sampling, seed, stop, stream, include_usage, overrides, schema, preset, prompt: None })
+    Ok(ChatRequest { model, messages: Vec::new(), max_tokens: mt.map(|x| x as usize), sampling, seed, stop, stream, include_usage, overrides, schema, preset, prompt: None, tools: None })
 }
 
 // ---- responses ----
@@ -786,6 +1017,51 @@ pub(crate) fn chat_body(flavor: Flavor, id: &str, model: &str, fingerprint: &str
                       "prompt_tokens_details": {"cached_tokens": f.cached_tokens}},
         }),
     }
+}
+
+/// A new tool call's id, in the API's own style (`call_…`, `toolu_…`).
+pub(crate) fn call_id(flavor: Flavor) -> String {
+    use rand_core::RngCore as _;
+    let mut b = [0u8; 12];
+    rand_core::OsRng.fill_bytes(&mut b);
+    match flavor {
+        Flavor::Anthropic => format!("toolu_{}", hex::encode(b)),
+        Flavor::OpenAi => format!("call_{}", hex::encode(b)),
+    }
+}
+
+/// A call's arguments as a JSON value (Anthropic's `input`). The grammar makes them a JSON
+/// object; a number past f64's range (`1e999`) is the one thing serde_json refuses.
+pub(crate) fn call_input(arguments: &str) -> Result<Value, ApiError> {
+    serde_json::from_str(arguments).map_err(|e| ApiError::new(500, format!("tool call arguments could not be read: {e}")))
+}
+
+/// The body of a whole answer that is tool calls: OpenAI `tool_calls` with `finish_reason:
+/// "tool_calls"`, Anthropic `tool_use` blocks with `stop_reason: "tool_use"`.
+pub(crate) fn tool_calls_body(flavor: Flavor, id: &str, model: &str, fingerprint: &str, calls: &[(String, tools::Call)], f: &Finish, n: usize) -> Result<Value, ApiError> {
+    Ok(match flavor {
+        Flavor::Anthropic => {
+            let mut content = Vec::new();
+            for (cid, c) in calls {
+                content.push(json!({"type": "tool_use", "id": cid, "name": c.name, "input": call_input(&c.arguments)?}));
+            }
+            json!({
+                "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
+                "stop_reason": "tool_use", "stop_sequence": Value::Null,
+                "usage": {"input_tokens": n, "output_tokens": f.output_tokens},
+            })
+        }
+        Flavor::OpenAi => {
+            let tc: Vec<Value> = calls.iter().map(|(cid, c)| json!({"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})).collect();
+            json!({
+                "id": id, "object": "chat.completion", "created": unix_now(), "model": model,
+                "system_fingerprint": fingerprint,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": Value::Null, "refusal": Value::Null, "tool_calls": tc}, "logprobs": Value::Null, "finish_reason": "tool_calls"}],
+                "usage": {"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens,
+                          "prompt_tokens_details": {"cached_tokens": f.cached_tokens}},
+            })
+        }
+    })
 }
 
 pub(crate) fn model_entry(state: &State) -> Value {

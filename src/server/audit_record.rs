@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use hyper::Response;
-use serde_json::{json, Map};
+use serde_json::{json, Map, Value};
 use sha2::Digest as _;
 
 use super::api::{error_response, set_request_id, ApiError, Flavor};
@@ -65,6 +65,9 @@ pub(crate) struct Record {
     /// Thread CPU time of appending the audit record (`AuditLog::append`: serialize, hash, lock,
     /// write, fdatasync), reported apart from the overhead (see `Metrics::audit_write`).
     pub audit_cpu: Duration,
+    /// Tool calls the answer made: (tool name, SHA-256 of the arguments). The audit record
+    /// lists these, never the arguments themselves.
+    pub tool_calls: Vec<(String, String)>,
 }
 
 impl Record {
@@ -91,6 +94,7 @@ impl Record {
             audit_cpu: Duration::ZERO,
             refusals_not_recorded: None,
             record: true,
+            tool_calls: Vec::new(),
         }
     }
 
@@ -151,6 +155,10 @@ impl Record {
             m.insert("prompt".into(), self.prompt.clone().into());
             m.insert("response".into(), self.response.clone().into());
         }
+        if !self.tool_calls.is_empty() {
+            let calls: Vec<Value> = self.tool_calls.iter().map(|(n, d)| json!({"name": n, "arguments_sha256": d})).collect();
+            m.insert("tool_calls".into(), calls.into());
+        }
         m.insert("error".into(), self.error.as_deref().map(|x| clip(x, MAX_RECORD_ERROR)).into());
         if let Some(n) = self.refusals_not_recorded {
             m.insert("refusals_not_recorded".into(), n.into());
@@ -179,6 +187,11 @@ impl Record {
         if self.state.audit.is_some() {
             self.state.metrics.audit_write(self.audit_cpu.as_secs_f64());
         }
+    }
+
+    /// Records the calls an answer made (names and argument digests).
+    pub(super) fn set_tool_calls(&mut self, calls: &[crate::tools::Call]) {
+        self.tool_calls = calls.iter().map(|c| (c.name.clone(), sha256_hex(c.arguments.as_bytes()))).collect();
     }
 
     /// Finish with an error and build its response.

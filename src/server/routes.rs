@@ -383,13 +383,28 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
             Err(e) => return rec.fail(flavor, ApiError::new(400, e.to_string())),
         }
     }
-    let adhoc = match creq.schema.clone() {
+    // Tools (issue 26): the calls' grammar takes the place of an ad-hoc schema (the request
+    // parser already refused the two together).
+    let tool_grammar = creq.tools.as_ref().and_then(|t| t.grammar());
+    if tool_grammar.is_some() {
+        if let Some(name) = preset.as_ref().and_then(|p| p.schema.as_ref().map(|s| (p.name.clone(), s.clone()))) {
+            let e = ApiError::unsupported("tools", format!("preset {:?} holds its answers to schema {:?}; tools cannot be used with it (choose another preset)", name.0, name.1));
+            return rec.fail(flavor, e);
+        }
+    }
+    let to_compile = match (creq.schema.clone(), tool_grammar) {
+        (Some(schema), _) => Some((schema, None)),
+        (None, Some((schema, frame))) => Some((schema, Some(frame))),
+        (None, None) => None,
+    };
+    let adhoc = match to_compile {
         None => None,
-        Some(schema) => {
+        Some((schema, frame)) => {
             // The compile (cached per schema, refusals too) runs on its own thread, outside the
             // cache lock, under the compile deadline, and is not counted.
             rec.overhead += cpu_since(cpu0);
-            let opts = CompileOptions { max_compile_time: lim.schema_compile_timeout(), ..Default::default() };
+            let is_tools = frame.is_some();
+            let opts = CompileOptions { max_compile_time: lim.schema_compile_timeout(), frame, ..Default::default() };
             let compiled = match state.schemas.lookup(&schema, &opts) {
                 Lookup::Hit(c) => Ok(c),
                 Lookup::Refused(e) => Err(e),
@@ -401,11 +416,12 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
             let compiled = match compiled {
                 Ok(c) => Some(c),
                 Err(e) => {
-                    let param = match flavor {
-                        Flavor::OpenAi => "response_format",
-                        Flavor::Anthropic => "output_config",
+                    let (param, msg) = match (&creq.tools, flavor) {
+                        (Some(t), _) if is_tools => ("tools", t.explain(&e)),
+                        (_, Flavor::OpenAi) => ("response_format", e.to_string()),
+                        (_, Flavor::Anthropic) => ("output_config", e.to_string()),
                     };
-                    return rec.fail(flavor, ApiError::unsupported(param, e.to_string()));
+                    return rec.fail(flavor, ApiError::unsupported(param, msg));
                 }
             };
             // SIGTERM came while the schema compiled: this request has not started generating.
@@ -416,6 +432,9 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
             compiled
         }
     };
+    // How the answer is read back: text, or calls (`calls_only` when the grammar holds from
+    // the first token).
+    let tool_mode = creq.tools.as_ref().filter(|t| t.active()).map(|t| t.choice != crate::tools::Choice::Auto);
     let spec = state.rt.spec(preset.as_ref(), adhoc, params, max_tokens, creq.stop.clone());
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let gr = GenRequest {
@@ -434,7 +453,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     }
     let model = state.bundle.name.clone();
     if creq.stream {
-        let s = Streamer::new(rx, rec, flavor, kind == Kind::Completion, model, n, creq.include_usage, guard);
+        let s = Streamer::new(rx, rec, flavor, kind == Kind::Completion, model, n, creq.include_usage, tool_mode, guard);
         let body = Body::from_stream(futures::stream::unfold(s, |mut s| async move { s.next().await.map(|b| (Ok::<Bytes, Infallible>(b), s)) }));
         let mut r = response(200, "text/event-stream; charset=utf-8", body);
         r.headers_mut().insert(hyper::header::CACHE_CONTROL, hyper::header::HeaderValue::from_static("no-cache"));
@@ -460,13 +479,33 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     rec.stop_reason = Some(api::anthropic_stop(f.reason));
     rec.ttft = f.ttft;
     rec.response = Some(text.clone());
+    // Tool calls: complete calls are presented as calls; output cut inside a call (max_tokens,
+    // a stop sequence) is presented as neither calls nor text.
+    let outcome = tool_mode.map(|calls_only| crate::tools::parse(&text, calls_only));
+    let mut body = None;
+    match &outcome {
+        Some(crate::tools::Outcome::Calls(calls)) => {
+            rec.stop_reason = Some("tool_use");
+            rec.set_tool_calls(calls);
+            let with_ids: Vec<(String, crate::tools::Call)> = calls.iter().map(|c| (api::call_id(flavor), c.clone())).collect();
+            match api::tool_calls_body(flavor, &rec.id, &model, &state.bundle.identity, &with_ids, &f, n) {
+                Ok(b) => body = Some(b),
+                Err(e) => return rec.fail(flavor, e),
+            }
+        }
+        Some(crate::tools::Outcome::Incomplete) => {
+            body = Some(api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, "", &f, n));
+        }
+        _ => {}
+    }
     rec.status = 200;
     if let Err(e) = rec.finish() {
         return error_response(flavor, &e);
     }
-    let body = match kind {
-        Kind::Completion => api::completion_body(&rec.id, &model, &state.bundle.identity, &text, &f, n),
-        _ => api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, &text, &f, n),
+    let body = match (body, kind) {
+        (Some(b), _) => b,
+        (None, Kind::Completion) => api::completion_body(&rec.id, &model, &state.bundle.identity, &text, &f, n),
+        (None, _) => api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, &text, &f, n),
     };
     let r = json_response(200, &body);
     rec.report_overhead(cpu_since(t_out));

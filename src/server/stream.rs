@@ -32,12 +32,39 @@ pub(super) struct Streamer {
     buf: BytesMut,
     queue: VecDeque<Bytes>,
     done: bool,
+    /// A request with tools: the output read as text or calls while it streams.
+    tools: Option<ToolStream>,
     _guard: InflightGuard,
+}
+
+/// A tools request's stream state (see `crate::tools::StreamParser`).
+struct ToolStream {
+    parser: crate::tools::StreamParser,
+    /// Call ids, by call index.
+    ids: Vec<String>,
+    /// Anthropic: the text block (index 0) is open.
+    text_open: bool,
+    /// Anthropic: a tool_use block is open (its index).
+    call_open: Option<usize>,
+    /// Anthropic: any content block was opened.
+    any_block: bool,
 }
 
 impl Streamer {
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(rx: UnboundedReceiver<Event>, rec: Record, flavor: Flavor, completion: bool, model: String, input_tokens: usize, include_usage: bool, guard: InflightGuard) -> Streamer {
+    /// `tools`: `Some(calls_only)` for a request whose answer may be tool calls.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        rx: UnboundedReceiver<Event>,
+        rec: Record,
+        flavor: Flavor,
+        completion: bool,
+        model: String,
+        input_tokens: usize,
+        include_usage: bool,
+        tools: Option<bool>,
+        guard: InflightGuard,
+    ) -> Streamer {
         let t0 = thread_cpu();
         let mut s = Streamer {
             rx,
@@ -53,6 +80,13 @@ impl Streamer {
             buf: BytesMut::new(),
             queue: VecDeque::with_capacity(8),
             done: false,
+            tools: tools.map(|calls_only| ToolStream {
+                parser: crate::tools::StreamParser::new(calls_only),
+                ids: Vec::new(),
+                text_open: false,
+                call_open: None,
+                any_block: false,
+            }),
             _guard: guard,
         };
         s.delta = match flavor {
@@ -74,10 +108,17 @@ impl Streamer {
             Flavor::Anthropic => {
                 let start = api::anthropic_message_start(&s.rec.id, &s.model, input_tokens);
                 s.queue.push_back(Bytes::from(start));
-                s.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_START));
+                // With tools, the first block's kind (text or tool_use) is known later.
+                if s.tools.is_none() {
+                    s.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_START));
+                }
                 s.queue.push_back(Bytes::from_static(api::PING));
             }
             Flavor::OpenAi if completion => {} // completions have no opening chunk
+            Flavor::OpenAi if s.tools.is_some() => {
+                let c = s.chunk(json!({"role": "assistant", "content": Value::Null}), Value::Null);
+                s.data(&c);
+            }
             Flavor::OpenAi => {
                 let c = s.chunk(json!({"role": "assistant", "content": ""}), Value::Null);
                 s.data(&c);
@@ -129,30 +170,107 @@ impl Streamer {
         }
     }
 
+    /// The events of tool-stream pieces.
+    fn tool_pieces(&mut self, pieces: Vec<crate::tools::Piece>) {
+        use crate::tools::Piece;
+        for piece in pieces {
+            let Some(ts) = self.tools.as_mut() else { return };
+            match (self.flavor, piece) {
+                (Flavor::OpenAi, Piece::Text(t)) => {
+                    let c = self.chunk(json!({"content": t}), Value::Null);
+                    self.data(&c);
+                }
+                (Flavor::OpenAi, Piece::CallStart { index, name }) => {
+                    let id = api::call_id(Flavor::OpenAi);
+                    ts.ids.push(id.clone());
+                    let c = self.chunk(
+                        json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
+                        Value::Null,
+                    );
+                    self.data(&c);
+                }
+                (Flavor::OpenAi, Piece::Args { index, text }) => {
+                    let c = self.chunk(json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]}), Value::Null);
+                    self.data(&c);
+                }
+                (Flavor::OpenAi, Piece::CallEnd { .. }) => {}
+                (Flavor::Anthropic, Piece::Text(t)) => {
+                    if !ts.text_open {
+                        ts.text_open = true;
+                        ts.any_block = true;
+                        self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_START));
+                    }
+                    let b = self.delta.render_into(&t, &mut self.buf);
+                    self.queue.push_back(b);
+                }
+                (Flavor::Anthropic, Piece::CallStart { index, name }) => {
+                    let id = api::call_id(Flavor::Anthropic);
+                    ts.ids.push(id.clone());
+                    ts.call_open = Some(index);
+                    ts.any_block = true;
+                    self.event(
+                        "content_block_start",
+                        json!({"type": "content_block_start", "index": index, "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+                    );
+                }
+                (Flavor::Anthropic, Piece::Args { index, text }) => {
+                    self.event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": text}}));
+                }
+                (Flavor::Anthropic, Piece::CallEnd { index }) => {
+                    ts.call_open = None;
+                    self.event("content_block_stop", json!({"type": "content_block_stop", "index": index}));
+                }
+            }
+        }
+    }
+
     fn finish_ok(&mut self, f: Finish) {
         self.rec.output_tokens = f.output_tokens;
         self.rec.stop_reason = Some(api::anthropic_stop(f.reason));
         self.rec.ttft = f.ttft;
         self.rec.response = Some(std::mem::take(&mut self.text));
         self.rec.status = 200;
+        // Tools: the held-back text, then how the answer ended (calls only when complete).
+        let mut calls = false;
+        if let Some(ts) = self.tools.as_mut() {
+            let (pieces, outcome) = ts.parser.finish();
+            self.tool_pieces(pieces);
+            if let crate::tools::Outcome::Calls(c) = outcome {
+                calls = true;
+                self.rec.stop_reason = Some("tool_use");
+                self.rec.set_tool_calls(&c);
+            }
+        }
         // The closing events are rendered before the audit append, while this thread's caches
         // still hold the stream's state (the append may sleep in fdatasync), and dropped for an
         // error event when the append fails.
         let queued = self.queue.len();
         match self.flavor {
             Flavor::Anthropic => {
-                self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_STOP));
+                match self.tools.as_ref() {
+                    None => self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_STOP)),
+                    Some(ts) => {
+                        // Close what is open: the text block, a call cut short, or (nothing
+                        // at all was generated) an empty text block.
+                        if let Some(i) = ts.call_open {
+                            self.event("content_block_stop", json!({"type": "content_block_stop", "index": i}));
+                        } else if ts.text_open {
+                            self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_STOP));
+                        } else if !ts.any_block {
+                            self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_START));
+                            self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_STOP));
+                        }
+                    }
+                }
+                let stop = if calls { "tool_use" } else { api::anthropic_stop(f.reason) };
                 self.event("message_delta", json!({"type": "message_delta",
-                    "delta": {"stop_reason": api::anthropic_stop(f.reason), "stop_sequence": f.stop_sequence},
+                    "delta": {"stop_reason": stop, "stop_sequence": f.stop_sequence},
                     "usage": {"input_tokens": self.input_tokens, "output_tokens": f.output_tokens}}));
                 self.queue.push_back(Bytes::from_static(api::MESSAGE_STOP));
             }
             Flavor::OpenAi => {
-                let c = if self.completion {
-                    self.text_chunk("", api::openai_finish(f.reason).into())
-                } else {
-                    self.chunk(json!({}), api::openai_finish(f.reason).into())
-                };
+                let finish = if calls { "tool_calls" } else { api::openai_finish(f.reason) };
+                let c = if self.completion { self.text_chunk("", finish.into()) } else { self.chunk(json!({}), finish.into()) };
                 self.data(&c);
                 if self.include_usage {
                     let n = self.input_tokens;
@@ -180,6 +298,14 @@ impl Streamer {
                 return None;
             }
             let event = self.rx.recv().await;
+            if let (Some(Event::Text(t)), true) = (&event, self.tools.is_some()) {
+                let t0 = Instant::now();
+                self.text.push_str(t);
+                let pieces = self.tools.as_mut().map(|ts| ts.parser.feed(t)).unwrap_or_default();
+                self.tool_pieces(pieces);
+                self.rec.overhead += t0.elapsed();
+                continue;
+            }
             if let Some(Event::Text(t)) = &event {
                 // A text delta is a few hundred nanoseconds of work with no await: the monotonic
                 // clock (vDSO, ~25 ns) stands in for the thread CPU clock here, whose two
