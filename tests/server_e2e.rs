@@ -344,6 +344,96 @@ fn e2e_apis_hostile_input_and_audit() {
     assert!(msg.contains("line 3"), "{msg}");
 }
 
+/// Issue 26: tool calls on both APIs. Raw requests check the shapes, the refusals and the audit
+/// record; tests/py/tools_client.py runs agent loops with the official SDKs (a real Python tool
+/// in the loop), their streaming helpers, every tool_choice mode, and calls on random tool sets
+/// from the reference corpus validated with `jsonschema`.
+#[test]
+fn e2e_tools() {
+    let b = need_model!();
+    let s = start(b, "[limits]\nmax_tokens = 2048\nmax_context = 2048\n");
+    let weather = r#"{"type":"object","properties":{"city":{"type":"string","maxLength":40}},"required":["city"],"additionalProperties":false}"#;
+    let oa = |extra: &str| format!(r#"{{"messages":[{{"role":"user","content":"Weather in Oslo?"}}],"max_tokens":80,"temperature":0,"tools":[{{"type":"function","function":{{"name":"get_weather","parameters":{weather}}}}}]{extra}}}"#);
+    // Whole: a call, valid, and its digest (not its arguments) in the audit record.
+    let r = s.post("/v1/chat/completions", &oa(r#","tool_choice":"required","parallel_tool_calls":false"#));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let c = r.json();
+    assert_eq!(c["choices"][0]["finish_reason"], "tool_calls", "{c}");
+    let call = &c["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(c["choices"][0]["message"]["tool_calls"].as_array().unwrap().len(), 1);
+    assert_eq!(call["function"]["name"], "get_weather");
+    let args = call["function"]["arguments"].as_str().unwrap();
+    let parsed: Value = serde_json::from_str(args).unwrap();
+    assert!(parsed["city"].is_string(), "{args}");
+    let rec = s.records().into_iter().rev().find(|r| r["request_id"] == c["id"]).expect("audit record");
+    assert_eq!(rec["stop_reason"], "tool_use");
+    assert_eq!(rec["tool_calls"][0]["name"], "get_weather");
+    let digest = rec["tool_calls"][0]["arguments_sha256"].as_str().unwrap();
+    assert_eq!(digest.len(), 64);
+    assert!(!rec.to_string().contains(parsed["city"].as_str().unwrap()), "the audit record holds the arguments: {rec}");
+    // Streamed (Anthropic): tool_use block, input_json_delta pieces that make the same input.
+    let an = format!(
+        r#"{{"model":"{MODEL}","max_tokens":80,"temperature":0,"stream":true,"messages":[{{"role":"user","content":"Weather in Oslo?"}}],"tools":[{{"name":"get_weather","input_schema":{weather}}}],"tool_choice":{{"type":"tool","name":"get_weather","disable_parallel_tool_use":true}}}}"#
+    );
+    let r = s.post("/v1/messages", &an);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let ev = sse_events(&r.body);
+    let names: Vec<&str> = ev.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(&names[..3], &["message_start", "ping", "content_block_start"], "{names:?}");
+    assert_eq!(&names[names.len() - 3..], &["content_block_stop", "message_delta", "message_stop"]);
+    let start: Value = serde_json::from_str(&ev[2].1).unwrap();
+    assert_eq!(start["content_block"]["type"], "tool_use");
+    let input: String = ev
+        .iter()
+        .filter(|e| e.0 == "content_block_delta")
+        .map(|e| serde_json::from_str::<Value>(&e.1).unwrap()["delta"]["partial_json"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(input, args, "greedy: the same arguments streamed");
+    let delta: Value = serde_json::from_str(&ev[ev.len() - 2].1).unwrap();
+    assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+    // History: an assistant call and a tool result go back through the template.
+    let hist = format!(
+        r#"{{"messages":[{{"role":"user","content":"Weather in Oslo?"}},{{"role":"assistant","tool_calls":[{{"id":"call_1","type":"function","function":{{"name":"get_weather","arguments":{}}}}}]}},{{"role":"tool","tool_call_id":"call_1","content":"{{\"sky\":\"clear\"}}"}}],"max_tokens":16,"temperature":0,"tools":[{{"type":"function","function":{{"name":"get_weather","parameters":{weather}}}}}]}}"#,
+        serde_json::to_string(args).unwrap()
+    );
+    let r = s.post("/v1/chat/completions", &hist);
+    assert_eq!(r.status, 200, "{}", r.body);
+    // Refusals, each naming what is wrong.
+    let bad = |path: &str, body: &str, status: u16, needle: &str| {
+        let r = s.post(path, body);
+        assert_eq!(r.status, status, "{body}: {}", r.body);
+        assert!(r.body.contains(needle), "{body}: {}", r.body);
+    };
+    bad("/v1/chat/completions", &oa(r#","tool_choice":{"type":"function","function":{"name":"nope"}}"#), 400, "not among the declared tools");
+    bad("/v1/chat/completions", &oa(r#","response_format":{"type":"json_object"}"#), 422, "cannot be combined with tools");
+    bad(
+        "/v1/chat/completions",
+        &oa(r#","tool_choice":"required""#).replace(r#""maxLength":40"#, r#""pattern":"(?=a)""#),
+        422,
+        r#"tool \"get_weather\": unsupported `pattern`"#,
+    );
+    bad("/v1/chat/completions", &oa("").replace("get_weather", "get weather"), 400, "tool name");
+    bad("/v1/messages", &an.replace(r#"{"name":"get_weather","input_schema""#, r#"{"type":"web_search_20250305","name":"web_search"},{"name":"get_weather","input_schema""#), 422, "server tools");
+    // The official SDKs.
+    match std::env::var_os("APPLIANCED_TEST_PYTHON") {
+        Some(py) => {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let out = Command::new(py)
+                .arg(dir.join("tests/py/tools_client.py"))
+                .arg(&s.sock)
+                .arg(MODEL)
+                .arg(dir.join("tests/data/reference/schemas/schemas"))
+                .arg("12")
+                .output()
+                .unwrap();
+            let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "tool SDK checks failed:\n{all}\nserver log:\n{}", s.log());
+            println!("{}", all.trim());
+        }
+        None => println!("skipped tool SDK checks: set APPLIANCED_TEST_PYTHON (scripts/setup-test-env.sh)"),
+    }
+}
+
 #[test]
 fn e2e_queue_full_gives_429() {
     let b = need_model!();
