@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 SEED=${FUZZ_SEED:-0}
 SECS=${1:-20}
 shift || true
-ALL=(bundle_raw bundle_signed gguf tokenizer_json chat_template schema_compile api_anthropic api_openai safety_decode schema_decode)
+ALL=(bundle_raw bundle_signed gguf tokenizer_json chat_template schema_compile api_anthropic api_openai safety_decode schema_decode tool_stream)
 if [ $# -gt 0 ]; then TARGETS=("$@"); else TARGETS=("${ALL[@]}"); fi
 CARGO_FUZZ_VERSION=0.13.2
 

@@ -4,6 +4,9 @@
 # and for the server tests a Python venv with the official SDKs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Where the time goes (CI's budget): each phase's end, in seconds since the start, on stderr.
+T0=$(date +%s)
+mark() { echo "test.sh: $1 done at $(($(date +%s) - T0)) s" >&2; }
 GGUF=$(scripts/fetch-model.sh)
 export APPLIANCED_TEST_GGUF="$GGUF"
 # The second default model (issue 25): Gemma 3 270M, a base model with K-quants, sliding-window
@@ -32,7 +35,9 @@ export APPLIANCED_TEST_BUNDLE="$PWD/$T/default.zlb" APPLIANCED_TEST_BUNDLE_KEY="
 # every target (tests/cuda_kernels.rs), and the wgpu backend must match the CPU on lavapipe
 # (tests/wgpu_parity.rs); here "skipped" is a failure.
 export APPLIANCED_REQUIRE_NVRTC=1 APPLIANCED_REQUIRE_WGPU=1
+mark "fetch, setup, build, test bundle"
 cargo test --release --all-targets -- --test-threads 2
+mark "cargo test"
 # The teacher-forced comparison with llama.cpp and the CPU kernel unit tests (panel kernels of
 # every weight format against the dequantized reference) once more on the AVX2 kernel set when
 # the CPU's best is AVX-512 (issue 24: every x86 path CI can run passes the same bounds). Reuses
@@ -41,16 +46,21 @@ if grep -qw avx512_vnni /proc/cpuinfo 2>/dev/null && grep -qw avx2 /proc/cpuinfo
   APPLIANCED_CPU_KERNELS=avx2 cargo test --release --test engine_reference -- --test-threads 2
   APPLIANCED_CPU_KERNELS=avx2 cargo test --release --test gemma3_reference -- --test-threads 2
   APPLIANCED_CPU_KERNELS=avx2 cargo test --release --lib backend::cpu -- --test-threads 2
+  mark "AVX2 re-run"
 fi
 # The second default bundle builds, verifies, answers with `run` (raw: a base model) and serves a
 # completion (scripts/check-gemma3-bundle.sh).
 scripts/check-gemma3-bundle.sh "$APPLIANCED_TEST_GEMMA3_GGUF"
+mark "gemma3 bundle check"
 # Fuzzing smoke run (issue 22): every target in fuzz/ for a fixed small budget on its committed
 # seeds (installs cargo-fuzz itself; stable toolchain). A crash, hang or blow-up fails the run and
 # leaves its input under fuzz/artifacts/. The longer run is `scripts/fuzz.sh 600`.
 # The seed is pinned (the same mutations on every clean clone); before a commit lands, the same
 # seed runs longer locally: `FUZZ_SEED=1 scripts/fuzz.sh 30`.
 FUZZ_SEED=1 scripts/fuzz.sh "${APPLIANCED_FUZZ_SECS:-10}"
+mark "fuzz smoke"
 # Packaging (issue 9): static musl build, aarch64 test subset under qemu, the .deb installed and
 # checked in a clean Debian 12 chroot. Installs its own tools; needs root (as CI runs).
 scripts/ci-packaging.sh
+mark "packaging"
+

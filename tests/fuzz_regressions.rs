@@ -50,7 +50,7 @@ fn replay(target: &str, check: impl Fn(&[u8])) {
 /// Every target directory present must have a replay test below.
 #[test]
 fn every_regression_directory_is_replayed() {
-    let known = ["tokenizer_json", "schema_decode", "api_anthropic", "api_openai", "chat_template"];
+    let known = ["tokenizer_json", "schema_decode", "api_anthropic", "api_openai", "chat_template", "tool_stream"];
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz-regressions");
     for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -160,6 +160,26 @@ fn chat_template() {
             for gen in [false, true] {
                 let _ = t.render(&conv, gen);
             }
+        }
+    });
+}
+
+/// fuzz/fuzz_targets/tool_stream.rs: `<split step byte> <model output>`; read whole and in pieces.
+#[test]
+fn tool_stream() {
+    use applianced::tools::{parse, StreamParser};
+    replay("tool_stream", |data| {
+        let Some((&step, rest)) = data.split_first() else { return };
+        let Ok(text) = std::str::from_utf8(rest) else { return };
+        for calls_only in [false, true] {
+            let mut p = StreamParser::new(calls_only);
+            let mut last = 0;
+            for (i, _) in text.char_indices().step_by(1 + step as usize % 8) {
+                p.feed(&text[last..i]);
+                last = i;
+            }
+            p.feed(&text[last..]);
+            assert_eq!(p.finish().1, parse(text, calls_only));
         }
     });
 }

@@ -25,6 +25,32 @@ pub enum SchemaCommand {
     /// token can be checked). Fails (exit 14) on an accepted invalid instance or a
     /// mask/automaton disagreement.
     Suite(SuiteArgs),
+    /// Benchmark tool-call grammars (docs/tools.md): random sets of --tools tools drawn from a
+    /// corpus' function-call argument schemas (bfcl-…) and hand-written application schemas,
+    /// each compiled cold in auto, required and named mode against the vocabulary; prints the
+    /// compile time (median, p90, max) per mode and every refusal.
+    ToolsBench(ToolsBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ToolsBenchArgs {
+    /// The corpus directory (the layout of tests/data/reference/schemas).
+    #[arg(long, value_name = "DIR")]
+    pub corpus: PathBuf,
+    #[command(flatten)]
+    pub vocab: VocabArgs,
+    /// Tools per set.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub tools: usize,
+    /// How many sets.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub sets: usize,
+    /// Seed of the draws (the same seed draws the same sets).
+    #[arg(long, default_value_t = 26)]
+    pub seed: u64,
+    /// Print one JSON object instead of a summary.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -114,7 +140,38 @@ pub fn exec(cmd: SchemaCommand) -> Result<(), CliError> {
         SchemaCommand::Compile(a) => compile(a),
         SchemaCommand::Bench(a) => bench(a),
         SchemaCommand::Suite(a) => suite(a),
+        SchemaCommand::ToolsBench(a) => tools_bench(a),
     }
+}
+
+fn tools_bench(a: ToolsBenchArgs) -> Result<(), CliError> {
+    let tok = load_tokenizer(&a.vocab)?
+        .ok_or_else(|| CliError::Usage("schema tools-bench needs a vocabulary: --tokenizer-json FILE or --bundle X.zlb".into()))?;
+    let (tokens, eos) = schema_vocab(&tok)?;
+    let vocab = std::sync::Arc::new(crate::schema::Vocabulary::new(&tokens, &[eos]));
+    let cases = crate::schema::corpus::load(&a.corpus).map_err(|e| CliError::Usage(e.to_string()))?;
+    let pool = crate::tools::bench::pool(&cases);
+    if pool.len() < a.tools.max(1) {
+        return Err(CliError::Usage(format!("{} holds {} tool schemas (bfcl-… or handwritten--…); --tools {} needs more", a.corpus.display(), pool.len(), a.tools)));
+    }
+    if a.tools == 0 || a.tools > crate::tools::MAX_TOOLS {
+        return Err(CliError::Usage(format!("--tools must be between 1 and {}", crate::tools::MAX_TOOLS)));
+    }
+    let r = crate::tools::bench::run(&pool, &vocab, a.tools, a.sets, a.seed, &mut progress_printer(a.sets));
+    if a.json {
+        return write_json(&r);
+    }
+    println!("{} sets of {} tools (from {} corpus tools) against {} tokens, cold (nothing cached)", r.sets, r.tools_per_set, r.pool, tokens.len());
+    println!("  grammars compiled   {} ({} refused)", r.compiled, r.refused.len());
+    for (name, p) in [("all modes", &r.compile_ms), ("auto", &r.auto_ms), ("required", &r.required_ms), ("named", &r.named_ms)] {
+        println!("  {name:<18}  median {:.1} ms, p90 {:.1} ms, max {:.0} ms", p.median, p.p90, p.max);
+    }
+    println!("  of which lowering   median {:.1} ms, p90 {:.1} ms", r.lower_ms.median, r.lower_ms.p90);
+    println!("  states              median {:.0}, max {:.0}", r.states.median, r.states.max);
+    for e in &r.refused {
+        println!("  refused: {e}");
+    }
+    Ok(())
 }
 
 /// The tokenizer named by `--tokenizer-json` or `--bundle` (verified first), if any.

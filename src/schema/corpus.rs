@@ -112,7 +112,7 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    pub(crate) fn of(xs: &mut [f64]) -> Percentiles {
+    pub fn of(xs: &mut [f64]) -> Percentiles {
         if xs.is_empty() {
             return Percentiles::default();
         }

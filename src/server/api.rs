@@ -1197,6 +1197,43 @@ mod tests {
         assert_eq!(parse_openai(&obj(r#"{"messages":[{"role":"user","content":"a"}],"bogus":1}"#)).unwrap_err().status, 400);
     }
 
+    /// Issue 26: tools parse on both APIs; history is written in the call syntax; tools go into
+    /// the system message; bad tool sets are named 4xx.
+    #[test]
+    fn tools_parse_and_render_history() {
+        let r = parse_openai(&obj(r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"u"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"R1"},{"role":"tool","tool_call_id":"c2","content":"R2"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"required","parallel_tool_calls":false}"#)).unwrap();
+        let t = r.tools.as_ref().unwrap();
+        assert_eq!((t.choice.clone(), t.parallel), (Choice::Required, false));
+        assert!(r.messages[0].content.starts_with("S\n\n# Tools") && r.messages[0].content.contains("\"name\":\"f\""), "{}", r.messages[0].content);
+        assert_eq!(r.messages[2], ChatMessage::new("assistant", "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1}}\n</tool_call>"));
+        assert_eq!(r.messages[3], ChatMessage::new("user", "<tool_response>\nR1\n</tool_response>\n<tool_response>\nR2\n</tool_response>"));
+        assert_eq!(r.messages.len(), 4);
+        let r = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"u"},{"role":"assistant","content":[{"type":"text","text":"Let me look."},{"type":"tool_use","id":"t1","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"bad"}],"is_error":true},{"type":"text","text":"and?"}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"}}"#), false).unwrap();
+        assert_eq!(r.messages[0].role, "system");
+        assert_eq!(r.tools.as_ref().unwrap().choice, Choice::Named("f".into()));
+        assert_eq!(r.messages[2].content, "Let me look.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1}}\n</tool_call>");
+        assert_eq!(r.messages[3].content, "<tool_response>\nError: bad\n</tool_response>\nand?");
+        // `none`: accepted, and the model is not told of the tools.
+        let r = parse_openai(&obj(r#"{"messages":[{"role":"user","content":"u"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none"}"#)).unwrap();
+        assert_eq!(r.messages.len(), 1);
+        for (body, status, needle) in [
+            (r#"{"messages":[{"role":"user","content":"u"}],"tool_choice":"required"}"#, 400, "no tools"),
+            (r#"{"messages":[{"role":"user","content":"u"}],"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]}"#, 400, "declared twice"),
+            (r#"{"messages":[{"role":"user","content":"u"}],"tools":[{"type":"custom","custom":{"name":"f"}}]}"#, 422, "custom"),
+            (r#"{"messages":[{"role":"user","content":"u"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"array"}}}]}"#, 400, "object schema"),
+            (r#"{"messages":[{"role":"user","content":"u"}],"functions":[]}"#, 422, "functions"),
+            (r#"{"messages":[{"role":"user","content":"u","tool_calls":[]}]}"#, 400, "only assistant"),
+        ] {
+            let e = parse_openai(&obj(body)).unwrap_err();
+            assert_eq!(e.status, status, "{body}: {}", e.message);
+            assert!(e.message.contains(needle), "{body}: {}", e.message);
+        }
+        let e = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_use","id":"x","name":"f","input":{}}]}]}"#), false).unwrap_err();
+        assert!(e.message.contains("belongs in an assistant message"), "{}", e.message);
+        // count_tokens takes tools too.
+        assert!(parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}],"tools":[{"name":"f","input_schema":{}}]}"#), true).unwrap().messages[0].content.contains("# Tools"));
+    }
+
     #[test]
     fn error_shapes() {
         let e = ApiError::new(429, "full");

@@ -37,6 +37,8 @@ use serde_json::{json, Map, Value};
 
 use crate::schema::{Frame, SchemaError};
 
+pub mod bench;
+
 /// The marker that opens a call (and decides, in `auto`, that the answer is a call).
 pub const CALL_OPEN: &str = "<tool_call>\n";
 /// The marker that closes a call.
@@ -397,6 +399,12 @@ impl StreamParser {
                 }
             },
             Phase::Args => {
+                // The arguments are an object: anything else breaks the syntax (and would end
+                // the scan inside a character).
+                if self.calls.last().is_some_and(|c| c.arguments.is_empty()) && !p.is_empty() && !p.starts_with('{') {
+                    self.phase = Phase::Broken;
+                    return;
+                }
                 let mut end = None;
                 for (i, b) in p.bytes().enumerate() {
                     if self.in_str {
