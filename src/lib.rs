@@ -17,6 +17,7 @@ pub mod cli;
 pub mod engine;
 pub mod import;
 pub mod model;
+pub mod oci;
 pub mod policy;
 pub mod runtime;
 pub mod sampling;

@@ -70,6 +70,10 @@ pub enum CliError {
     Server(#[from] crate::server::ServerError),
     #[error(transparent)]
     Audit(#[from] crate::audit::AuditError),
+    /// Exporting to or importing from an OCI image layout (a bundle the reader refused is a
+    /// [`CliError::Bundle`], with the bundle's exit code).
+    #[error(transparent)]
+    Oci(crate::oci::OciError),
     /// A JSON Schema the command was given does not compile.
     #[error("{path}: {source}")]
     Schema { path: PathBuf, source: crate::schema::SchemaError },
@@ -98,6 +102,15 @@ fn trust_code(e: &TrustError) -> i32 {
         TrustError::Revoked { .. } => 6,
         TrustError::Rollback { .. } | TrustError::Equivocation { .. } => 9,
         _ => 5,
+    }
+}
+
+impl From<crate::oci::OciError> for CliError {
+    fn from(e: crate::oci::OciError) -> Self {
+        match e {
+            crate::oci::OciError::Bundle(b) => CliError::Bundle(b),
+            e => CliError::Oci(e),
+        }
     }
 }
 
@@ -141,6 +154,15 @@ impl CliError {
             CliError::Server(crate::server::ServerError::Io { .. } | crate::server::ServerError::Audit(crate::audit::AuditError::Io { .. })) => 3,
             CliError::Server(crate::server::ServerError::Runtime(r)) if r.is_io() => 3,
             CliError::Server(_) => 13,
+            CliError::Oci(o) => {
+                use crate::oci::OciError as O;
+                match o {
+                    O::Io { .. } => 3,
+                    O::Size { .. } | O::Digest { .. } | O::MissingBlob { .. } | O::Mismatch { .. } => 7,
+                    O::NotFound { .. } => 15,
+                    _ => 4,
+                }
+            }
             CliError::Audit(crate::audit::AuditError::Io { .. }) => 3,
             CliError::Audit(_) => 1,
             CliError::Schema { .. } | CliError::NotJson { .. } | CliError::MaskDisagreement(_) | CliError::SuiteFailed { .. } => 14,

@@ -8,6 +8,7 @@ mod common;
 mod control_cmd;
 mod doctor;
 mod lifecycle;
+mod oci_cmd;
 mod serve;
 pub mod run;
 mod schema_cmd;
@@ -23,11 +24,14 @@ pub use common::{CliError, TrustArgs};
 /// Typical flow: `keygen` a signing key, `build` a bundle from a recipe in bundles/, `verify` it
 /// against trusted public keys, then `run` or `serve` it.
 ///
-/// Exit codes: 0 ok, 1 other error, 2 usage, 3 I/O, 4 malformed bundle, 5 signature or trust
-/// failure, 6 revoked key, 7 member integrity (digest, size, missing, extra), 8 expired,
-/// 9 rollback refused, 10 runtime too old, 11 recipe or import error, 12 engine error,
-/// 13 server error, 14 schema error, 15 bundle lifecycle (no such installed bundle, none active,
-/// nothing to roll back to), 16 GPU kernels could not be built (NVRTC missing or failing),
+/// Exit codes: 0 ok, 1 other error, 2 usage, 3 I/O, 4 malformed bundle (or OCI layout or
+/// artifact: bad JSON, an invalid digest, a file over its cap, wrong media types), 5 signature or
+/// trust failure, 6 revoked key, 7 member integrity (digest, size, missing, extra; for an OCI
+/// layout: a blob that does not match its descriptor, a missing blob, an artifact whose parts
+/// disagree), 8 expired, 9 rollback refused, 10 runtime too old, 11 recipe or import error,
+/// 12 engine error, 13 server error, 14 schema error, 15 bundle lifecycle (no such installed
+/// bundle, none active, nothing to roll back to; no such tag or digest in an OCI layout, or
+/// several bundles and none chosen), 16 GPU kernels could not be built (NVRTC missing or failing),
 /// 17 audit log intact but ending in a torn tail (`audit verify`: an incomplete last write).
 #[derive(Debug, Parser)]
 #[command(name = "applianced", version, about, long_about, propagate_version = true)]
@@ -48,7 +52,8 @@ pub enum Command {
     Verify(bundle_cmds::VerifyArgs),
     /// Show a bundle's manifest, members and signer key ids WITHOUT verifying anything.
     Inspect(bundle_cmds::InspectArgs),
-    /// Bundle lifecycle on this box: install, activate, list, rollback, gc (docs/operations.md).
+    /// Bundle lifecycle on this box: install, activate, list, rollback, gc, and export / import
+    /// to and from an OCI image layout (docs/operations.md).
     #[command(subcommand)]
     Bundle(BundleCommand),
     /// Structured output: compile JSON Schemas to token automata.
@@ -94,6 +99,16 @@ pub enum BundleCommand {
     /// Remove inactive bundles beyond the N most recently installed (never the active or the
     /// previous one, nor one a running server has loaded).
     Gc(lifecycle::GcArgs),
+    /// Verify a bundle (as `verify` does), then write it as an OCI artifact into an OCI image
+    /// layout directory (FORMAT.md §12): index.json, oci-layout, blobs/sha256/. The directory may
+    /// be new or an existing layout; writes are atomic. `skopeo copy` or `oras copy` can move the
+    /// layout to and from a registry.
+    Export(oci_cmd::ExportArgs),
+    /// Install a bundle from an OCI image layout (e.g. on a USB drive): pick the artifact by
+    /// --tag or --digest (or the only one), check every blob's size and digest while it streams,
+    /// check trust before reading the bundle, then verify and install it exactly as `install`
+    /// does (inactive). A failing layout leaves the store untouched.
+    Import(oci_cmd::ImportArgs),
 }
 
 /// Parse arguments, run, print errors; returns the process exit code.
@@ -114,6 +129,8 @@ pub fn main() -> i32 {
         Command::Bundle(BundleCommand::List(a)) => lifecycle::list(a),
         Command::Bundle(BundleCommand::Rollback(a)) => lifecycle::rollback(a),
         Command::Bundle(BundleCommand::Gc(a)) => lifecycle::gc(a),
+        Command::Bundle(BundleCommand::Export(a)) => oci_cmd::export(a),
+        Command::Bundle(BundleCommand::Import(a)) => oci_cmd::import(a),
         Command::Schema(c) => schema_cmd::exec(c),
         Command::Run(a) => run::run(a),
         Command::Bench(a) => run::bench(a, start),
