@@ -10,13 +10,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Debian tools some tests use when present: curl (socket client), promtool (metrics lint, from
-# `prometheus`), systemd-analyze / systemd-socket-activate (unit hardening, socket activation).
-# Installed when running as root on Debian; a failure here only makes those checks skip.
+# `prometheus`), systemd-analyze / systemd-socket-activate (unit hardening, socket activation),
+# skopeo (tests/oci_layout.rs: `skopeo copy` of an exported OCI layout; required when
+# APPLIANCED_SLOW_TESTS is set). Installed when running as root on Debian; a failure here only
+# makes those checks skip.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
   command -v curl >/dev/null || need+=(curl)
   command -v promtool >/dev/null || need+=(prometheus)
   command -v systemd-analyze >/dev/null || need+=(systemd)
+  command -v skopeo >/dev/null || need+=(skopeo)
   ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
   if [ ${#need[@]} -gt 0 ]; then
     echo "setup-test-env: installing ${need[*]}" >&2

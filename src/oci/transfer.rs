@@ -1,4 +1,4 @@
-//! `bundle export` and `bundle import` (FORMAT.md §12.5, §12.6): a verified bundle into an OCI
+//! `bundle export` and `bundle import` (FORMAT.md §12.4, §12.5): a verified bundle into an OCI
 //! image layout, and the bundle artifact of a layout into the store, through the same checks as
 //! `bundle install`.
 
@@ -164,7 +164,7 @@ fn tags_of(idx: &Index) -> String {
     }
 }
 
-/// Pick the index entry (FORMAT.md §12.6 step 2) and read its manifest, verified.
+/// Pick the index entry (FORMAT.md §12.5 step 3) and read its manifest, verified.
 fn select(layout: &Layout, idx: &Index, sel: &Selector) -> Result<(Descriptor, ImageManifest), OciError> {
     let dir = layout.root();
     let not_found = |msg: String| OciError::NotFound { dir: dir.into(), msg };
@@ -226,7 +226,7 @@ fn select(layout: &Layout, idx: &Index, sel: &Selector) -> Result<(Descriptor, I
     Ok((entry, m))
 }
 
-/// Check that a manifest is a bundle artifact (FORMAT.md §12.6 step 4); returns its one layer.
+/// Check that a manifest is a bundle artifact (FORMAT.md §12.5 step 5); returns its one layer.
 fn check_artifact(dir: &Path, m: &ImageManifest, digest: &str) -> Result<Descriptor, OciError> {
     let bad = |msg: String| OciError::Malformed { dir: dir.into(), msg: format!("manifest {digest}: {msg}") };
     if m.artifact_type.as_deref() != Some(ARTIFACT_TYPE_BUNDLE) {
@@ -244,7 +244,7 @@ fn check_artifact(dir: &Path, m: &ImageManifest, digest: &str) -> Result<Descrip
 
 /// Trust and policy on the config's control members alone, before the layer is read: signatures
 /// over the exact manifest bytes first, then the manifest, runtime, expiry and rollback state —
-/// the checks of FORMAT.md §8 steps 3–4. The bundle reader repeats them (strictly) at install.
+/// the checks of FORMAT.md §8 steps 3–4. The bundle reader repeats them at install.
 fn precheck(cfg: &BundleConfig, opts: &VerifyOptions<'_>) -> Result<(Head, Vec<String>), BundleError> {
     let (mb, sb) = (cfg.manifest.as_bytes(), cfg.signatures.as_bytes());
     for (name, b, cap) in [(MANIFEST_NAME, mb, MAX_BUNDLE_MANIFEST_BYTES), (SIGNATURES_NAME, sb, MAX_SIGNATURES_BYTES)] {
@@ -272,7 +272,7 @@ fn precheck(cfg: &BundleConfig, opts: &VerifyOptions<'_>) -> Result<(Head, Vec<S
     Ok((head, signers))
 }
 
-/// `bundle import` (FORMAT.md §12.6): choose the artifact, check the manifest, the config and
+/// `bundle import` (FORMAT.md §12.5): choose the artifact, check the manifest, the config and
 /// trust before the layer is touched, copy the layer into a private temporary directory of the
 /// store while checking its size and digest, check it holds the bundle the config describes, then
 /// install it with [`Store::install`] under the store lock — the same verification as
