@@ -572,6 +572,21 @@ fn untrusted_bundles_are_refused_at_export_and_at_import() {
     expect_fail(&e.export(&wrong, &e.p("existing"), &[]), 5, "signature threshold not met");
     assert!(snapshot(&e.root.join("existing")) == existing);
 
+    // A bundle whose signed head is fine but whose data is damaged fails the full verification of
+    // the copy: nothing is exported, a new directory is removed again, a layout keeps its files.
+    let mut b = std::fs::read(e.bundle(6)).unwrap();
+    let i = b.len() - 40;
+    b[i] ^= 0x20;
+    let damaged = e.root.join("damaged-6.zlb");
+    std::fs::write(&damaged, b).unwrap();
+    for dir in ["out-damaged", "existing"] {
+        let o = e.export(&damaged, &e.p(dir), &[]);
+        assert!(matches!(o.status.code(), Some(4 | 7)), "{}", stderr(&o));
+        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    }
+    assert!(!e.root.join("out-damaged").exists());
+    assert!(snapshot(&e.root.join("existing")) == existing, "no temporary file is left in the layout");
+
     // Import: the same bundles in layouts made by hand (FORMAT.md §12 alone), refused with the
     // same line `bundle install` prints, before the layer is read, and the store is unchanged.
     let annotations = json!({"dev.applianced.bundle.name": "tiny"});

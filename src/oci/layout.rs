@@ -74,7 +74,24 @@ impl Layout {
                 Err(e) => return Err(OciError::Io { path: p, source: e }),
             }
         }
+        l.clean_stale_temps();
         Ok(l)
+    }
+
+    /// Remove temporary files an interrupted export left in the root more than an hour ago.
+    fn clean_stale_temps(&self) {
+        let Ok(rd) = std::fs::read_dir(&self.root) else { return };
+        for e in rd.flatten() {
+            let stale = std::fs::symlink_metadata(e.path())
+                .ok()
+                .filter(|m| m.file_type().is_file())
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|d| d.as_secs() > 3600);
+            if stale && e.file_name().to_string_lossy().starts_with(".tmp-") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
 
     pub fn root(&self) -> &Path {

@@ -85,9 +85,10 @@ pub fn export_bundle(bundle: &Path, dir: &Path, tag: Option<&str>, opts: &Verify
     let head = reader::read_head(bundle)?;
     let _ = reader::check_head_only(&head, opts)?;
     let existed = dir.exists();
+    let fresh = !existed || std::fs::read_dir(dir).is_ok_and(|mut rd| rd.next().is_none());
     let res = export_into(bundle, dir, tag, &head, opts, progress);
-    if res.is_err() && !existed {
-        remove_new_layout(dir);
+    if res.is_err() && fresh {
+        remove_new_layout(dir, !existed);
     }
     res
 }
@@ -128,11 +129,15 @@ fn export_into(bundle: &Path, dir: &Path, tag: Option<&str>, head: &Head, opts: 
     Ok(Exported { verified: v, tag, manifest: entry, layer, replaced })
 }
 
-/// Undo a failed export into a directory that did not exist: remove only what export creates.
-fn remove_new_layout(dir: &Path) {
+/// Undo a failed export into a new or empty directory: remove only what export creates there
+/// (directories only when empty), and the directory itself when export created it.
+fn remove_new_layout(dir: &Path, remove_root: bool) {
     let _ = std::fs::remove_file(dir.join(super::layout::LAYOUT_FILE));
-    for rel in [super::layout::BLOBS_DIR, "blobs", ""] {
+    for rel in [super::layout::BLOBS_DIR, "blobs"] {
         let _ = std::fs::remove_dir(dir.join(rel));
+    }
+    if remove_root {
+        let _ = std::fs::remove_dir(dir);
     }
 }
 
