@@ -67,7 +67,9 @@ step_end
 
 part_musl() {
   step_start "musl x86_64 static build"
-  CC_x86_64_unknown_linux_musl=musl-gcc cargo build --release --quiet --target $MUSL --no-default-features --bin applianced
+  # Without debug info (CI's time budget: the release profile keeps line tables for the host
+  # build's backtraces; this binary is only checked, and a release strips it anyway).
+  CARGO_PROFILE_RELEASE_DEBUG=0 CC_x86_64_unknown_linux_musl=musl-gcc cargo build --release --quiet --target $MUSL --no-default-features --bin applianced
   step_end
   S=target/$MUSL/release/applianced
   LDD=$(ldd "$S" 2>&1 || true)
@@ -100,6 +102,9 @@ part_arm() {
   export AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar
   export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu
   export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER=qemu-aarch64-static
+  # The test profile without debug info (debug assertions stay on): full DWARF for a cross build
+  # that only runs under qemu was most of this step's time.
+  export CARGO_PROFILE_DEV_DEBUG=0 CARGO_PROFILE_TEST_DEBUG=0
   # CPU-only features on aarch64 under qemu (no GPU there; NEON kernels are what is tested).
   ARM_TESTS=(--no-default-features --lib --test bundle_hostile --test import_gguf)
   if [ "$BINFMT" = 1 ]; then ARM_TESTS+=(--test cli); else log "NOT RUN on aarch64: tests/cli.rs (no binfmt_misc)"; fi

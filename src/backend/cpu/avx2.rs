@@ -427,48 +427,23 @@ unsafe fn exp_sum_inner(x: &mut [f32], max: f32) -> f32 {
 }
 
 pub fn pv(p: &[f32], v: &[u16], out: &mut [f32]) {
-    // SAFETY: as above.
-    unsafe { pv_inner(p, v, out) }
-}
-
-/// Columns 64 at a time (8 registers); even and odd positions accumulate apart (two dependency
-/// chains), added at the end.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pv_inner(p: &[f32], v: &[u16], out: &mut [f32]) {
     let hd = out.len();
     if hd % 8 != 0 {
         return pv_ref(p, v, out);
     }
     let n = p.len().min(v.len() / hd);
-    for c0 in (0..hd).step_by(64) {
-        let nv = (hd - c0).min(64) / 8;
-        let mut acc = [[_mm256_setzero_ps(); 8]; 2];
-        for (j, &pj) in p[..n].iter().enumerate() {
-            let pj = _mm256_set1_ps(pj);
-            let a = &mut acc[j & 1];
-            for (c, a) in a.iter_mut().enumerate().take(nv) {
-                // SAFETY: position j < n has hd values in v; c0 + 8c + 8 <= hd.
-                *a = _mm256_fmadd_ps(pj, unsafe { load_h8(v.as_ptr().add(j * hd + c0 + c * 8)) }, *a);
-            }
-        }
-        for c in 0..nv {
-            // SAFETY: c0 + 8c + 8 <= hd = out.len().
-            unsafe {
-                let o = out.as_mut_ptr().add(c0 + c * 8);
-                _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_add_ps(acc[0][c], acc[1][c])));
-            }
-        }
-    }
+    // SAFETY: v holds n rows of hd values and p n floats; hd is a multiple of 8.
+    unsafe { pv_heads_inner::<1>(p, n, n, v, hd, out) }
 }
 
-/// [`super::kernels::PvGroupFn`]: up to 3 heads share each value row's conversion, 16 columns
-/// at a time. Per lane the arithmetic is [`pv`]'s (even and odd positions in two fused chains,
-/// added to `out` at the end), so the results are the same bits.
+/// [`super::kernels::PvGroupFn`]: up to 3 heads share each value row's conversion. Per lane the
+/// arithmetic is [`pv`]'s (one fused chain over the positions in order, added to `out` at the
+/// end), whatever the column blocking, so the results are the same bits.
 pub fn pv_group(p: &[f32], stride: usize, n: usize, v: &[u16], out: &mut [f32]) {
     let g = p.len() / stride.max(1);
     let hd = out.len() / g.max(1);
     let n = n.min(stride).min(v.len() / hd.max(1));
-    if hd % 16 != 0 {
+    if hd % 8 != 0 {
         for h in 0..g {
             pv(&p[h * stride..h * stride + n], &v[..n * hd], &mut out[h * hd..(h + 1) * hd]);
         }
@@ -481,41 +456,62 @@ pub fn pv_group(p: &[f32], stride: usize, n: usize, v: &[u16], out: &mut [f32]) 
         // SAFETY: as in `scores_group`; the bounds were checked above.
         unsafe {
             match g - h {
-                1 => pv_group_inner::<1>(ph, stride, n, v, hd, o),
-                2 => pv_group_inner::<2>(ph, stride, n, v, hd, o),
-                _ => pv_group_inner::<3>(ph, stride, n, v, hd, o),
+                1 => pv_heads_inner::<1>(ph, stride, n, v, hd, o),
+                2 => pv_heads_inner::<2>(ph, stride, n, v, hd, o),
+                _ => pv_heads_inner::<3>(ph, stride, n, v, hd, o),
             }
         }
         h += (g - h).min(3);
     }
 }
 
+/// `G` heads' `out_h (hd) += Σ_j p_h[j] · v[j]`, in column blocks as wide as the registers
+/// allow (64 columns for one head, 32 for two or three: G·NB accumulators, G broadcasts and one
+/// converted value vector). Safety: hd is a multiple of 8; v holds n rows of hd values, p
+/// (G-1)·stride + n floats, out G·hd.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pv_group_inner<const G: usize>(p: &[f32], stride: usize, n: usize, v: &[u16], hd: usize, out: &mut [f32]) {
-    for c0 in (0..hd).step_by(16) {
-        let mut acc = [[[_mm256_setzero_ps(); 2]; 2]; G];
-        for j in 0..n {
-            let par = j & 1;
-            // SAFETY: every raw access below is in bounds: the caller checked v holds n rows of hd values, p
-            // (G-1)·stride + n floats and out G·hd; c0 + 16 <= hd.
-            let (v0, v1) = unsafe {
-                let r = v.as_ptr().add(j * hd + c0);
-                (load_h8(r), load_h8(r.add(8)))
-            };
-            for (h, a) in acc.iter_mut().enumerate() {
-                // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
-                let pj = _mm256_set1_ps(unsafe { *p.get_unchecked(h * stride + j) });
-                a[par][0] = _mm256_fmadd_ps(pj, v0, a[par][0]);
-                a[par][1] = _mm256_fmadd_ps(pj, v1, a[par][1]);
+unsafe fn pv_heads_inner<const G: usize>(p: &[f32], stride: usize, n: usize, v: &[u16], hd: usize, out: &mut [f32]) {
+    let mut c0 = 0;
+    while c0 < hd {
+        // SAFETY (both calls): the caller's bounds; c0 + 8·NB <= hd.
+        unsafe {
+            if G == 1 && hd - c0 >= 64 {
+                pv_block::<G, 8>(p, stride, n, v, hd, c0, out);
+                c0 += 64;
+            } else if hd - c0 >= 32 {
+                pv_block::<G, 4>(p, stride, n, v, hd, c0, out);
+                c0 += 32;
+            } else {
+                pv_block::<G, 1>(p, stride, n, v, hd, c0, out);
+                c0 += 8;
             }
         }
-        for (h, a) in acc.iter().enumerate() {
-            for c in 0..2 {
-                // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
-                unsafe {
-                    let o = out.as_mut_ptr().add(h * hd + c0 + 8 * c);
-                    _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_add_ps(a[0][c], a[1][c])));
-                }
+    }
+}
+
+/// Columns `c0 .. c0 + 8·NB` of [`pv_heads_inner`]: one accumulator per head and 8 columns,
+/// each a single fused chain over the positions (no partial sums to keep in memory).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn pv_block<const G: usize, const NB: usize>(p: &[f32], stride: usize, n: usize, v: &[u16], hd: usize, c0: usize, out: &mut [f32]) {
+    let mut acc = [[_mm256_setzero_ps(); NB]; G];
+    for j in 0..n {
+        // SAFETY: p holds (G-1)·stride + n floats (the caller's contract).
+        let pj: [__m256; G] = core::array::from_fn(|h| _mm256_set1_ps(unsafe { *p.get_unchecked(h * stride + j) }));
+        for b in 0..NB {
+            // SAFETY: row j < n has hd values; c0 + 8·b + 8 <= hd.
+            let x = unsafe { load_h8(v.as_ptr().add(j * hd + c0 + 8 * b)) };
+            for h in 0..G {
+                acc[h][b] = _mm256_fmadd_ps(pj[h], x, acc[h][b]);
+            }
+        }
+    }
+    for (h, a) in acc.iter().enumerate() {
+        for (b, a) in a.iter().enumerate() {
+            // SAFETY: out holds G·hd floats; c0 + 8·b + 8 <= hd.
+            unsafe {
+                let o = out.as_mut_ptr().add(h * hd + c0 + 8 * b);
+                _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), *a));
             }
         }
     }

@@ -228,20 +228,31 @@ fn pv_cols<const G: usize>(p: &[f32], stride: usize, n: usize, v: &[u16], hd: us
 #[target_feature(enable = "neon")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pv_inner<const G: usize, const C: usize>(p: &[f32], stride: usize, n: usize, v: &[u16], hd: usize, out: &mut [f32], c0: usize) {
-    let mut acc = [[[vdupq_n_f32(0.0); C]; 2]; G];
-    for j in 0..n {
-        let par = j & 1;
-        // SAFETY: the caller checked v holds n rows of hd values and c0 + 4C <= hd.
+    // Even and odd positions in two register sets, unrolled by hand: indexing one array of both
+    // by `j & 1` keeps the accumulators in memory (on x86 the same pattern ran 1.6x slower).
+    let mut even = [[vdupq_n_f32(0.0); C]; G];
+    let mut odd = [[vdupq_n_f32(0.0); C]; G];
+    let step = |acc: &mut [[float32x4_t; C]; G], j: usize| {
+        // SAFETY: the caller checked v holds n rows of hd values and c0 + 4C <= hd; j < n.
         let vr: [float32x4_t; C] = core::array::from_fn(|c| unsafe { load_h4(v.as_ptr().add(j * hd + c0 + 4 * c)) });
         for (h, a) in acc.iter_mut().enumerate() {
             let pj = p[h * stride + j];
-            for (a, &vc) in a[par].iter_mut().zip(&vr) {
+            for (a, &vc) in a.iter_mut().zip(&vr) {
                 *a = vfmaq_n_f32(*a, vc, pj);
             }
         }
+    };
+    let mut j = 0;
+    while j + 2 <= n {
+        step(&mut even, j);
+        step(&mut odd, j + 1);
+        j += 2;
     }
-    for (h, a) in acc.iter().enumerate() {
-        for (c, (&a0, &a1)) in a[0].iter().zip(&a[1]).enumerate() {
+    if j < n {
+        step(&mut even, j);
+    }
+    for (h, (e, o)) in even.iter().zip(&odd).enumerate() {
+        for (c, (&a0, &a1)) in e.iter().zip(o).enumerate() {
             // SAFETY: h < G, c0 + 4c + 4 <= hd: inside out (checked by the caller).
             unsafe {
                 let o = out.as_mut_ptr().add(h * hd + c0 + 4 * c);

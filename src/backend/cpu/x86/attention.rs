@@ -181,31 +181,37 @@ unsafe fn scores_group_inner<const G: usize>(qs: &[f32], hd: usize, kt: &[u16], 
 /// [`pv_512_inner`].
 #[target_feature(enable = "avx512f")]
 unsafe fn pv_group_inner<const G: usize>(p: &[f32], stride: usize, n: usize, v: &[u16], out: &mut [f32]) {
-    let mut acc = [[[_mm512_setzero_ps(); 4]; 2]; G];
-    let row = |j: usize| -> [__m512; 4] {
+    // Even and odd positions in two register sets, unrolled by hand: indexing one array of both
+    // by `j & 1` kept the accumulators in memory (on AVX2 the same pattern ran 1.6x slower).
+    let mut even = [[_mm512_setzero_ps(); 4]; G];
+    let mut odd = [[_mm512_setzero_ps(); 4]; G];
+    let step = |acc: &mut [[__m512; 4]; G], j: usize| {
         // SAFETY: every raw access below is in bounds: the caller checked v holds n rows of 64 and p (G-1)·stride + n
-        // floats, out G·64.
-        core::array::from_fn(|c| unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(v.as_ptr().add(j * 64 + c * 16) as *const __m256i)) })
-    };
-    let mut j = 0;
-    while j < n {
-        let par = j & 1;
-        let r = row(j);
+        // floats, out G·64; j < n.
+        let r: [__m512; 4] = core::array::from_fn(|c| unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(v.as_ptr().add(j * 64 + c * 16) as *const __m256i)) });
         for (h, a) in acc.iter_mut().enumerate() {
             // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
             let pj = _mm512_set1_ps(unsafe { *p.get_unchecked(h * stride + j) });
             for c in 0..4 {
-                a[par][c] = _mm512_fmadd_ps(pj, r[c], a[par][c]);
+                a[c] = _mm512_fmadd_ps(pj, r[c], a[c]);
             }
         }
-        j += 1;
+    };
+    let mut j = 0;
+    while j + 2 <= n {
+        step(&mut even, j);
+        step(&mut odd, j + 1);
+        j += 2;
     }
-    for (h, a) in acc.iter().enumerate() {
+    if j < n {
+        step(&mut even, j);
+    }
+    for h in 0..G {
         for c in 0..4 {
             // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
             unsafe {
                 let o = _mm512_loadu_ps(out.as_ptr().add(h * 64 + c * 16));
-                _mm512_storeu_ps(out.as_mut_ptr().add(h * 64 + c * 16), _mm512_add_ps(o, _mm512_add_ps(a[0][c], a[1][c])));
+                _mm512_storeu_ps(out.as_mut_ptr().add(h * 64 + c * 16), _mm512_add_ps(o, _mm512_add_ps(even[h][c], odd[h][c])));
             }
         }
     }
