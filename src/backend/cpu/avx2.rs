@@ -473,7 +473,7 @@ pub fn pv_group(p: &[f32], stride: usize, n: usize, v: &[u16], out: &mut [f32]) 
 unsafe fn pv_heads_inner<const G: usize>(p: &[f32], stride: usize, n: usize, v: &[u16], hd: usize, out: &mut [f32]) {
     let mut c0 = 0;
     while c0 < hd {
-        // SAFETY (both calls): the caller's bounds; c0 + 8·NB <= hd.
+        // SAFETY: the caller's bounds; each block ends at c0 + 8·NB <= hd.
         unsafe {
             if G == 1 && hd - c0 >= 64 {
                 pv_block::<G, 8>(p, stride, n, v, hd, c0, out);
