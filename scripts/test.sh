@@ -7,6 +7,11 @@ cd "$(dirname "$0")/.."
 # Where the time goes (CI's budget): each phase's end, in seconds since the start, on stderr.
 T0=$(date +%s)
 mark() { echo "test.sh: $1 done at $(($(date +%s) - T0)) s" >&2; }
+# The suite's release builds without cross-crate LTO: with `lto = "thin"` every one of the ~30
+# test binaries re-ran LTO over all its dependencies (wgpu, naga, minijinja, …), about two minutes
+# of CPU each, most of CI's build time. LTO changes no result; release builds
+# (scripts/release.sh, `cargo deb`) keep the profile's LTO.
+export CARGO_PROFILE_RELEASE_LTO=false
 GGUF=$(scripts/fetch-model.sh)
 export APPLIANCED_TEST_GGUF="$GGUF"
 # The second default model (issue 25): Gemma 3 270M, a base model with K-quants, sliding-window
