@@ -139,6 +139,13 @@ fn synthetic_blocks_straddling_tokens() {
     let s4 = m.advance(m.advance(s2, b'o' as u32), b'i' as u32);
     assert!(!is_set(m.allowed(s4), b'r' as u32), "cafe + combining acute + \" noi\" cannot continue with r");
     assert!(m.contains_banned("CAFE\u{301} NOIR".as_bytes()));
+    // An invisible char inside a decomposed spelling (between `e` and its combining mark): the
+    // oracle removes it before normalizing, so this is still "café noir" (found by the proptest
+    // below, tests/policy.proptest-regressions).
+    for t in ["cafe\u{200b}\u{301} noir", "CAFE\u{200d}\u{2060}\u{301} NOIR", "cafe\u{feff}\u{301}\u{200b} noir"] {
+        assert!(oracle_contains(t.as_bytes(), m.phrases(), true, true), "{t:?}");
+        assert!(m.contains_banned(t.as_bytes()), "{t:?}");
+    }
     // The runtime's empty-intersection signal.
     let none = vec![0u64; m.allowed(m.start()).len()];
     let mut out = none.clone();

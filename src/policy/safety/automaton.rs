@@ -40,6 +40,44 @@ impl Nfa {
         }
         self.edges[cur as usize].push((last, to));
     }
+
+    /// One spelling of a phrase char (or of a run of them) from `from` to `to`. A spelling of
+    /// several chars (a decomposition: `e` U+0301) may have invisible chars between its chars, as
+    /// between a phrase's chars: the oracle removes them before it normalizes, so `e` U+200B
+    /// U+0301 is still `é`.
+    fn spell(&mut self, from: u32, s: &str, to: u32) {
+        let n = s.chars().count();
+        if n <= 1 {
+            return self.chain(from, s.as_bytes(), to);
+        }
+        let mut cur = from;
+        let mut prefix = Vec::new();
+        for (i, c) in s.chars().enumerate() {
+            let mut buf = [0u8; 4];
+            let bytes = c.encode_utf8(&mut buf).as_bytes();
+            prefix.extend_from_slice(bytes);
+            if i + 1 == n {
+                self.chain(cur, bytes, to);
+                break;
+            }
+            // The state after this char, shared with every spelling from `from` with the same
+            // prefix (the key `chain` uses for its byte states).
+            let next = match self.interm.get(&(from, prefix.clone())) {
+                Some(&st) => st,
+                None => {
+                    let st = self.new_state();
+                    self.interm.insert((from, prefix.clone()), st);
+                    st
+                }
+            };
+            self.chain(cur, bytes, next);
+            for inv in INVISIBLE {
+                let mut buf = [0u8; 4];
+                self.chain(next, inv.encode_utf8(&mut buf).as_bytes(), next);
+            }
+            cur = next;
+        }
+    }
 }
 
 /// Sizes and timings of a compilation.
@@ -95,7 +133,7 @@ pub(super) fn build_automaton(level: &str, phrases: &[String], fold: bool, flex:
             } else {
                 let sp = memo.entry(c).or_insert_with(|| spellings(&c)).clone();
                 for s in &sp {
-                    nfa.chain(pos[k], s.as_bytes(), pos[k + 1]);
+                    nfa.spell(pos[k], s, pos[k + 1]);
                 }
             }
             for m in 2..=4usize {
@@ -107,8 +145,8 @@ pub(super) fn build_automaton(level: &str, phrases: &[String], fold: bool, flex:
                     for x in xs.clone() {
                         let s = x.to_string();
                         let d: String = s.nfd().collect();
-                        nfa.chain(pos[k], s.as_bytes(), pos[k + m]);
-                        nfa.chain(pos[k], d.as_bytes(), pos[k + m]);
+                        nfa.spell(pos[k], &s, pos[k + m]);
+                        nfa.spell(pos[k], &d, pos[k + m]);
                     }
                 }
             }
