@@ -7,9 +7,9 @@
 //!   broadcast activation bytes and adds pairs into 16-bit lanes; for Q4 the eight groups of a
 //!   block are summed in 16 bits (each partial sum is at most 15·127·2, eight of them at most
 //!   30 480, so nothing saturates or wraps) and widened once with `vpmaddwd` (5-bit codes, with
-//!   their fifth bits ORed in, after every four groups: at most 31 496). Byte codes (the `Q8_0`
-//!   and `Q8Split` formats) go through the sign trick (|w| × x with w's sign, at
-//!   most 2·128·127 per pair) and are widened per group. The zero point comes off in integers as in the AVX-512 kernel, so the integer sums
+//!   their fifth bits ORed in, after every four groups: at most 31 496). Byte codes (`Q8_0`) and
+//!   6-bit ones (`Q6Split`, their zero point taken off in the bytes first) go through the sign
+//!   trick (|w| × x with w's sign, at most 2·128·127 per pair) and are widened per group. The zero point comes off in integers as in the AVX-512 kernel, so the integer sums
 //!   are the reference's exactly; only the f32 accumulation order differs.
 //! - activation quantization, bit for bit the reference's (`vcvtps2dq` rounds to nearest even);
 //! - attention scores against the tiled f16 key cache, `exp` + sum, P·V, SiLU·up and the f16
@@ -37,8 +37,9 @@ const PREFETCH: usize = 16;
 const NT_MAX: usize = 4;
 
 /// The 8 weight groups of half `h` (rows 8h..8h+8) of the panel record at `base`, as unsigned
-/// codes: 4/5-bit formats the nibbles (with the fifth bits ORed onto bit 4, see `cpu::panel`),
-/// byte formats the stored `w + 128`. Shared by this set's panel kernel and the AVX-VNNI one.
+/// codes: 4/5/6-bit formats the nibbles (with the fifth bit ORed onto bit 4, or bits 4–5 from
+/// their two planes, see `cpu::panel`), byte formats the stored `w + 128`. Shared by this set's
+/// panel kernel and the AVX-VNNI one.
 ///
 /// # Safety
 /// `base` points at a whole record of a `BITS`-bit format (`PanelFormat::block_bytes`).
@@ -48,7 +49,8 @@ pub(super) unsafe fn unpack_half<const BITS: u32>(base: *const u8, h: usize) -> 
     let m4 = _mm256_set1_epi8(0x0F);
     let mut w = [_mm256_setzero_si256(); 8];
     // SAFETY: the caller's record holds 8 (bytes) or 4 (nibbles) 64-byte groups, and for 5-bit
-    // formats the 64-byte fifth-bit plane at 256; this half is bytes 32h..32h+32 of each.
+    // formats the 64-byte fifth-bit plane at 256, for 6-bit ones two planes at 256 and 320; this
+    // half is bytes 32h..32h+32 of each.
     unsafe {
         if BITS == 8 {
             for (k, wk) in w.iter_mut().enumerate() {
@@ -74,6 +76,20 @@ pub(super) unsafe fn unpack_half<const BITS: u32>(base: *const u8, h: usize) -> 
             w[6] = _mm256_or_si256(w[6], fifth(_mm256_srli_epi32::<2>(hb)));
             w[7] = _mm256_or_si256(w[7], fifth(_mm256_srli_epi32::<3>(hb)));
         }
+        if BITS == 6 {
+            // Plane 0 holds bits 4–5 of group k's low codes at bits 2k, 2k+1; plane 1 those of
+            // its high codes (w[k + 4]). Each moved onto bits 4–5 (16-bit shifts: what crosses
+            // a byte boundary lands outside the mask).
+            let m = _mm256_set1_epi8(0x30);
+            for (p, w4) in w.chunks_exact_mut(4).enumerate() {
+                let hb = _mm256_loadu_si256(base.add(256 + 64 * p + 32 * h) as *const __m256i);
+                let high = |v: __m256i| _mm256_and_si256(v, m);
+                w4[0] = _mm256_or_si256(w4[0], high(_mm256_slli_epi16::<4>(hb)));
+                w4[1] = _mm256_or_si256(w4[1], high(_mm256_slli_epi16::<2>(hb)));
+                w4[2] = _mm256_or_si256(w4[2], high(hb));
+                w4[3] = _mm256_or_si256(w4[3], high(_mm256_srli_epi16::<2>(hb)));
+            }
+        }
     }
     w
 }
@@ -88,6 +104,7 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
     assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
     assert!(NT == 0 || out.len() >= (NT - 1) * stride + 16);
     let flip = _mm256_set1_epi8(-128);
+    let z6 = _mm256_set1_epi8(32);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); NT_MAX]; 2];
     let mut accm = [[_mm256_setzero_ps(); NT_MAX]; 2];
@@ -119,6 +136,11 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
                         // back from `w + 128` to the signed weight
                         *wk = _mm256_xor_si256(*wk, flip);
                     }
+                } else if BITS == 6 {
+                    for wk in w.iter_mut() {
+                        // back from `w + 32` to the signed weight
+                        *wk = _mm256_sub_epi8(*wk, z6);
+                    }
                 }
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(qb + 16 * h) as *const __m128i));
                 let mw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(qb + 32 + 16 * h) as *const __m128i));
@@ -135,9 +157,9 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
                     };
                 }
                 let scale = _mm256_mul_ps(dw, _mm256_set1_ps(dx[t * nb + b]));
-                let sumi = if BITS == 8 {
+                let sumi = if BITS == 8 || BITS == 6 {
                     // Σ w·x per group: |w| (unsigned) × x carrying w's sign, pairs widened at once;
-                    // Q8Split: columns 0..16 (groups 0..4) and 16..32 apart, each with its scale.
+                    // Q6Split: columns 0..16 (groups 0..4) and 16..32 apart, each with its scale.
                     let mut s = [_mm256_setzero_si256(); 2];
                     for (k, &wk) in w.iter().enumerate() {
                         let p = _mm256_maddubs_epi16(_mm256_sign_epi8(wk, wk), _mm256_sign_epi8(bc!(k), wk));
@@ -206,6 +228,10 @@ pub fn panel(format: PanelFormat, panel: &[u8], q8: &Q8Act, t0: usize, n: usize,
                 (2, 5) => panel_inner::<2, 5>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (3, 5) => panel_inner::<3, 5>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (_, 5) => panel_inner::<4, 5>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (1, 6) => panel_inner::<1, 6>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (2, 6) => panel_inner::<2, 6>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (3, 6) => panel_inner::<3, 6>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (_, 6) => panel_inner::<4, 6>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (1, _) => panel_inner::<1, 8>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (2, _) => panel_inner::<2, 8>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (3, _) => panel_inner::<3, 8>(format, panel, xs, dx, sx, qsum, nb, o, stride),

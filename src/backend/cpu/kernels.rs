@@ -36,7 +36,7 @@ pub type SiluMulFn = fn(&mut [f32], &[f32]);
 pub type RoundF16Fn = fn(&mut [f32]);
 /// A panel kernel: `out[t·stride + i] = row(16·p + i) · activation row (t0 + t)` for `i < 16` and
 /// `t < n`, where `panel` is one panel's block records ([`super::panel::Panels::panel`]) in
-/// `format`. The `Q8Split` format reads the activations' half-block sums
+/// `format`. The `Q6Split` format reads the activations' half-block sums
 /// ([`super::quant::Q8Act::half_sums`]).
 pub type PanelFn = fn(format: PanelFormat, panel: &[u8], q8: &super::quant::Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize);
 

@@ -9,7 +9,7 @@
 //! block and token, with no horizontal sums at all, and the unpacked weights of a block are reused
 //! for every token of a batch (prefill, batched decode).
 //!
-//! Every quantized type the engine runs is repacked into one of five record formats
+//! Every quantized type the engine runs is repacked into one of six record formats
 //! ([`PanelFormat`]); each 32-column block of a row becomes integer codes `w` plus one or two
 //! scales, so every kernel dots integers against the activations' int8 Q8 blocks:
 //!
@@ -22,7 +22,7 @@
 //! | Q5_0 | `Q5_0` | `d·w`, `w = c − 16` | exact |
 //! | Q5_1 | `Q5_1` | `d·c + m` | exact |
 //! | Q5_K | `Q5_1` | `(d·sc_s)·c − dmin·m_s` | scales rounded to f16 |
-//! | Q6_K | `Q8Split` | `(d·sc)·w`, `w = c − 32`, `sc` per 16 columns | `d·sc` rounded to f16 |
+//! | Q6_K | `Q6Split` | `(d·sc)·w`, `w = c − 32`, `sc` per 16 columns | `d·sc` rounded to f16 |
 //!
 //! (`c` the stored code, `d`, `m` f16; `sc_s`, `m_s` a K-quant's 6-bit sub-block scale and min,
 //! `sc` Q6_K's int8 scale.) The f16 rounding of a K-quant's sub-block scale `d·sc` (at most 2⁻¹¹
@@ -33,11 +33,15 @@
 //! Layout of one tensor (`rows` a multiple of 16, `cols` of 32, `nb = cols / 32`): panels
 //! `p = 0 .. rows/16` one after another, each `nb` block records of [`PanelFormat::block_bytes`]:
 //!
-//! | part | `Q4_0` / `Q4_1` (320 bytes) | `Q5_0` / `Q5_1` (384 bytes) | `Q8_0` / `Q8Split` (576 bytes) |
-//! |---|---|---|---|
-//! | quants | 4 groups × 64 bytes: group `k`, lane `r` = bytes `4k .. 4k+4` of row `r`'s 16 nibble bytes (byte `j` = code `j` low, code `16+j` high: low nibbles are columns `4k..4k+4`, high nibbles `16+4k..16+4k+4`) | the low 4 bits of the codes as `Q4_*`, then 64 bytes of fifth bits: lane `r` (bytes `4r..4r+4`), byte `i`, bit `k` = bit 4 of column `4k+i`'s code, bit `4+k` = of column `16+4k+i` (`k < 4`) | 8 groups × 64 bytes: group `k`, lane `r` = `w + 128` (that is `w XOR 0x80`) of columns `4k .. 4k+4` of row `r` |
-//! | `d` | 16 × f16, row `r`'s block scale | same | same (`Q8Split`: the scale of columns 0..16) |
-//! | `m` | 16 × f16: `Q4_1` the block minimum; `Q4_0` zero | `Q5_1` the minimum; `Q5_0` zero | `Q8Split` the scale of columns 16..32; `Q8_0` zero |
+//! | part | `Q4_0` / `Q4_1` (320 bytes) | `Q5_0` / `Q5_1` (384 bytes) | `Q6Split` (448 bytes) | `Q8_0` (576 bytes) |
+//! |---|---|---|---|---|
+//! | quants | 4 groups × 64 bytes: group `k`, lane `r` = bytes `4k .. 4k+4` of row `r`'s 16 nibble bytes (byte `j` = code `j` low, code `16+j` high: low nibbles are columns `4k..4k+4`, high nibbles `16+4k..16+4k+4`) | the low 4 bits of the codes as `Q4_*`, then 64 bytes of fifth bits: lane `r` (bytes `4r..4r+4`), byte `i`, bit `k` = bit 4 of column `4k+i`'s code, bit `4+k` = of column `16+4k+i` (`k < 4`) | the low 4 bits as `Q4_*`, then two 64-byte planes of bits 4–5: plane 0 (columns 0..16) lane `r`, byte `i`, bits `2k, 2k+1` = bits 4, 5 of column `4k+i`'s code; plane 1 the same for column `16+4k+i` | 8 groups × 64 bytes: group `k`, lane `r` = `w + 128` (that is `w XOR 0x80`) of columns `4k .. 4k+4` of row `r` |
+//! | `d` | 16 × f16, row `r`'s block scale | same | the scale of columns 0..16 | same |
+//! | `m` | 16 × f16: `Q4_1` the block minimum; `Q4_0` zero | `Q5_1` the minimum; `Q5_0` zero | the scale of columns 16..32 | zero |
+//!
+//! `Q6Split` keeps Q6_K's 6-bit codes (7 bits per weight with the scales, against 6.56 in the
+//! GGUF and 9 for the 8-bit record it had before): decode streams the output head of a 262k
+//! vocabulary (Gemma 3) once per token, so its bytes are most of a token's memory traffic.
 //!
 //! The fifth bits sit where a shift moves them onto bit 4 of the byte that holds their column's
 //! nibble: group `k`'s low codes are `nibble | (bits << (4−k)) & 0x10`, its high codes
@@ -45,7 +49,7 @@
 //!
 //! The stored codes `u` are unsigned (what `vpdpbusd` takes) with a zero point `z` (`Q4_0` 8,
 //! `Q4_1` and `Q5_1` 0, `Q5_0` 16, the byte formats 128), so a block contributes `d_w·d_x·(Σ u·q − z·Σq) + m_w·s_x`:
-//! the `z·Σq` term is subtracted in integers (the activation's exact `Σq`; `Q8Split` takes each
+//! the `z·Σq` term is subtracted in integers (the activation's exact `Σq`; `Q6Split` takes each
 //! half's sum, [`super::quant::Q8Act::half_sums`]), which keeps the integer part exact; `s_x` is
 //! Q8_1's f16-rounded `d_x·Σq`, as llama.cpp's Q4_1 and Q5_1 kernels. A record is a multiple of
 //! 64 bytes and the buffer is 64-byte aligned, so every group load is one aligned cache line.
@@ -71,8 +75,8 @@ pub enum PanelFormat {
     Q5_1,
     /// Signed 8-bit values, one scale (Q8_0).
     Q8_0,
-    /// Signed 8-bit values, one scale per 16 columns (Q6_K).
-    Q8Split,
+    /// 6-bit codes, zero point 32, one scale per 16 columns (Q6_K).
+    Q6Split,
 }
 
 impl PanelFormat {
@@ -84,26 +88,28 @@ impl PanelFormat {
             TensorType::Q8_0 => PanelFormat::Q8_0,
             TensorType::Q5_0 => PanelFormat::Q5_0,
             TensorType::Q5_1 | TensorType::Q5K => PanelFormat::Q5_1,
-            TensorType::Q6K => PanelFormat::Q8Split,
+            TensorType::Q6K => PanelFormat::Q6Split,
             TensorType::F32 | TensorType::F16 | TensorType::Bf16 => return None,
         })
     }
 
-    /// Bits per code: 4, 5 or 8.
+    /// Bits per code: 4, 5, 6 or 8.
     pub fn bits(self) -> u32 {
         match self {
             PanelFormat::Q4_0 | PanelFormat::Q4_1 => 4,
             PanelFormat::Q5_0 | PanelFormat::Q5_1 => 5,
-            PanelFormat::Q8_0 | PanelFormat::Q8Split => 8,
+            PanelFormat::Q6Split => 6,
+            PanelFormat::Q8_0 => 8,
         }
     }
 
-    /// Bytes of one block record: the quant groups (and the fifth bits), then 64 bytes of `d`
-    /// and `m`.
+    /// Bytes of one block record: the quant groups (and the planes of high bits), then 64 bytes
+    /// of `d` and `m`.
     pub fn block_bytes(self) -> usize {
         match self.bits() {
             4 => 256 + 64,
             5 => 256 + 64 + 64,
+            6 => 256 + 128 + 64,
             _ => 512 + 64,
         }
     }
@@ -114,7 +120,8 @@ impl PanelFormat {
             PanelFormat::Q4_0 => 8,
             PanelFormat::Q4_1 | PanelFormat::Q5_1 => 0,
             PanelFormat::Q5_0 => 16,
-            PanelFormat::Q8_0 | PanelFormat::Q8Split => 128,
+            PanelFormat::Q6Split => 32,
+            PanelFormat::Q8_0 => 128,
         }
     }
 
@@ -125,7 +132,7 @@ impl PanelFormat {
 
     /// The `m` row is the scale of columns 16..32 (Q6_K's scale per 16 values).
     pub fn split(self) -> bool {
-        self == PanelFormat::Q8Split
+        self == PanelFormat::Q6Split
     }
 }
 
@@ -140,7 +147,6 @@ struct SubBlock {
 /// Block `b` (32 columns) of one row of `ty` in GGUF layout.
 fn sub_block(ty: TensorType, row: &[u8], b: usize) -> SubBlock {
     let mut u = [0u8; 32];
-    let bytes = |w: i32| (w + 128) as u8;
     match ty {
         TensorType::Q4_0 | TensorType::Q4_1 => {
             let (bb, q0) = if ty == TensorType::Q4_0 { (18, 2) } else { (20, 4) };
@@ -194,7 +200,7 @@ fn sub_block(ty: TensorType, row: &[u8], b: usize) -> SubBlock {
             for (l, u) in u.iter_mut().enumerate() {
                 let lo = (ql[l + 32 * (kind % 2)] >> (4 * (kind / 2))) & 0x0F;
                 let hi = (qh[l] >> (2 * kind)) & 3;
-                *u = bytes((lo | (hi << 4)) as i32 - 32);
+                *u = lo | (hi << 4); // the code: w + 32, the format's zero point
             }
             let d = f16_at(s, 208);
             SubBlock { u, d: d * sc[2 * kind] as i8 as f32, m: d * sc[2 * kind + 1] as i8 as f32 }
@@ -259,13 +265,16 @@ impl Panels {
                 for r in 0..PANEL_ROWS {
                     let row = p * PANEL_ROWS + r;
                     let sb = sub_block(ty, &data[row * row_bytes..(row + 1) * row_bytes], b);
-                    if format.bits() <= 5 {
+                    if format.bits() <= 6 {
                         for k in 0..4 {
                             for i in 0..4 {
                                 let j = 4 * k + i;
                                 rec[k * 64 + r * 4 + i] = (sb.u[j] & 0x0F) | (sb.u[j + 16] << 4);
                                 if format.bits() == 5 {
                                     rec[256 + r * 4 + i] |= ((sb.u[j] >> 4) << k) | ((sb.u[j + 16] >> 4) << (4 + k));
+                                } else if format.bits() == 6 {
+                                    rec[256 + r * 4 + i] |= (sb.u[j] >> 4) << (2 * k);
+                                    rec[320 + r * 4 + i] |= (sb.u[j + 16] >> 4) << (2 * k);
                                 }
                             }
                         }
@@ -300,12 +309,16 @@ pub fn panel_ref(format: PanelFormat, panel: &[u8], q8: &super::quant::Q8Act, t0
                 let x = &qs[b * 32..b * 32 + 32];
                 // code of column j of this row
                 let code = |j: usize| -> i32 {
-                    if format.bits() <= 5 {
+                    if format.bits() <= 6 {
                         let (k, i) = ((j % 16) / 4, j % 4);
                         let byte = rec[k * 64 + r * 4 + i];
                         let nibble = (if j < 16 { byte & 15 } else { byte >> 4 }) as i32;
-                        let fifth = if format.bits() == 5 { (rec[256 + r * 4 + i] >> (k + if j < 16 { 0 } else { 4 })) & 1 } else { 0 };
-                        nibble | (fifth as i32) << 4
+                        let high = match format.bits() {
+                            5 => (rec[256 + r * 4 + i] >> (k + if j < 16 { 0 } else { 4 })) & 1,
+                            6 => (rec[256 + 64 * usize::from(j >= 16) + r * 4 + i] >> (2 * k)) & 3,
+                            _ => 0,
+                        };
+                        nibble | (high as i32) << 4
                     } else {
                         rec[j / 4 * 64 + r * 4 + j % 4] as i32
                     }

@@ -58,13 +58,14 @@ fn bcast(x0: int8x16_t, x1: int8x16_t) -> [int8x16_t; 8] {
 
 /// Row quarter `q` (rows `4q .. 4q+4`) of a block record at `base`: `w[k]` holds columns
 /// `4k .. 4k+4` of the 4 rows (4 bytes per row), as signed bytes (codes for 4/5 bits, signed
-/// weights for bytes).
+/// weights for 6 bits and bytes).
 #[inline]
 #[target_feature(enable = "neon")]
 unsafe fn unpack<const BITS: u32>(base: *const u8, q: usize) -> [int8x16_t; 8] {
     let mut w = [vdupq_n_s8(0); 8];
     // SAFETY: the caller guarantees a whole record at base: the groups at 64k + 16q (k < 8 for
-    // bytes, k < 4 otherwise) and the fifth bits at 256 + 16q are inside it.
+    // bytes, k < 4 otherwise), the fifth bits at 256 + 16q and the 6-bit planes at 256 + 16q and
+    // 320 + 16q are inside it.
     unsafe {
         if BITS == 8 {
             let flip = vdupq_n_u8(0x80);
@@ -91,6 +92,23 @@ unsafe fn unpack<const BITS: u32>(base: *const u8, q: usize) -> [int8x16_t; 8] {
                 u[5] = vorrq_u8(u[5], vandq_u8(vshrq_n_u8::<1>(hb), b4));
                 u[6] = vorrq_u8(u[6], vandq_u8(vshrq_n_u8::<2>(hb), b4));
                 u[7] = vorrq_u8(u[7], vandq_u8(vshrq_n_u8::<3>(hb), b4));
+            }
+            if BITS == 6 {
+                // Bits 4–5 of this quarter's codes (see `cpu::panel`): plane 0 holds group k's low
+                // codes' at bits 2k, 2k+1, plane 1 its high codes' (u[k + 4]); onto bits 4–5.
+                let m = vdupq_n_u8(0x30);
+                for (p, u4) in u.chunks_exact_mut(4).enumerate() {
+                    let hb = vld1q_u8(base.add(256 + 64 * p + 16 * q));
+                    u4[0] = vorrq_u8(u4[0], vandq_u8(vshlq_n_u8::<4>(hb), m));
+                    u4[1] = vorrq_u8(u4[1], vandq_u8(vshlq_n_u8::<2>(hb), m));
+                    u4[2] = vorrq_u8(u4[2], vandq_u8(hb, m));
+                    u4[3] = vorrq_u8(u4[3], vandq_u8(vshrq_n_u8::<2>(hb), m));
+                }
+                // The signed weight w = code − 32, as the byte formats hand out theirs.
+                let z = vdupq_n_u8(32);
+                for uk in u.iter_mut() {
+                    *uk = vsubq_u8(*uk, z);
+                }
             }
             for k in 0..8 {
                 w[k] = vreinterpretq_s8_u8(u[k]);
@@ -127,9 +145,9 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
                 let x = &xb[t];
                 let dxt = dx[t * nb + b];
                 let a = &mut acc[t][q];
-                if BITS == 8 {
+                if BITS == 8 || BITS == 6 {
                     // two groups per 16-bit sum (|w·q| ≤ 128·127), then pairs into 32 bits;
-                    // Q8Split: groups 0..4 (columns 0..16) and 4..8 apart.
+                    // Q6Split: groups 0..4 (columns 0..16) and 4..8 apart.
                     let mut lo = [vdupq_n_s32(0); 2];
                     let mut hi = [vdupq_n_s32(0); 2];
                     for k in (0..8).step_by(2) {
@@ -188,9 +206,13 @@ pub fn panel(format: PanelFormat, panel: &[u8], q8: &Q8Act, t0: usize, n: usize,
                 (3, 4) => panel_inner::<3, 4>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (_, 4) => panel_inner::<4, 4>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (1, 5) => panel_inner::<1, 5>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (1, 6) => panel_inner::<1, 6>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (2, 5) => panel_inner::<2, 5>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (2, 6) => panel_inner::<2, 6>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (3, 5) => panel_inner::<3, 5>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (3, 6) => panel_inner::<3, 6>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (_, 5) => panel_inner::<4, 5>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (_, 6) => panel_inner::<4, 6>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (1, _) => panel_inner::<1, 8>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (2, _) => panel_inner::<2, 8>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (3, _) => panel_inner::<3, 8>(format, panel, xs, dx, sx, qsum, nb, o, stride),
@@ -261,8 +283,8 @@ unsafe fn panel_inner_dot<const NT: usize, const BITS: u32>(format: PanelFormat,
                     *a = vfmaq_f32(*a, vcvtq_f32_s32(lo), vmulq_n_f32(dw, dxt));
                 } else {
                     let sumi = sdot4(lo, &w[4..], x1);
-                    // −z·Σq for the unsigned codes (bytes are signed already: no zero point).
-                    let sumi = if BITS < 8 && z != 0 { vsubq_s32(sumi, vdupq_n_s32(z * qsum[t * nb + b])) } else { sumi };
+                    // −z·Σq for the unsigned codes (bytes and 6-bit weights are signed already).
+                    let sumi = if BITS < 6 && z != 0 { vsubq_s32(sumi, vdupq_n_s32(z * qsum[t * nb + b])) } else { sumi };
                     *a = vfmaq_f32(*a, vcvtq_f32_s32(sumi), vmulq_n_f32(dw, dxt));
                     if min {
                         *a = vfmaq_n_f32(*a, mw, sx[t * nb + b]);
@@ -301,9 +323,13 @@ pub fn panel_dotprod(format: PanelFormat, panel: &[u8], q8: &Q8Act, t0: usize, n
                 (3, 4) => panel_inner_dot::<3, 4>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (_, 4) => panel_inner_dot::<4, 4>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (1, 5) => panel_inner_dot::<1, 5>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (1, 6) => panel_inner_dot::<1, 6>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (2, 5) => panel_inner_dot::<2, 5>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (2, 6) => panel_inner_dot::<2, 6>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (3, 5) => panel_inner_dot::<3, 5>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (3, 6) => panel_inner_dot::<3, 6>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (_, 5) => panel_inner_dot::<4, 5>(format, panel, xs, dx, sx, qsum, nb, o, stride),
+                (_, 6) => panel_inner_dot::<4, 6>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (1, _) => panel_inner_dot::<1, 8>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (2, _) => panel_inner_dot::<2, 8>(format, panel, xs, dx, sx, qsum, nb, o, stride),
                 (3, _) => panel_inner_dot::<3, 8>(format, panel, xs, dx, sx, qsum, nb, o, stride),

@@ -46,7 +46,7 @@ macro_rules! vnni_panel {
             let qb = blk - 64;
             let cols = nb * 32;
             assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
-            assert!(!split || qsum16.len() >= NT * 2 * nb, "Q8Split needs the half-block sums");
+            assert!(!split || qsum16.len() >= NT * 2 * nb, "Q6Split needs the half-block sums");
             assert!(NT == 0 || out.len() >= (NT - 1) * stride + 16);
             let mut acc = [[_mm256_setzero_ps(); NT_MAX]; 2];
             let mut accm = [[_mm256_setzero_ps(); NT_MAX]; 2];
@@ -59,8 +59,8 @@ macro_rules! vnni_panel {
                     let (b, h) = if by_record { (i, j) } else { (j, i) };
                     let (acc, accm) = (&mut acc[h], &mut accm[h]);
                     // SAFETY: record b is blk bytes inside `panel` (asserted): 64-byte groups at
-                    // 0..qb (this half's 8 rows are bytes 32h..32h+32 of each), the fifth bits at
-                    // 256 (Q5), 16 f16 d at qb, 16 f16 m at qb + 32.
+                    // 0..qb (this half's 8 rows are bytes 32h..32h+32 of each), the planes of high
+                    // bits at 256 (Q5, Q6), 16 f16 d at qb, 16 f16 m at qb + 32.
                     let (w, dw, mw) = unsafe {
                         let base = panel.as_ptr().add(b * blk);
                         if h == 0 {
@@ -141,15 +141,19 @@ macro_rules! vnni_panel {
                     match (nt, bits) {
                         (1, 4) => $inner::<1, 4>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
                         (1, 5) => $inner::<1, 5>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
+                        (1, 6) => $inner::<1, 6>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
                         (1, _) => $inner::<1, 8>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
                         (2, 4) => $inner::<2, 4>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
                         (2, 5) => $inner::<2, 5>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
+                        (2, 6) => $inner::<2, 6>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
                         (2, _) => $inner::<2, 8>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
                         (3, 4) => $inner::<3, 4>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
                         (3, 5) => $inner::<3, 5>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
+                        (3, 6) => $inner::<3, 6>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
                         (3, _) => $inner::<3, 8>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
                         (_, 4) => $inner::<4, 4>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
                         (_, 5) => $inner::<4, 5>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
+                        (_, 6) => $inner::<4, 6>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
                         (_, _) => $inner::<4, 8>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride),
                     }
                 }

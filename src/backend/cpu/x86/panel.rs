@@ -9,7 +9,8 @@ use super::super::panel::PanelFormat;
 
 // ---- Panel kernel (AVX-512 VNNI, 512-bit): 16 interleaved weight rows, see `cpu::panel`. ----
 //
-// Per block: 4 (Q4), 5 (Q5: the fifth bits ORed in) or 8 (Q8) aligned 64-byte loads give the
+// Per block: 4 (Q4), 5 (Q5: the fifth bits ORed in), 6 (Q6: two planes of bits 4–5) or 8 (Q8)
+// aligned 64-byte loads give the
 // weight codes of 16 rows; for each token, 8 `vpdpbusd` against 4 broadcast activation bytes each leave one block dot product per
 // row in each 32-bit lane, then `acc += f32(Σ) · (d_w · d_x) + m_w · s_x` on 16 lanes at once.
 // Tokens are taken 8 at a time so the accumulators and unpacked weights stay in registers.
@@ -25,7 +26,7 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
     let qb = blk - 64;
     let cols = nb * 32;
     assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
-    assert!(!split || qsum16.len() >= NT * 2 * nb, "Q8Split needs the half-block sums");
+    assert!(!split || qsum16.len() >= NT * 2 * nb, "Q6Split needs the half-block sums");
     assert!(NT == 0 || out.len() >= (NT - 1) * stride + 16);
     let m4 = _mm512_set1_epi8(0x0F);
     // Eight slots whatever NT (constant indices only; the unused ones are dead code).
@@ -69,6 +70,20 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
                     w[6] = _mm512_or_si512(w[6], fifth(_mm512_srli_epi32::<2>(hb)));
                     w[7] = _mm512_or_si512(w[7], fifth(_mm512_srli_epi32::<3>(hb)));
                 }
+                if BITS == 6 {
+                    // Bits 4–5 (see `cpu::panel`): plane 0 holds group k's low codes' at bits
+                    // 2k, 2k+1, plane 1 its high codes' (w[k + 4]), each moved onto bits 4–5
+                    // (16-bit shifts: what crosses a byte boundary lands outside the mask).
+                    let m = _mm512_set1_epi8(0x30);
+                    for (p, w4) in w.chunks_exact_mut(4).enumerate() {
+                        let hb = _mm512_loadu_si512(base.add(256 + 64 * p) as *const _);
+                        let high = |v: __m512i| _mm512_and_si512(v, m);
+                        w4[0] = _mm512_or_si512(w4[0], high(_mm512_slli_epi16(hb, 4)));
+                        w4[1] = _mm512_or_si512(w4[1], high(_mm512_slli_epi16(hb, 2)));
+                        w4[2] = _mm512_or_si512(w4[2], high(hb));
+                        w4[3] = _mm512_or_si512(w4[3], high(_mm512_srli_epi16(hb, 2)));
+                    }
+                }
             }
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(qb) as *const __m256i));
             let mw = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(qb + 32) as *const __m256i));
@@ -92,7 +107,7 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
                     }
                     let scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t * nb + b]));
                     if split {
-                        // Q8Split: columns 0..16 (groups 0..4) and 16..32 apart, each from its
+                        // Q6Split: columns 0..16 (groups 0..4) and 16..32 apart, each from its
                         // half's −z·Σq and with its own scale (the `m` row).
                         let mut s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-z * qsum16[t * 2 * nb + 2 * b]), w[0], bc!(0));
                         let mut s1 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-z * qsum16[t * 2 * nb + 2 * b + 1]), w[4], bc!(4));
@@ -151,6 +166,8 @@ pub(super) fn panel_vnni(format: PanelFormat, panel: &[u8], q8: &Q8Act, t0: usiz
                     $(($k, 4) => unsafe { panel_inner::<$k, 4>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride) },
                       // SAFETY: as for the arm above.
                       ($k, 5) => unsafe { panel_inner::<$k, 5>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride) },
+                      // SAFETY: as for the arm above.
+                      ($k, 6) => unsafe { panel_inner::<$k, 6>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride) },
                       // SAFETY: as for the arm above.
                       ($k, _) => unsafe { panel_inner::<$k, 8>(format, panel, xs, dx, sx, qsum, qsum16, nb, o, stride) },)*
                     _ => unreachable!("1 ≤ nt ≤ 8"),
