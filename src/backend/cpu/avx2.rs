@@ -333,42 +333,15 @@ unsafe fn load_h8(p: *const u16) -> __m256 {
 }
 
 pub fn scores(q: &[f32], kt: &[u16], out: &mut [f32]) {
-    // SAFETY: handed out by `x86::detect()` only after avx2, fma and f16c were detected.
-    unsafe { scores_inner(q, kt, out) }
-}
-
-/// Two tiles (4 registers of 8 lanes) per pass over the query, then a last single tile. Every
-/// lane is one fused multiply-add chain over `d` in order, as in [`scores_group`].
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_inner(q: &[f32], kt: &[u16], out: &mut [f32]) {
     let hd = q.len();
     let tiles = (kt.len() / (hd * 16).max(1)).min(out.len() / 16);
-    let mut t = 0;
-    while t + 2 <= tiles {
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for (d, &qd) in q.iter().enumerate() {
-            let qv = _mm256_set1_ps(qd);
-            for (i, a) in acc.iter_mut().enumerate() {
-                let (tile, half) = (t + i / 2, i % 2);
-                // SAFETY: tile < tiles has hd·16 values; row d of it is at (tile·hd + d)·16.
-                let k = unsafe { load_h8(kt.as_ptr().add((tile * hd + d) * 16 + 8 * half)) };
-                *a = _mm256_fmadd_ps(qv, k, *a);
-            }
-        }
-        for (i, a) in acc.iter().enumerate() {
-            // SAFETY: out holds 16 floats per tile.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(t * 16 + 8 * i), *a) };
-        }
-        t += 2;
-    }
-    if t < tiles {
-        // SAFETY: tile t < tiles, as above.
-        unsafe { scores_group_inner::<1>(q, hd, &kt[t * hd * 16..], 1, &mut out[t * 16..], 0) };
-    }
+    // SAFETY: handed out by `x86::detect()` only after avx2, fma and f16c were detected; kt holds
+    // `tiles` tiles of hd·16 values and out 16·tiles floats (the minimum above).
+    unsafe { scores_heads::<1, 8>(q, hd, kt, tiles, out, 0) }
 }
 
-/// [`super::kernels::ScoresGroupFn`]: up to 4 heads per pass over the keys, one tile at a time
-/// (2 registers per head), each key row converted once for all of them.
+/// [`super::kernels::ScoresGroupFn`]: up to 4 heads per pass over the keys, each key row
+/// converted once for all of them.
 pub fn scores_group(qs: &[f32], g: usize, kt: &[u16], out: &mut [f32], stride: usize) {
     let hd = qs.len() / g.max(1);
     let tiles = (kt.len() / (hd * 16).max(1)).min(stride / 16);
@@ -380,41 +353,71 @@ pub fn scores_group(qs: &[f32], g: usize, kt: &[u16], out: &mut [f32], stride: u
         // bounds were checked above.
         unsafe {
             match g - h {
-                1 => scores_group_inner::<1>(q, hd, kt, tiles, o, stride),
-                2 => scores_group_inner::<2>(q, hd, kt, tiles, o, stride),
-                3 => scores_group_inner::<3>(q, hd, kt, tiles, o, stride),
-                _ => scores_group_inner::<4>(q, hd, kt, tiles, o, stride),
+                1 => scores_heads::<1, 8>(q, hd, kt, tiles, o, stride),
+                2 => scores_heads::<2, 4>(q, hd, kt, tiles, o, stride),
+                3 => scores_heads::<3, 3>(q, hd, kt, tiles, o, stride),
+                _ => scores_heads::<4, 2>(q, hd, kt, tiles, o, stride),
             }
         }
         h += (g - h).min(4);
     }
 }
 
-/// `G` heads (`qs` rows `hd` apart, `out` rows `stride` apart) against `tiles` key tiles.
+/// `G` heads (`qs` rows `hd` apart, `out` rows `stride` apart) against `tiles` key tiles, in
+/// passes over `V` vectors of 8 keys (half tiles). `V` is chosen per `G` so that a pass keeps
+/// at least 8 independent chains (an FMA's latency is 4 cycles, 2 issue per cycle) and at most
+/// 16 registers (G·V accumulators, G broadcasts, one converted key vector): fewer chains leave
+/// the FMA units idle, more registers spill an accumulator to the stack. Every lane is one
+/// fused multiply-add chain over `d` in order, whatever the passes, so every `G` and `V` give
+/// the same bits.
+///
+/// Safety: kt holds `tiles` tiles of hd·16 values, qs (G−1)·hd + hd floats and out
+/// (G−1)·stride + 16·tiles floats.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_group_inner<const G: usize>(qs: &[f32], hd: usize, kt: &[u16], tiles: usize, out: &mut [f32], stride: usize) {
-    for t in 0..tiles {
-        let mut acc = [[_mm256_setzero_ps(); 2]; G];
-        for d in 0..hd {
-            // SAFETY: every raw access below is in bounds: the caller checked kt holds `tiles` tiles of hd·16 values,
-            // qs (G-1)·hd + hd floats and out (G-1)·stride + 16·tiles floats.
-            let (k0, k1) = unsafe {
-                let p = kt.as_ptr().add((t * hd + d) * 16);
-                (load_h8(p), load_h8(p.add(8)))
-            };
-            for (h, a) in acc.iter_mut().enumerate() {
-                // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
-                let q = _mm256_set1_ps(unsafe { *qs.get_unchecked(h * hd + d) });
-                a[0] = _mm256_fmadd_ps(q, k0, a[0]);
-                a[1] = _mm256_fmadd_ps(q, k1, a[1]);
+unsafe fn scores_heads<const G: usize, const V: usize>(qs: &[f32], hd: usize, kt: &[u16], tiles: usize, out: &mut [f32], stride: usize) {
+    let units = 2 * tiles;
+    let mut u = 0;
+    // SAFETY (all calls): the caller's bounds; every pass stays below `units`.
+    unsafe {
+        while u + V <= units {
+            scores_pass::<G, V>(qs, hd, kt, u, out, stride);
+            u += V;
+        }
+        match units - u {
+            0 => {}
+            1 => scores_pass::<G, 1>(qs, hd, kt, u, out, stride),
+            2 => scores_pass::<G, 2>(qs, hd, kt, u, out, stride),
+            3 => scores_pass::<G, 3>(qs, hd, kt, u, out, stride),
+            4 => scores_pass::<G, 4>(qs, hd, kt, u, out, stride),
+            5 => scores_pass::<G, 5>(qs, hd, kt, u, out, stride),
+            6 => scores_pass::<G, 6>(qs, hd, kt, u, out, stride),
+            _ => scores_pass::<G, 7>(qs, hd, kt, u, out, stride),
+        }
+    }
+}
+
+/// Key vectors `u0 .. u0 + V` (vector `u`: tile `u / 2`, keys `8·(u % 2) ..` of it) of
+/// [`scores_heads`]. Safety: as there, with u0 + V ≤ 2·tiles.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scores_pass<const G: usize, const V: usize>(qs: &[f32], hd: usize, kt: &[u16], u0: usize, out: &mut [f32], stride: usize) {
+    let mut acc = [[_mm256_setzero_ps(); V]; G];
+    for d in 0..hd {
+        // SAFETY: qs holds (G−1)·hd + hd floats (the caller's contract).
+        let q: [__m256; G] = core::array::from_fn(|h| _mm256_set1_ps(unsafe { *qs.get_unchecked(h * hd + d) }));
+        for i in 0..V {
+            let u = u0 + i;
+            // SAFETY: tile u / 2 < tiles has hd·16 values; row d of it is at (tile·hd + d)·16.
+            let k = unsafe { load_h8(kt.as_ptr().add(((u / 2) * hd + d) * 16 + 8 * (u % 2))) };
+            for h in 0..G {
+                acc[h][i] = _mm256_fmadd_ps(q[h], k, acc[h][i]);
             }
         }
-        for (h, a) in acc.iter().enumerate() {
-            // SAFETY: in bounds, by the caller's checks named in the SAFETY note above.
-            unsafe {
-                _mm256_storeu_ps(out.as_mut_ptr().add(h * stride + t * 16), a[0]);
-                _mm256_storeu_ps(out.as_mut_ptr().add(h * stride + t * 16 + 8), a[1]);
-            }
+    }
+    for (h, a) in acc.iter().enumerate() {
+        for (i, a) in a.iter().enumerate() {
+            // SAFETY: out holds (G−1)·stride + 16·tiles floats and 8·(u0 + i) + 8 ≤ 16·tiles.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(h * stride + 8 * (u0 + i)), *a) };
         }
     }
 }
@@ -492,8 +495,8 @@ pub fn pv_group(p: &[f32], stride: usize, n: usize, v: &[u16], out: &mut [f32]) 
 }
 
 /// `G` heads' `out_h (hd) += Σ_j p_h[j] · v[j]`, in column blocks as wide as the registers
-/// allow (64 columns for one head, 32 for two or three: G·NB accumulators, G broadcasts and one
-/// converted value vector). Safety: hd is a multiple of 8; v holds n rows of hd values, p
+/// allow (64 columns for one head, 32 for two, 24 for three: G·NB accumulators, G broadcasts and
+/// one converted value vector). Safety: hd is a multiple of 8; v holds n rows of hd values, p
 /// (G-1)·stride + n floats, out G·hd.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn pv_heads_inner<const G: usize>(p: &[f32], stride: usize, n: usize, v: &[u16], hd: usize, out: &mut [f32]) {
@@ -504,6 +507,15 @@ unsafe fn pv_heads_inner<const G: usize>(p: &[f32], stride: usize, n: usize, v: 
             if G == 1 && hd - c0 >= 64 {
                 pv_block::<G, 8>(p, stride, n, v, hd, c0, out);
                 c0 += 64;
+            } else if G == 3 && hd - c0 >= 24 {
+                // 9 accumulators, 3 broadcasts and the converted row: 32 columns (12
+                // accumulators) spill one to the stack, and its store-to-load round trip then
+                // sits in the chain of every position.
+                pv_block::<G, 3>(p, stride, n, v, hd, c0, out);
+                c0 += 24;
+            } else if G == 3 && hd - c0 >= 16 {
+                pv_block::<G, 2>(p, stride, n, v, hd, c0, out);
+                c0 += 16;
             } else if hd - c0 >= 32 {
                 pv_block::<G, 4>(p, stride, n, v, hd, c0, out);
                 c0 += 32;

@@ -171,11 +171,7 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
                         let (t0, tiles) = (lo / 16, n_keys.div_ceil(16));
                         (k.scores)(qh, &kt[(t0 * 16 - d) * hd..(tiles * 16 - d) * hd], &mut scores[..(tiles - t0) * 16]);
                         let sc = &mut scores[lo - t0 * 16..n_keys - t0 * 16];
-                        let mut max = f32::NEG_INFINITY;
-                        for v in sc.iter_mut() {
-                            *v *= scale;
-                            max = max.max(*v);
-                        }
+                        let max = scale_max(sc, scale);
                         let inv = 1.0 / (k.exp_sum)(sc, max);
                         for v in sc.iter_mut() {
                             *v *= inv;
@@ -208,13 +204,8 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
                         let sh = &mut sc[h * stride..h * stride + nk];
                         // Keys of the first tile before the window: weight exp(-inf) = 0.
                         sh[..gr.lo.saturating_sub(k0).min(nk)].fill(f32::NEG_INFINITY);
-                        let mut max = f32::NEG_INFINITY;
-                        for v in sh.iter_mut() {
-                            *v *= scale;
-                            max = max.max(*v);
-                        }
-                        st[0] = max;
-                        st[1] = (k.exp_sum)(sh, max);
+                        st[0] = scale_max(sh, scale);
+                        st[1] = (k.exp_sum)(sh, st[0]);
                         (k.round_f16)(sh);
                     }
                     o.fill(0.0); // pv accumulates
@@ -259,6 +250,26 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
 
 /// Keys per decode work item (a multiple of the 16-key tile).
 const KEY_CHUNK: usize = 256;
+
+/// Scale every score in place and return the largest (−∞ for none; NaN is passed over, as
+/// `f32::max` does). Eight running maxima written as compare-and-select, which compiles to
+/// packed `max` on every ISA; `f32::max` in one chain stays scalar (its NaN rule is not
+/// `maxps`'s), and was the slowest part of a decode step's attention after the kernels.
+fn scale_max(x: &mut [f32], scale: f32) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for (v, m) in c.iter_mut().zip(m.iter_mut()) {
+            *v *= scale;
+            *m = if *v > *m { *v } else { *m };
+        }
+    }
+    for v in chunks.into_remainder() {
+        *v *= scale;
+        m[0] = if *v > m[0] { *v } else { m[0] };
+    }
+    m.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })
+}
 
 /// One attention work item.
 enum Task<'a> {
@@ -414,6 +425,33 @@ mod tests {
                 half::f16::from_f64(gl).to_f64() as f32 * u
             };
             assert!((got - want).abs() <= 1e-3 * want.abs().max(1e-3), "gelu({x}) · {u}: {got} vs {want}");
+        }
+    }
+
+    /// [`scale_max`] against the plain loop it replaced: the same scaled values and maximum, for
+    /// every length around the 8-lane chunks, with −∞ (masked keys), NaN and signed zeros.
+    #[test]
+    fn scale_max_matches_the_plain_loop() {
+        for n in 0..40usize {
+            for case in 0..4 {
+                let x0: Vec<f32> = (0..n)
+                    .map(|i| match (case, i % 5) {
+                        (1, 0) => f32::NEG_INFINITY,
+                        (2, 3) => f32::NAN,
+                        (3, _) => if i % 2 == 0 { 0.0 } else { -0.0 },
+                        _ => ((i * 7919) % 113) as f32 / 7.0 - 8.0,
+                    })
+                    .collect();
+                let (mut a, mut b) = (x0.clone(), x0.clone());
+                let mut want = f32::NEG_INFINITY;
+                for v in a.iter_mut() {
+                    *v *= 0.125;
+                    want = want.max(*v);
+                }
+                let got = scale_max(&mut b, 0.125);
+                assert!(got == want, "n {n} case {case}: {got} vs {want}"); // −0 == +0: either may win
+                assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "n {n} case {case}: scaled values differ");
+            }
         }
     }
 
