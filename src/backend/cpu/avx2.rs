@@ -247,7 +247,7 @@ pub fn panel(format: PanelFormat, panel: &[u8], q8: &Q8Act, t0: usize, n: usize,
 /// Bit-identical to `Q8Act::quantize`: `vcvtps2dq` rounds to nearest even under the default
 /// MXCSR, as the reference's magic-number rounding does for |v| ≤ 127.
 pub fn quantize(q: &mut Q8Act, x: &[f32], n: usize, cols: usize) {
-    // SAFETY: handed out by `x86::detect()` only after avx2 was detected.
+    // SAFETY: handed out by `x86::detect()` only after avx2 and f16c were detected.
     unsafe { quantize_inner(q, x, n, cols) }
 }
 
@@ -278,7 +278,7 @@ fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn quantize_inner(q: &mut Q8Act, x: &[f32], n: usize, cols: usize) {
     q.prepare(n, cols);
     let x = &x[..n * cols];
@@ -299,7 +299,14 @@ unsafe fn quantize_inner(q: &mut Q8Act, x: &[f32], n: usize, cols: usize) {
             let p8 = _mm256_packs_epi16(p16a, p16b);
             let ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _mm256_storeu_si256(q.qs.as_mut_ptr().add(b * 32) as *mut __m256i, ordered);
-            q.set_block(b, amax, sum);
+            // `Q8Act::set_block` with both f16 roundings in one F16C conversion (round to
+            // nearest even, as the reference's): the `half` crate's call per value, with its
+            // feature check, was most of the quantizer's time.
+            let d = amax / 127.0;
+            let r = _mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_setr_ps(d, d * sum as f32, 0.0, 0.0)));
+            q.d[b] = _mm_cvtss_f32(r);
+            q.s[b] = _mm_cvtss_f32(_mm_shuffle_ps::<1>(r, r));
+            q.qsum[b] = sum;
         }
     }
 }

@@ -131,6 +131,10 @@ struct Registered {
     panels: Option<Panels>,
     /// Set by the first matmul on this weight: it is streamed once per decoded token.
     matmul: std::sync::atomic::AtomicBool,
+    /// A vector weight (norm, bias) dequantized to f32 by its first use: a decode step reads
+    /// each one once per layer, and dequantizing it there (with a fresh buffer) cost more than
+    /// the norm itself.
+    dense: std::sync::OnceLock<Vec<f32>>,
 }
 
 #[derive(Default)]
@@ -212,6 +216,16 @@ impl CpuBackend {
     /// `w`'s panels, when it was repacked and the kernel set can use them.
     fn panels(&self, w: WeightId) -> Option<&Panels> {
         self.kernels.panel.and(self.registered[w.0 as usize].panels.as_ref())
+    }
+
+    /// Vector weight `w` (one row: a norm or a bias) in f32, dequantized on first use.
+    fn dense(&self, w: WeightId) -> &[f32] {
+        self.registered[w.0 as usize].dense.get_or_init(|| {
+            let info = self.weight_info(w);
+            let mut v = vec![0.0; info.cols];
+            quant::dequantize_row(info.ty, self.view(w).data, &mut v);
+            v
+        })
     }
 
     fn view(&self, w: WeightId) -> TensorView<'_> {
@@ -329,7 +343,7 @@ impl Backend for CpuBackend {
             // Reads go to the panels now; `embed` may still touch a few rows of a tied table.
             self.weights.release(name);
         }
-        self.registered.push(Registered { name: name.into(), info, panels, matmul: Default::default() });
+        self.registered.push(Registered { name: name.into(), info, panels, matmul: Default::default(), dense: Default::default() });
         Ok(WeightId(self.registered.len() as u32 - 1))
     }
 
@@ -445,10 +459,9 @@ impl Backend for CpuBackend {
 
     fn add_bias(&self, x: &mut Vec<f32>, n: usize, b: WeightId) {
         let info = self.weight_info(b);
-        let mut bias = vec![0.0; info.cols];
-        quant::dequantize_row(info.ty, self.view(b).data, &mut bias);
+        let bias = self.dense(b);
         for row in x[..n * info.cols].chunks_exact_mut(info.cols) {
-            for (v, b) in row.iter_mut().zip(&bias) {
+            for (v, b) in row.iter_mut().zip(bias) {
                 *v += b;
             }
         }
@@ -456,9 +469,7 @@ impl Backend for CpuBackend {
 
     fn rms_norm(&self, x: &Vec<f32>, n: usize, w: WeightId, eps: f32, out: &mut Vec<f32>) {
         let info = self.weight_info(w);
-        let mut weight = vec![0.0; info.cols];
-        quant::dequantize_row(info.ty, self.view(w).data, &mut weight);
-        ops::rms_norm(&x[..n * info.cols], &weight, eps, &mut out[..n * info.cols]);
+        ops::rms_norm(&x[..n * info.cols], self.dense(w), eps, &mut out[..n * info.cols]);
     }
 
     fn rope_cache(&self, positions: &[u32], table: &RopeTable, out: &mut Vec<f32>) {

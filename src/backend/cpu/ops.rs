@@ -109,6 +109,18 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
     let q_dim = n_heads * hd;
     let scale = 1.0 / (hd as f32).sqrt();
     const QBLOCK: usize = 16;
+    // The decode groups' per-chunk partial results, in one buffer this thread keeps between calls
+    // (a fresh one per group and layer was most of a decode step's allocator time).
+    let mut partials = PARTIALS.with(std::cell::Cell::take);
+    partials.clear();
+    let rec_len = group * (2 + hd);
+    let need: usize = segs.iter().filter(|s| s.n_rows == 1).map(|s| {
+        let tile0 = first_key(s.pos0) / 16 * 16;
+        let chunks = (s.pos0 + 1 - tile0).div_ceil(KEY_CHUNK);
+        if chunks > 1 { n_kv_heads * chunks * rec_len } else { 0 }
+    }).sum();
+    partials.resize(need, 0.0); // every chunk writes its whole record before the merge reads it
+    let mut free_partials: &mut [f32] = &mut partials;
     // Each task writes its queries' head slices of `out` (disjoint pieces handed out up front).
     let mut pieces: Vec<Option<&mut [f32]>> = out.chunks_exact_mut(hd).map(Some).collect(); // (row · n_heads + head)
     let mut tasks: Vec<Task<'_>> = Vec::new();
@@ -122,6 +134,8 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
             for kvh in 0..n_kv_heads {
                 let dst = (0..group).filter_map(|j| pieces.get_mut(s.row0 * n_heads + kvh * group + j).and_then(Option::take)).collect();
                 let gi = groups.len();
+                let (mine, rest) = std::mem::take(&mut free_partials).split_at_mut(if chunks > 1 { chunks * rec_len } else { 0 });
+                free_partials = rest;
                 groups.push(DecodeGroup {
                     si,
                     kvh,
@@ -130,7 +144,7 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
                     n_keys,
                     chunks,
                     remaining: std::sync::atomic::AtomicUsize::new(chunks),
-                    partials: std::sync::Mutex::new(if chunks > 1 { vec![0.0; chunks * group * (2 + hd)] } else { Vec::new() }),
+                    partials: std::sync::Mutex::new(mine),
                     dst: std::sync::Mutex::new(dst),
                 });
                 tasks.extend((0..chunks).map(|c| Task::Chunk { gi, c }));
@@ -246,6 +260,7 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
             }
         });
     });
+    PARTIALS.with(|p| p.set(partials));
 }
 
 /// Keys per decode work item (a multiple of the 16-key tile).
@@ -291,12 +306,14 @@ struct DecodeGroup<'a> {
     /// Chunks not finished yet; the one that takes it to zero merges.
     remaining: std::sync::atomic::AtomicUsize,
     /// Per chunk: (max, sum of weights) per head, then each head's weighted values (hd).
-    partials: std::sync::Mutex<Vec<f32>>,
+    partials: std::sync::Mutex<&'a mut [f32]>,
     /// The group's heads' output slices.
     dst: std::sync::Mutex<Vec<&'a mut [f32]>>,
 }
 
 thread_local! {
+    /// The calling thread's buffer of decode partial results, kept between calls.
+    static PARTIALS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     /// A worker's attention scratch: rounded queries, scores, per-head partial results.
     static ATTN_SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> = const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
 }
