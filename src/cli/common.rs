@@ -19,7 +19,8 @@ pub struct TrustArgs {
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub threshold: usize,
     /// Rollback-state directory: refuse a version lower than the last accepted one for the same
-    /// bundle name, and record the accepted version atomically.
+    /// bundle name. Commands that verify, load or activate a bundle record the version they
+    /// accept (atomically); `bundle install`, `bundle import` and `bundle export` only check.
     #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
 }
