@@ -105,6 +105,12 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
     let AttnShape { n_heads, n_kv_heads, head_dim: hd, window } = shape;
     // The first key a query at position p sees.
     let first_key = |p: usize| if window == 0 { 0 } else { (p + 1).saturating_sub(window) };
+    // A decode row at position p: the tile its first key is in (where chunk 0 starts), and its
+    // key chunks.
+    let decode_chunks = |p: usize| {
+        let tile0 = first_key(p) / 16 * 16; // chunks start on whole tiles; keys before are masked
+        (tile0, (p + 1 - tile0).div_ceil(KEY_CHUNK))
+    };
     let group = n_heads / n_kv_heads.max(1);
     let q_dim = n_heads * hd;
     let scale = 1.0 / (hd as f32).sqrt();
@@ -114,11 +120,8 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
     let mut partials = PARTIALS.with(std::cell::Cell::take);
     partials.clear();
     let rec_len = group * (2 + hd);
-    let need: usize = segs.iter().filter(|s| s.n_rows == 1).map(|s| {
-        let tile0 = first_key(s.pos0) / 16 * 16;
-        let chunks = (s.pos0 + 1 - tile0).div_ceil(KEY_CHUNK);
-        if chunks > 1 { n_kv_heads * chunks * rec_len } else { 0 }
-    }).sum();
+    let partial_len = |chunks: usize| if chunks > 1 { chunks * rec_len } else { 0 };
+    let need: usize = segs.iter().filter(|s| s.n_rows == 1).map(|s| n_kv_heads * partial_len(decode_chunks(s.pos0).1)).sum();
     partials.resize(need, 0.0); // every chunk writes its whole record before the merge reads it
     let mut free_partials: &mut [f32] = &mut partials;
     // Each task writes its queries' head slices of `out` (disjoint pieces handed out up front).
@@ -129,12 +132,11 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
         if s.n_rows == 1 {
             let n_keys = s.pos0 + 1;
             let lo = first_key(s.pos0);
-            let tile0 = lo / 16 * 16; // chunks start on whole tiles; keys before `lo` are masked
-            let chunks = (n_keys - tile0).div_ceil(KEY_CHUNK);
+            let (tile0, chunks) = decode_chunks(s.pos0);
             for kvh in 0..n_kv_heads {
                 let dst = (0..group).filter_map(|j| pieces.get_mut(s.row0 * n_heads + kvh * group + j).and_then(Option::take)).collect();
                 let gi = groups.len();
-                let (mine, rest) = std::mem::take(&mut free_partials).split_at_mut(if chunks > 1 { chunks * rec_len } else { 0 });
+                let (mine, rest) = std::mem::take(&mut free_partials).split_at_mut(partial_len(chunks));
                 free_partials = rest;
                 groups.push(DecodeGroup {
                     si,
