@@ -1,23 +1,24 @@
 //! x86-64 kernel sets, picked at run time by [`detect`]: the AVX-512 VNNI set (dot products with
-//! `vpdpbusd` on 256-bit lanes, the panel kernel, activation quantization, attention scores, P·V,
-//! exp-sum, SiLU and f16 conversion on 512-bit lanes) and the AVX2+FMA+F16C set, whose kernels
-//! live in [`super::avx2`], with the panel kernel of [`avx_vnni`] where the CPU has AVX-VNNI
+//! `vpdpbusd` on 256-bit lanes, the panel kernel, activation quantization, exp-sum, SiLU and f16
+//! conversion on 512-bit lanes, attention's scores and P·V from the AVX2 set) and the
+//! AVX2+FMA+F16C set, whose kernels live in [`super::avx2`], with the panel kernel of
+//! [`avx_vnni`] where the CPU has AVX-VNNI
 //! (`APPLIANCED_CPU_KERNELS=avx2|avx2vnni|avx512|scalar` forces one). Same integer
 //! arithmetic as [`super::quant`]'s reference kernels; only the f32 accumulation order differs
 //! (tested against them with a tolerance).
 //!
 //! This file holds the two tables; the kernels live in [`dot`], [`panel`], [`quantize`] and
-//! [`attention`].
+//! [`elementwise`].
 #![allow(unsafe_code)]
 
-mod attention;
+mod elementwise;
 mod avx_vnni;
 mod dot;
 mod panel;
 mod quantize;
 
 use super::kernels::Kernels;
-use attention::{exp_sum_512, pv_512, pv_group_512, round_f16_512, scores_512, scores_group_512, silu_mul_512, to_f16_512};
+use elementwise::{exp_sum_512, round_f16_512, silu_mul_512, to_f16_512};
 use dot::{f32_avx2, q4_0_avx2, q4_0_rows_vnni, q4_0_vnni, q4_1_avx2, q4_1_rows_vnni, q4_1_vnni, q8_0_avx2, q8_0_rows_vnni, q8_0_vnni};
 use panel::panel_vnni;
 use quantize::quantize_512;
@@ -55,11 +56,12 @@ pub fn detect() -> Option<Kernels> {
             panel: Some(panel_vnni),
             quantize: quantize_512,
             dot_f32: f32_avx2,
-            scores: scores_512,
+            // Scores and P·V on 256-bit lanes: faster on Zen 4 (see `elementwise`).
+            scores: super::avx2::scores,
             exp_sum: exp_sum_512,
-            pv: pv_512,
-            scores_group: Some(scores_group_512),
-            pv_group: Some(pv_group_512),
+            pv: super::avx2::pv,
+            scores_group: Some(super::avx2::scores_group),
+            pv_group: Some(super::avx2::pv_group),
             silu_mul: silu_mul_512,
             round_f16: round_f16_512,
             to_f16: to_f16_512,
@@ -302,3 +304,4 @@ mod tests {
         }
     }
 }
+
