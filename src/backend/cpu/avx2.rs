@@ -18,7 +18,7 @@
 
 use std::arch::x86_64::*;
 
-use super::panel::PanelFormat;
+use super::panel::{block_at, quant_bytes, PanelFormat};
 use super::quant::Q8Act;
 use super::reference::{pv_ref, round_f16_ref, silu_mul_ref, to_f16_ref};
 
@@ -36,16 +36,47 @@ const PREFETCH: usize = 16;
 /// groups fill the 16 ymm registers.
 const NT_MAX: usize = 4;
 
-/// The 8 weight groups of half `h` (rows 8h..8h+8) of the panel record at `base`, as unsigned
-/// codes: 4/5/6-bit formats the nibbles (with the fifth bit ORed onto bit 4, or bits 4–5 from
-/// their two planes, see `cpu::panel`), byte formats the stored `w + 128`. Shared by this set's
-/// panel kernel and the AVX-VNNI one.
+/// Half `h` (rows 8h..8h+8) of block `b`'s record in a panel of a `BITS`-bit format: its 8
+/// weight groups ([`unpack_half`]), its `d` and its `m` (zero for `Q8_0`, which has no `m` row).
+/// On the first half it prefetches the record PREFETCH blocks ahead, every line of it: decode
+/// streams the panels from DRAM, and the second half's pass finds the lines in L1. Past the end
+/// it touches nothing (prefetches never fault). Shared by this set's panel kernel and the
+/// AVX-VNNI one.
 ///
 /// # Safety
-/// `base` points at a whole record of a `BITS`-bit format (`PanelFormat::block_bytes`).
+/// `panel` holds block b's record (`PanelFormat::panel_bytes` of more than b blocks).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn record_half<const BITS: u32>(panel: &[u8], b: usize, h: usize) -> ([__m256i; 8], __m256, __m256) {
+    let (qo, so) = block_at::<BITS>(b);
+    let p = panel.as_ptr();
+    if h == 0 {
+        let (aq, as_) = block_at::<BITS>(b + PREFETCH);
+        for line in 0..quant_bytes::<BITS>() / 64 {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(aq + 64 * line) as *const i8);
+        }
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(as_) as *const i8);
+    }
+    // SAFETY: the caller's record: groups at qo, 16 f16 d at so, 16 f16 m at so + 32 (not
+    // read for Q8_0); this half's 8 values of d and m are bytes 16h..16h+16 of each.
+    unsafe {
+        let w = unpack_half::<BITS>(p.add(qo), h);
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.add(so + 16 * h) as *const __m128i));
+        let mw = if BITS == 8 { _mm256_setzero_ps() } else { _mm256_cvtph_ps(_mm_loadu_si128(p.add(so + 32 + 16 * h) as *const __m128i)) };
+        (w, dw, mw)
+    }
+}
+
+/// The 8 weight groups of half `h` (rows 8h..8h+8) of the panel record whose groups start at
+/// `base`, as unsigned codes: 4/5/6-bit formats the nibbles (with the fifth bit ORed onto bit 4,
+/// or bits 4–5 from their two planes, see `cpu::panel`), byte formats the stored `w + 128`.
+///
+/// # Safety
+/// `base` points at the quant groups of a record of a `BITS`-bit format
+/// (`panel::quant_bytes`).
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn unpack_half<const BITS: u32>(base: *const u8, h: usize) -> [__m256i; 8] {
+unsafe fn unpack_half<const BITS: u32>(base: *const u8, h: usize) -> [__m256i; 8] {
     let m4 = _mm256_set1_epi8(0x0F);
     let mut w = [_mm256_setzero_si256(); 8];
     // SAFETY: the caller's record holds 8 (bytes) or 4 (nibbles) 64-byte groups, and for 5-bit
@@ -97,11 +128,9 @@ pub(super) unsafe fn unpack_half<const BITS: u32>(base: *const u8, h: usize) -> 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], nb: usize, out: &mut [f32], stride: usize) {
-    let blk = format.block_bytes();
     let (z, min, split) = (format.zero_point(), format.has_min(), format.split());
-    let qb = blk - 64;
     let cols = nb * 32;
-    assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
+    assert!(panel.len() >= format.panel_bytes(nb) && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
     assert!(NT == 0 || out.len() >= (NT - 1) * stride + 16);
     let flip = _mm256_set1_epi8(-128);
     let z6 = _mm256_set1_epi8(32);
@@ -117,35 +146,19 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
         for j in 0..inner {
             let (b, h) = if by_record { (i, j) } else { (j, i) };
             let (acc, accm) = (&mut acc[h], &mut accm[h]);
-            // SAFETY: record b is blk bytes inside `panel` (asserted): 64-byte groups at 0..qb
-            // (this half's 8 rows are bytes 32h..32h+32 of each), 16 f16 d at qb, 16 f16 m at qb+32.
-            let (w, dw, mw) = unsafe {
-                let base = panel.as_ptr().add(b * blk);
-                // Decode streams the panels from DRAM: on the first half's pass, fetch the record
-                // PREFETCH records ahead, every line of it (the second half's pass finds them in
-                // L1). Past the end it touches nothing (prefetches never fault).
-                if h == 0 {
-                    let ahead = base.wrapping_add(PREFETCH * blk);
-                    for line in 0..blk / 64 {
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
-                    }
+            // SAFETY: block b < nb's record is inside `panel` (asserted).
+            let (mut w, dw, mw) = unsafe { record_half::<BITS>(panel, b, h) };
+            if BITS == 8 {
+                for wk in w.iter_mut() {
+                    // back from `w + 128` to the signed weight
+                    *wk = _mm256_xor_si256(*wk, flip);
                 }
-                let mut w = unpack_half::<BITS>(base, h);
-                if BITS == 8 {
-                    for wk in w.iter_mut() {
-                        // back from `w + 128` to the signed weight
-                        *wk = _mm256_xor_si256(*wk, flip);
-                    }
-                } else if BITS == 6 {
-                    for wk in w.iter_mut() {
-                        // back from `w + 32` to the signed weight
-                        *wk = _mm256_sub_epi8(*wk, z6);
-                    }
+            } else if BITS == 6 {
+                for wk in w.iter_mut() {
+                    // back from `w + 32` to the signed weight
+                    *wk = _mm256_sub_epi8(*wk, z6);
                 }
-                let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(qb + 16 * h) as *const __m128i));
-                let mw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(qb + 32 + 16 * h) as *const __m128i));
-                (w, dw, mw)
-            };
+            }
             for t in 0..NT {
                 // SAFETY: token t's block b is 32 bytes at t·cols + 32b of xs (asserted length);
                 // k < 8 stays inside it.

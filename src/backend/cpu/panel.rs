@@ -31,13 +31,20 @@
 //! quantizes activations to Q8_K (one scale per 256 values).
 //!
 //! Layout of one tensor (`rows` a multiple of 16, `cols` of 32, `nb = cols / 32`): panels
-//! `p = 0 .. rows/16` one after another, each `nb` block records of [`PanelFormat::block_bytes`]:
+//! `p = 0 .. rows/16` one after another, each `nb` block records of [`PanelFormat::block_bytes`]
+//! (`Q8_0`: `nb / 2` rounded up pairs of records, see below; [`block_at`] gives every block's
+//! offsets):
 //!
-//! | part | `Q4_0` / `Q4_1` (320 bytes) | `Q5_0` / `Q5_1` (384 bytes) | `Q6Split` (448 bytes) | `Q8_0` (576 bytes) |
+//! | part | `Q4_0` / `Q4_1` (320 bytes) | `Q5_0` / `Q5_1` (384 bytes) | `Q6Split` (448 bytes) | `Q8_0` (a pair: 1 088 bytes) |
 //! |---|---|---|---|---|
 //! | quants | 4 groups × 64 bytes: group `k`, lane `r` = bytes `4k .. 4k+4` of row `r`'s 16 nibble bytes (byte `j` = code `j` low, code `16+j` high: low nibbles are columns `4k..4k+4`, high nibbles `16+4k..16+4k+4`) | the low 4 bits of the codes as `Q4_*`, then 64 bytes of fifth bits: lane `r` (bytes `4r..4r+4`), byte `i`, bit `k` = bit 4 of column `4k+i`'s code, bit `4+k` = of column `16+4k+i` (`k < 4`) | the low 4 bits as `Q4_*`, then two 64-byte planes of bits 4–5: plane 0 (columns 0..16) lane `r`, byte `i`, bits `2k, 2k+1` = bits 4, 5 of column `4k+i`'s code; plane 1 the same for column `16+4k+i` | 8 groups × 64 bytes: group `k`, lane `r` = `w + 128` (that is `w XOR 0x80`) of columns `4k .. 4k+4` of row `r` |
 //! | `d` | 16 × f16, row `r`'s block scale | same | the scale of columns 0..16 | same |
-//! | `m` | 16 × f16: `Q4_1` the block minimum; `Q4_0` zero | `Q5_1` the minimum; `Q5_0` zero | the scale of columns 16..32 | zero |
+//! | `m` | 16 × f16: `Q4_1` the block minimum; `Q4_0` zero | `Q5_1` the minimum; `Q5_0` zero | the scale of columns 16..32 | none |
+//!
+//! A `Q8_0` pair holds blocks `2i` and `2i + 1`: the first block's 512 bytes of quants, the
+//! second's, then one 64-byte line of the first block's `d` and the second's (8.5 bits per
+//! weight, as the GGUF; a record of its own with an `m` row of zeros took 9). A panel with an odd
+//! number of blocks ends in a pair whose second block is all zero bytes.
 //!
 //! `Q6Split` keeps Q6_K's 6-bit codes (7 bits per weight with the scales, against 6.56 in the
 //! GGUF and 9 for the 8-bit record it had before): decode streams the output head of a 262k
@@ -51,8 +58,9 @@
 //! `Q4_1` and `Q5_1` 0, `Q5_0` 16, the byte formats 128), so a block contributes `d_w·d_x·(Σ u·q − z·Σq) + m_w·s_x`:
 //! the `z·Σq` term is subtracted in integers (the activation's exact `Σq`; `Q6Split` takes each
 //! half's sum, [`super::quant::Q8Act::half_sums`]), which keeps the integer part exact; `s_x` is
-//! Q8_1's f16-rounded `d_x·Σq`, as llama.cpp's Q4_1 and Q5_1 kernels. A record is a multiple of
-//! 64 bytes and the buffer is 64-byte aligned, so every group load is one aligned cache line.
+//! Q8_1's f16-rounded `d_x·Σq`, as llama.cpp's Q4_1 and Q5_1 kernels. A record (a `Q8_0` pair)
+//! is a multiple of 64 bytes and the buffer is 64-byte aligned, so every group load is one
+//! aligned cache line.
 
 use rayon::prelude::*;
 
@@ -103,14 +111,33 @@ impl PanelFormat {
         }
     }
 
-    /// Bytes of one block record: the quant groups (and the planes of high bits), then 64 bytes
-    /// of `d` and `m`.
+    /// Bytes of one block record of the 4-, 5- and 6-bit formats: the quant groups (and the
+    /// planes of high bits), then 64 bytes of `d` and `m`. `Q8_0` records come in pairs of
+    /// [`Q8_PAIR_BYTES`].
     pub fn block_bytes(self) -> usize {
         match self.bits() {
             4 => 256 + 64,
             5 => 256 + 64 + 64,
             6 => 256 + 128 + 64,
-            _ => 512 + 64,
+            _ => Q8_PAIR_BYTES,
+        }
+    }
+
+    /// Bytes of one panel of `nb` blocks.
+    pub fn panel_bytes(self, nb: usize) -> usize {
+        match self.bits() {
+            8 => nb.div_ceil(2) * Q8_PAIR_BYTES,
+            _ => nb * self.block_bytes(),
+        }
+    }
+
+    /// Where block `b`'s record sits in a panel: see [`block_at`].
+    pub fn block_at(self, b: usize) -> (usize, usize) {
+        match self.bits() {
+            4 => block_at::<4>(b),
+            5 => block_at::<5>(b),
+            6 => block_at::<6>(b),
+            _ => block_at::<8>(b),
         }
     }
 
@@ -133,6 +160,36 @@ impl PanelFormat {
     /// The `m` row is the scale of columns 16..32 (Q6_K's scale per 16 values).
     pub fn split(self) -> bool {
         self == PanelFormat::Q6Split
+    }
+}
+
+/// Bytes of a pair of `Q8_0` block records: both blocks' 512 bytes of codes, then one 64-byte
+/// line of their `d` (16 f16 each). A panel of an odd number of blocks ends in a whole pair
+/// whose second block is zero.
+pub const Q8_PAIR_BYTES: usize = 1024 + 64;
+
+/// Bytes of quant groups (and high-bit planes) in a record of a `BITS`-bit format.
+#[inline(always)]
+pub const fn quant_bytes<const BITS: u32>() -> usize {
+    match BITS {
+        4 => 256,
+        5 => 320,
+        6 => 384,
+        _ => 512,
+    }
+}
+
+/// Where block `b`'s record sits in a panel of a `BITS`-bit format: the offset of its quant
+/// groups and the offset of its 16 f16 `d`, with the 16 f16 `m` 32 bytes after `d` in the formats
+/// that have an `m` row (4, 5 and 6 bits; a `Q8_0` block has none, and nothing may be read there).
+#[inline(always)]
+pub const fn block_at<const BITS: u32>(b: usize) -> (usize, usize) {
+    if BITS == 8 {
+        let pair = (b / 2) * Q8_PAIR_BYTES;
+        (pair + (b % 2) * 512, pair + 1024 + (b % 2) * 32)
+    } else {
+        let blk = quant_bytes::<BITS>() + 64;
+        (b * blk, b * blk + blk - 64)
     }
 }
 
@@ -238,7 +295,7 @@ impl Panels {
 
     /// Panel `p`'s `nb` block records.
     pub fn panel(&self, p: usize) -> &[u8] {
-        let len = self.nb() * self.format.block_bytes();
+        let len = self.format.panel_bytes(self.nb());
         &self.bytes()[p * len..(p + 1) * len]
     }
 
@@ -247,24 +304,25 @@ impl Panels {
     /// whole blocks), or the memory cannot be mapped; those tensors keep the row path.
     pub fn repack(ty: TensorType, rows: usize, cols: usize, data: &[u8]) -> Option<Panels> {
         let format = PanelFormat::of(ty)?;
-        let blk = format.block_bytes();
         let row_bytes = ty.row_bytes(cols)?;
         if rows == 0 || rows % PANEL_ROWS != 0 || cols % 32 != 0 || data.len() != rows * row_bytes {
             return None;
         }
         let nb = cols / 32;
-        let total = rows / PANEL_ROWS * nb * blk;
+        let pb = format.panel_bytes(nb);
+        let total = rows / PANEL_ROWS * pb;
         let buf = memmap2::MmapMut::map_anon(total).ok()?;
         #[cfg(target_os = "linux")]
         let _ = buf.advise(memmap2::Advice::HugePage); // best effort: THP may be off
         let mut out = Panels { format, rows, cols, buf, len: total };
-        let quant_bytes = blk - 64;
         // Panels are independent: repack them in parallel (on the caller's rayon pool).
-        out.bytes_mut().par_chunks_mut(nb * blk).enumerate().for_each(|(p, panel)| {
-            for (b, rec) in panel.chunks_exact_mut(blk).enumerate() {
+        out.bytes_mut().par_chunks_mut(pb).enumerate().for_each(|(p, panel)| {
+            for b in 0..nb {
+                let (qo, so) = format.block_at(b);
                 for r in 0..PANEL_ROWS {
                     let row = p * PANEL_ROWS + r;
                     let sb = sub_block(ty, &data[row * row_bytes..(row + 1) * row_bytes], b);
+                    let rec = &mut panel[qo..];
                     if format.bits() <= 6 {
                         for k in 0..4 {
                             for i in 0..4 {
@@ -284,8 +342,10 @@ impl Panels {
                         }
                     }
                     let (d, m) = (half::f16::from_f32(sb.d), half::f16::from_f32(sb.m));
-                    rec[quant_bytes + 2 * r..quant_bytes + 2 * r + 2].copy_from_slice(&d.to_le_bytes());
-                    rec[quant_bytes + 32 + 2 * r..quant_bytes + 32 + 2 * r + 2].copy_from_slice(&m.to_le_bytes());
+                    panel[so + 2 * r..so + 2 * r + 2].copy_from_slice(&d.to_le_bytes());
+                    if format.bits() <= 6 {
+                        panel[so + 32 + 2 * r..so + 32 + 2 * r + 2].copy_from_slice(&m.to_le_bytes());
+                    }
                 }
             }
         });
@@ -296,16 +356,15 @@ impl Panels {
 /// The plain reference for [`super::kernels::PanelFn`] over the panel layout (the oracle of the
 /// SIMD kernels' tests, and a readable statement of the layout's arithmetic).
 pub fn panel_ref(format: PanelFormat, panel: &[u8], q8: &super::quant::Q8Act, t0: usize, n: usize, out: &mut [f32], stride: usize) {
-    let blk = format.block_bytes();
     let nb = q8.cols / 32;
-    let quant_bytes = blk - 64;
     let z = format.zero_point();
     for t in 0..n {
         let (qs, d, s) = q8.row(t0 + t);
         for r in 0..PANEL_ROWS {
             let mut acc = 0.0f32;
             for b in 0..nb {
-                let rec = &panel[b * blk..(b + 1) * blk];
+                let (qo, so) = format.block_at(b);
+                let rec = &panel[qo..];
                 let x = &qs[b * 32..b * 32 + 32];
                 // code of column j of this row
                 let code = |j: usize| -> i32 {
@@ -325,8 +384,8 @@ pub fn panel_ref(format: PanelFormat, panel: &[u8], q8: &super::quant::Q8Act, t0
                 };
                 // Σ (u − z)·q over columns lo..hi
                 let isum = |lo: usize, hi: usize| -> i32 { (lo..hi).map(|j| (code(j) - z) * x[j] as i32).sum() };
-                let dw = half::f16::from_le_bytes([rec[quant_bytes + 2 * r], rec[quant_bytes + 2 * r + 1]]).to_f32();
-                let mw = half::f16::from_le_bytes([rec[quant_bytes + 32 + 2 * r], rec[quant_bytes + 33 + 2 * r]]).to_f32();
+                let dw = half::f16::from_le_bytes([panel[so + 2 * r], panel[so + 2 * r + 1]]).to_f32();
+                let mw = if format.bits() <= 6 { half::f16::from_le_bytes([panel[so + 32 + 2 * r], panel[so + 33 + 2 * r]]).to_f32() } else { 0.0 };
                 if format.split() {
                     acc += dw * d[b] * isum(0, 16) as f32 + mw * d[b] * isum(16, 32) as f32;
                 } else {
@@ -360,6 +419,26 @@ pub(crate) mod tests {
             kernels.push(("simd", k));
         }
         check_panel_kernels(&kernels);
+    }
+
+    /// `Q8_0` blocks are stored in pairs at the GGUF's 8.5 bits per weight; an odd block count
+    /// ends in a whole pair whose second block stays zero.
+    #[test]
+    fn q8_pairs_take_the_gguf_bits_per_weight() {
+        let mut rng = Rng(3);
+        for (cols, pairs) in [(64usize, 1usize), (96, 2), (576, 9)] {
+            let data: Vec<u8> = (0..32).flat_map(|_| random_row(&mut rng, TensorType::Q8_0, cols)).collect();
+            let p = Panels::repack(TensorType::Q8_0, 32, cols, &data).expect("repack");
+            assert_eq!(p.panel(1).len(), pairs * Q8_PAIR_BYTES);
+            assert_eq!(p.bytes().len(), 2 * pairs * Q8_PAIR_BYTES);
+            if cols % 64 == 0 {
+                assert_eq!(p.bytes().len() * 8, 32 * cols * 17 / 2, "8.5 bits per weight");
+            } else {
+                // the unused second block of the last pair: codes and d all zero
+                let last = &p.panel(0)[(pairs - 1) * Q8_PAIR_BYTES..];
+                assert!(last[512..1024].iter().chain(&last[1056..]).all(|&b| b == 0));
+            }
+        }
     }
 
     /// [`panel_ref`] and each of `kernels` against the dequantized f32 dots, and each kernel

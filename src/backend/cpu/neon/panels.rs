@@ -3,7 +3,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::super::panel::PanelFormat;
+use super::super::panel::{block_at, PanelFormat};
 use super::super::quant::Q8Act;
 use super::load_h4;
 
@@ -56,9 +56,28 @@ fn bcast(x0: int8x16_t, x1: int8x16_t) -> [int8x16_t; 8] {
     ]
 }
 
-/// Row quarter `q` (rows `4q .. 4q+4`) of a block record at `base`: `w[k]` holds columns
-/// `4k .. 4k+4` of the 4 rows (4 bytes per row), as signed bytes (codes for 4/5 bits, signed
-/// weights for 6 bits and bytes).
+/// Row quarter `q` (rows `4q .. 4q+4`) of block `b`'s record in a panel of a `BITS`-bit
+/// format: its weight groups ([`unpack`]), its `d` and its `m` (zero for `Q8_0`, which has no
+/// `m` row). Shared by both panel kernels.
+///
+/// # Safety
+/// `panel` holds block b's record (`PanelFormat::panel_bytes` of more than b blocks).
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn record_quarter<const BITS: u32>(panel: &[u8], b: usize, q: usize) -> ([int8x16_t; 8], float32x4_t, float32x4_t) {
+    let (qo, so) = block_at::<BITS>(b);
+    let p = panel.as_ptr();
+    // SAFETY: the caller's record: groups at qo, 16 f16 d at so, 16 f16 m at so + 32 (not read
+    // for Q8_0); this quarter's 4 values of d and m are bytes 8q..8q+8 of each.
+    unsafe {
+        let mw = if BITS == 8 { vdupq_n_f32(0.0) } else { load_h4(p.add(so + 32 + 8 * q) as *const u16) };
+        (unpack::<BITS>(p.add(qo), q), load_h4(p.add(so + 8 * q) as *const u16), mw)
+    }
+}
+
+/// Row quarter `q` (rows `4q .. 4q+4`) of a block record whose groups start at `base`: `w[k]`
+/// holds columns `4k .. 4k+4` of the 4 rows (4 bytes per row), as signed bytes (codes for 4/5
+/// bits, signed weights for 6 bits and bytes).
 #[inline]
 #[target_feature(enable = "neon")]
 unsafe fn unpack<const BITS: u32>(base: *const u8, q: usize) -> [int8x16_t; 8] {
@@ -121,16 +140,12 @@ unsafe fn unpack<const BITS: u32>(base: *const u8, q: usize) -> [int8x16_t; 8] {
 #[target_feature(enable = "neon")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], nb: usize, out: &mut [f32], stride: usize) {
-    let blk = format.block_bytes();
     let (z, min, split) = (format.zero_point(), format.has_min(), format.split());
-    let qb = blk - 64;
     let cols = nb * 32;
-    assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
+    assert!(panel.len() >= format.panel_bytes(nb) && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
     assert!(NT == 0 || out.len() >= (NT - 1) * stride + 16);
     let mut acc = [[vdupq_n_f32(0.0); 4]; NT];
     for b in 0..nb {
-        // SAFETY: record b is blk bytes inside `panel` (asserted).
-        let base = unsafe { panel.as_ptr().add(b * blk) };
         // SAFETY: token t's block b is 32 bytes at t·cols + 32b of xs (asserted length).
         let xb: [[int8x16_t; 8]; NT] = core::array::from_fn(|t| unsafe {
             let x = xs.as_ptr().add(t * cols + b * 32);
@@ -138,9 +153,8 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
         });
         #[allow(clippy::needless_range_loop)] // q also addresses the record
         for q in 0..4 {
-            // SAFETY: base is a whole record (above); d and m of rows 4q..4q+4 are 8 bytes at
-            // qb + 8q and qb + 32 + 8q.
-            let (w, dw, mw) = unsafe { (unpack::<BITS>(base, q), load_h4(base.add(qb + 8 * q) as *const u16), load_h4(base.add(qb + 32 + 8 * q) as *const u16)) };
+            // SAFETY: block b < nb's record is inside `panel` (asserted).
+            let (w, dw, mw) = unsafe { record_quarter::<BITS>(panel, b, q) };
             for t in 0..NT {
                 let x = &xb[t];
                 let dxt = dx[t * nb + b];
@@ -252,16 +266,12 @@ fn sdot4(acc: int32x4_t, w: &[int8x16_t], x: int8x16_t) -> int32x4_t {
 #[target_feature(enable = "neon,dotprod")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn panel_inner_dot<const NT: usize, const BITS: u32>(format: PanelFormat, panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], nb: usize, out: &mut [f32], stride: usize) {
-    let blk = format.block_bytes();
     let (z, min, split) = (format.zero_point(), format.has_min(), format.split());
-    let qb = blk - 64;
     let cols = nb * 32;
-    assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
+    assert!(panel.len() >= format.panel_bytes(nb) && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
     assert!(NT == 0 || out.len() >= (NT - 1) * stride + 16);
     let mut acc = [[vdupq_n_f32(0.0); 4]; NT];
     for b in 0..nb {
-        // SAFETY: record b is blk bytes inside `panel` (asserted).
-        let base = unsafe { panel.as_ptr().add(b * blk) };
         // SAFETY: token t's block b is 32 bytes at t·cols + 32b of xs (asserted length).
         let xb: [[int8x16_t; 2]; NT] = core::array::from_fn(|t| unsafe {
             let x = xs.as_ptr().add(t * cols + b * 32);
@@ -269,9 +279,8 @@ unsafe fn panel_inner_dot<const NT: usize, const BITS: u32>(format: PanelFormat,
         });
         #[allow(clippy::needless_range_loop)] // q also addresses the record
         for q in 0..4 {
-            // SAFETY: base is a whole record (above); d and m of rows 4q..4q+4 are 8 bytes at
-            // qb + 8q and qb + 32 + 8q.
-            let (w, dw, mw) = unsafe { (unpack::<BITS>(base, q), load_h4(base.add(qb + 8 * q) as *const u16), load_h4(base.add(qb + 32 + 8 * q) as *const u16)) };
+            // SAFETY: block b < nb's record is inside `panel` (asserted).
+            let (w, dw, mw) = unsafe { record_quarter::<BITS>(panel, b, q) };
             for t in 0..NT {
                 let [x0, x1] = xb[t];
                 let dxt = dx[t * nb + b];

@@ -17,9 +17,6 @@ use std::arch::x86_64::*;
 use super::super::panel::PanelFormat;
 use super::super::quant::Q8Act;
 
-/// How many block records ahead the kernel prefetches (as the other panel kernels).
-const PREFETCH: usize = 16;
-
 /// Tokens per inner call: 4 tokens × (accumulator + min accumulator) plus 8 weight groups.
 const NT_MAX: usize = 4;
 
@@ -41,11 +38,9 @@ macro_rules! vnni_panel {
             out: &mut [f32],
             stride: usize,
         ) {
-            let blk = format.block_bytes();
             let (z, min, split) = (format.zero_point(), format.has_min(), format.split());
-            let qb = blk - 64;
             let cols = nb * 32;
-            assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
+            assert!(panel.len() >= format.panel_bytes(nb) && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
             assert!(!split || qsum16.len() >= NT * 2 * nb, "Q6Split needs the half-block sums");
             assert!(NT == 0 || out.len() >= (NT - 1) * stride + 16);
             let mut acc = [[_mm256_setzero_ps(); NT_MAX]; 2];
@@ -58,22 +53,8 @@ macro_rules! vnni_panel {
                 for j in 0..inner {
                     let (b, h) = if by_record { (i, j) } else { (j, i) };
                     let (acc, accm) = (&mut acc[h], &mut accm[h]);
-                    // SAFETY: record b is blk bytes inside `panel` (asserted): 64-byte groups at
-                    // 0..qb (this half's 8 rows are bytes 32h..32h+32 of each), the planes of high
-                    // bits at 256 (Q5, Q6), 16 f16 d at qb, 16 f16 m at qb + 32.
-                    let (w, dw, mw) = unsafe {
-                        let base = panel.as_ptr().add(b * blk);
-                        if h == 0 {
-                            let ahead = base.wrapping_add(PREFETCH * blk);
-                            for line in 0..blk / 64 {
-                                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
-                            }
-                        }
-                        let w = super::super::avx2::unpack_half::<BITS>(base, h);
-                        let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(qb + 16 * h) as *const __m128i));
-                        let mw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(qb + 32 + 16 * h) as *const __m128i));
-                        (w, dw, mw)
-                    };
+                    // SAFETY: block b < nb's record is inside `panel` (asserted).
+                    let (w, dw, mw) = unsafe { super::super::avx2::record_half::<BITS>(panel, b, h) };
                     for t in 0..NT {
                         // SAFETY: token t's block b is 32 bytes at t·cols + 32b of xs (asserted
                         // length); k < 8 stays inside it.

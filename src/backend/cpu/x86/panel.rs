@@ -5,7 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::super::quant::Q8Act;
-use super::super::panel::PanelFormat;
+use super::super::panel::{block_at, quant_bytes, PanelFormat};
 
 // ---- Panel kernel (AVX-512 VNNI, 512-bit): 16 interleaved weight rows, see `cpu::panel`. ----
 //
@@ -21,11 +21,9 @@ const PREFETCH: usize = 16;
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, panel: &[u8], xs: &[i8], dx: &[f32], sx: &[f32], qsum: &[i32], qsum16: &[i32], nb: usize, out: &mut [f32], stride: usize) {
-    let blk = format.block_bytes();
     let (z, min, split) = (format.zero_point(), format.has_min(), format.split());
-    let qb = blk - 64;
     let cols = nb * 32;
-    assert!(panel.len() >= nb * blk && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
+    assert!(panel.len() >= format.panel_bytes(nb) && xs.len() >= NT * cols && dx.len() >= NT * nb && sx.len() >= NT * nb && qsum.len() >= NT * nb);
     assert!(!split || qsum16.len() >= NT * 2 * nb, "Q6Split needs the half-block sums");
     assert!(NT == 0 || out.len() >= (NT - 1) * stride + 16);
     let m4 = _mm512_set1_epi8(0x0F);
@@ -33,17 +31,19 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
     let mut acc = [_mm512_setzero_ps(); 8];
     let mut accm = [_mm512_setzero_ps(); 8]; // the min terms (Q4_1), summed apart as the row kernels do
     for b in 0..nb {
-        // SAFETY: record b is blk bytes inside `panel` (asserted); 64-byte groups at 0..qb, then
-        // 16 f16 d at qb and 16 f16 m at qb + 32.
+        let (qo, so) = block_at::<BITS>(b);
+        // SAFETY: block b's record is inside `panel` (asserted, see `block_at`): its 64-byte
+        // groups at qo, its 16 f16 d at so and (4- to 6-bit formats) 16 f16 m at so + 32.
         let (w, dw, mw) = unsafe {
-            let base = panel.as_ptr().add(b * blk);
+            let base = panel.as_ptr().add(qo);
             // Decode streams the panels from DRAM: fetch the record PREFETCH records ahead, line
             // by line (the loads below do not come in address order, which the hardware
             // prefetcher would need). Past the end it touches nothing (prefetches never fault).
-            let ahead = base.wrapping_add(PREFETCH * blk);
-            for line in 0..blk / 64 {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
+            let (aq, as_) = block_at::<BITS>(b + PREFETCH);
+            for line in 0..quant_bytes::<BITS>() / 64 {
+                _mm_prefetch::<_MM_HINT_T0>(panel.as_ptr().wrapping_add(aq + 64 * line) as *const i8);
             }
+            _mm_prefetch::<_MM_HINT_T0>(panel.as_ptr().wrapping_add(as_) as *const i8);
             let mut w = [_mm512_setzero_si512(); 8];
             if BITS == 8 {
                 for (k, wk) in w.iter_mut().enumerate() {
@@ -85,8 +85,9 @@ unsafe fn panel_inner<const NT: usize, const BITS: u32>(format: PanelFormat, pan
                     }
                 }
             }
-            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(qb) as *const __m256i));
-            let mw = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(qb + 32) as *const __m256i));
+            let scales = panel.as_ptr().add(so);
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(scales as *const __m256i));
+            let mw = if BITS == 8 { _mm512_setzero_ps() } else { _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(32) as *const __m256i)) };
             (w, dw, mw)
         };
         // One token's block: written out per literal index so the accumulators stay in registers.
