@@ -31,9 +31,8 @@
 //! quantizes activations to Q8_K (one scale per 256 values).
 //!
 //! Layout of one tensor (`rows` a multiple of 16, `cols` of 32, `nb = cols / 32`): panels
-//! `p = 0 .. rows/16` one after another, each `nb` block records of [`PanelFormat::block_bytes`]
-//! (`Q8_0`: `nb / 2` rounded up pairs of records, see below; [`block_at`] gives every block's
-//! offsets):
+//! `p = 0 .. rows/16` one after another, each `nb` block records (`Q8_0`: `nb / 2` rounded up
+//! pairs of records, see below; [`block_at`] gives every block's offsets):
 //!
 //! | part | `Q4_0` / `Q4_1` (320 bytes) | `Q5_0` / `Q5_1` (384 bytes) | `Q6Split` (448 bytes) | `Q8_0` (a pair: 1 088 bytes) |
 //! |---|---|---|---|---|
@@ -111,23 +110,12 @@ impl PanelFormat {
         }
     }
 
-    /// Bytes of one block record of the 4-, 5- and 6-bit formats: the quant groups (and the
-    /// planes of high bits), then 64 bytes of `d` and `m`. `Q8_0` records come in pairs of
+    /// Bytes of one panel of `nb` blocks: records of [`quant_bytes`] + 64 bytes, `Q8_0` pairs of
     /// [`Q8_PAIR_BYTES`].
-    pub fn block_bytes(self) -> usize {
-        match self.bits() {
-            4 => 256 + 64,
-            5 => 256 + 64 + 64,
-            6 => 256 + 128 + 64,
-            _ => Q8_PAIR_BYTES,
-        }
-    }
-
-    /// Bytes of one panel of `nb` blocks.
     pub fn panel_bytes(self, nb: usize) -> usize {
         match self.bits() {
             8 => nb.div_ceil(2) * Q8_PAIR_BYTES,
-            _ => nb * self.block_bytes(),
+            _ => self.block_at(nb).0,
         }
     }
 
