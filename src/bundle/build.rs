@@ -66,6 +66,7 @@ pub fn build(r: &ResolvedRecipe, keys: &[SecretKey], out: &Path, progress: &mut 
 
     compile_schemas(r, staging.path(), progress)?;
     compile_policy(r, staging.path(), progress)?;
+    write_probe(r, staging.path())?;
     make_control_vectors(r, staging.path(), progress)?;
     let kernels = build_kernels(r, staging.path(), progress)?;
     let meta = BundleMeta {
@@ -117,6 +118,17 @@ fn build_kernels(r: &ResolvedRecipe, staging: &Path, progress: &mut dyn FnMut(Pr
         summary.insert("wgsl".into(), serde_json::json!({ "files": names }));
     }
     Ok(Some(serde_json::Value::Object(summary)))
+}
+
+/// The recipe's `[probe]` as the member `probe.json` (canonical JSON), checked first.
+fn write_probe(r: &ResolvedRecipe, staging: &Path) -> Result<(), BundleError> {
+    let Some(p) = &r.recipe.probe else { return Ok(()) };
+    let err = |msg: String| BundleError::Recipe { path: PathBuf::from("[probe]"), msg };
+    p.check().map_err(err)?;
+    let v = serde_json::to_value(p).map_err(|e| err(e.to_string()))?;
+    let bytes = super::canonical::to_canonical(&v).map_err(err)?;
+    let path = staging.join(crate::runtime::probe::PROBE_PATH);
+    std::fs::write(&path, bytes).map_err(BundleError::io(&path))
 }
 
 /// Compile the recipe's `[policy]` and `[presets]` into `policy/` (FORMAT.md §10).

@@ -20,7 +20,7 @@ pub mod store;
 pub mod writer;
 
 pub use manifest::{Manifest, Member};
-pub use reader::{verify_file, Verified, VerifyOptions};
+pub use reader::{verify_file, verify_stream, Verified, VerifyOptions};
 pub use store::{Store, VerifiedBundle};
 
 use std::path::PathBuf;

@@ -384,6 +384,14 @@ pub(crate) fn verified_from_store(head: Head, signers: Vec<String>) -> Verified 
 pub fn verify_file(path: &Path, opts: &VerifyOptions<'_>, unpack_into: Option<&Path>, progress: &mut dyn FnMut(u64, u64)) -> Result<Verified, BundleError> {
     let file = std::fs::File::open(path).map_err(BundleError::io(path))?;
     let compressed = file.metadata().map_err(BundleError::io(path))?.len();
+    verify_stream(file, compressed, opts, unpack_into, progress)
+}
+
+/// [`verify_file`] over any byte stream of `compressed` bytes (the decompression-ratio cap is
+/// taken from it): `bundle pull` verifies a registry blob while it downloads, in one pass. The
+/// stream is read to its end (nothing may follow the zstd frame), and an error the stream raises
+/// ends verification with a [`BundleError`] that the caller may replace by its own cause.
+pub fn verify_stream<R: Read>(file: R, compressed: u64, opts: &VerifyOptions<'_>, unpack_into: Option<&Path>, progress: &mut dyn FnMut(u64, u64)) -> Result<Verified, BundleError> {
     let used = Arc::new(AtomicU64::new(0));
     let limit = Arc::new(AtomicU64::new(3 * 512 + round512(MAX_MANIFEST_BYTES) + round512(MAX_SIGNATURES_BYTES)));
     let dec = frame_decoder(file)?;

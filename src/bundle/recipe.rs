@@ -62,6 +62,10 @@ pub struct Recipe {
     /// GPU kernels compiled at build time for this model's shapes (FORMAT.md §11).
     #[serde(default)]
     pub kernels: Option<KernelsSection>,
+    /// The health probe `bundle pull --activate` runs before switching to the bundle: a fixed
+    /// prompt, an optional pattern the answer must match, a deadline. Stored as `probe.json`.
+    #[serde(default)]
+    pub probe: Option<crate::runtime::probe::ProbeSpec>,
 }
 
 /// `[kernels]`: `cuda = ["sm_80", ...]` compiles the CUDA kernels to PTX for each target with NVRTC

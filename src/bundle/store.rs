@@ -65,6 +65,25 @@ impl Store {
         // Trust first: signatures and policy on the control members alone.
         let head = reader::read_head(bundle)?;
         let signers = reader::check_head_only(&head, opts)?;
+        let compressed = std::fs::metadata(bundle).map_err(BundleError::io(bundle))?.len();
+        self.install_stream(head, signers, compressed, || std::fs::File::open(bundle).map_err(BundleError::io(bundle)), opts, progress)
+    }
+
+    /// Install a bundle whose control members (`head`) were already read and checked against
+    /// `opts` (`signers` is [`reader::check_head_only`]'s answer) and whose `.zlb` bytes come
+    /// from a stream of `compressed` bytes, opened by `open` only when the store does not already
+    /// hold the entry. The stream is verified and unpacked in one pass (`bundle pull`); it must
+    /// hold the bundle `head` describes, or nothing is installed.
+    pub(crate) fn install_stream<R: std::io::Read>(
+        &self,
+        head: reader::Head,
+        signers: Vec<String>,
+        compressed: u64,
+        open: impl FnOnce() -> Result<R, BundleError>,
+        opts: &VerifyOptions<'_>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<VerifiedBundle, BundleError> {
+        std::fs::create_dir_all(&self.root).map_err(BundleError::io(&self.root))?;
         let identity = identity_of(&head.manifest_bytes);
         let dir = self.entry_dir(&identity);
         if dir.exists() {
@@ -86,7 +105,10 @@ impl Store {
         }
         self.clean_stale_temps();
         let tmp = tempfile::Builder::new().prefix(".tmp-").tempdir_in(&self.root).map_err(BundleError::io(&self.root))?;
-        let verified = reader::verify_file(bundle, opts, Some(tmp.path()), progress)?;
+        let verified = reader::verify_stream(open()?, compressed, opts, Some(tmp.path()), progress)?;
+        if verified.manifest_bytes() != head.manifest_bytes.as_slice() {
+            return Err(BundleError::Store { path: self.root.clone(), msg: format!("the bundle changed while it was installed: it is now {}, not {identity}", verified.identity()) });
+        }
         let ctl = tmp.path().join("applianced");
         std::fs::create_dir_all(&ctl).map_err(BundleError::io(&ctl))?;
         for (name, bytes) in [(MANIFEST_NAME, verified.manifest_bytes()), (SIGNATURES_NAME, verified.signatures_bytes())] {
@@ -98,7 +120,7 @@ impl Store {
         if let Err(e) = std::fs::rename(&tmp_path, &dir) {
             let _ = std::fs::remove_dir_all(&tmp_path);
             // Another process may have installed the same entry concurrently: reuse it if intact.
-            if dir.exists() && recheck(&dir, &reader::read_head(bundle)?).is_ok() {
+            if dir.exists() && recheck(&dir, &head).is_ok() {
                 return Ok(VerifiedBundle { root: dir, verified, reused: true });
             }
             return Err(BundleError::Io { path: dir, source: e });

@@ -90,6 +90,9 @@ pub enum CliError {
     /// `schema suite`: invalid instances accepted or mask/automaton disagreements.
     #[error("JSON Schema Test Suite: {accepted_invalid} invalid instances accepted, {disagreements} tokens where the mask and the automaton disagreed (listed above)")]
     SuiteFailed { accepted_invalid: usize, disagreements: usize },
+    /// `bundle pull --activate`: the new bundle failed its health probe; the old one stays active.
+    #[error("{0}; the active bundle was not changed")]
+    Probe(crate::runtime::probe::ProbeError),
     #[error("{0}")]
     Usage(String),
     /// Already reported to the user (e.g. as JSON); carries the exit code.
@@ -161,6 +164,7 @@ impl CliError {
                     O::Io { .. } => 3,
                     O::Size { .. } | O::Digest { .. } | O::MissingBlob { .. } | O::Mismatch { .. } => 7,
                     O::NotFound { .. } => 15,
+                    O::Registry { .. } => 17,
                     _ => 4,
                 }
             }
@@ -169,6 +173,7 @@ impl CliError {
             CliError::Schema { .. } | CliError::NotJson { .. } | CliError::MaskDisagreement(_) | CliError::SuiteFailed { .. } => 14,
             CliError::ParityFailed => 12,
             CliError::Usage(_) => 2,
+            CliError::Probe(_) => 18,
             CliError::Reported(c) => *c,
         }
     }

@@ -80,7 +80,7 @@ impl LifecycleArgs {
 }
 
 impl Resolved {
-    fn audit(&self) -> Result<Option<AuditLog>, CliError> {
+    pub(super) fn audit(&self) -> Result<Option<AuditLog>, CliError> {
         match &self.audit_path {
             None => Ok(None),
             Some(p) => AuditLog::open(p, self.cfg.audit.fsync).map(Some).map_err(|e| CliError::Bundle(BundleError::Audit(e.to_string()))),

@@ -109,6 +109,16 @@ pub enum BundleCommand {
     /// check trust before reading the bundle, then verify and install it exactly as `install`
     /// does (inactive). A failing layout leaves the store untouched.
     Import(oci_cmd::ImportArgs),
+    /// Verify a bundle (as `verify` does), then push it to an OCI registry as the bundle artifact
+    /// (FORMAT.md §12.6): config and layer blobs (skipped when the repository has them), then the
+    /// manifest under the tag (default: the bundle's version).
+    Push(oci_cmd::PushArgs),
+    /// Pull a bundle from an OCI registry by tag or digest. The manifest, the config and trust
+    /// (signatures, expiry, revocation, rollback) are checked before the layer is requested; the
+    /// layer is verified while it downloads, and an interrupted pull resumes. --install puts it
+    /// in the store, --activate also runs its health probe and switches only if it passes,
+    /// --out writes the verified .zlb.
+    Pull(oci_cmd::PullArgs),
 }
 
 /// Parse arguments, run, print errors; returns the process exit code.
@@ -131,6 +141,8 @@ pub fn main() -> i32 {
         Command::Bundle(BundleCommand::Gc(a)) => lifecycle::gc(a),
         Command::Bundle(BundleCommand::Export(a)) => oci_cmd::export(a),
         Command::Bundle(BundleCommand::Import(a)) => oci_cmd::import(a),
+        Command::Bundle(BundleCommand::Push(a)) => oci_cmd::push(a),
+        Command::Bundle(BundleCommand::Pull(a)) => oci_cmd::pull(a),
         Command::Schema(c) => schema_cmd::exec(c),
         Command::Run(a) => run::run(a),
         Command::Bench(a) => run::bench(a, start),

@@ -99,7 +99,7 @@ impl Layout {
     }
 
     fn malformed(&self, msg: String) -> OciError {
-        OciError::Malformed { dir: self.root.clone(), msg }
+        OciError::Malformed { dir: (&self.root).into(), msg }
     }
 
     /// Where the blob `d` lives (whether or not it exists).
@@ -129,7 +129,7 @@ impl Layout {
         let mut buf = Vec::new();
         f.take(cap + 1).read_to_end(&mut buf).map_err(OciError::io(&p))?;
         if buf.len() as u64 > cap {
-            return Err(OciError::TooLarge { dir: self.root.clone(), what: name.into(), cap });
+            return Err(OciError::TooLarge { dir: (&self.root).into(), what: name.into(), cap });
         }
         Ok(Some(buf))
     }
@@ -157,20 +157,20 @@ impl Layout {
     /// size). `what` names the blob in errors ("manifest", "config", "layer").
     fn open_blob(&self, desc: &Descriptor, what: &str) -> Result<(Digest, u64, File), OciError> {
         let digest = Digest::parse(&desc.digest)
-            .map_err(|why| OciError::InvalidDigest { dir: self.root.clone(), context: format!("{what} descriptor"), digest: desc.digest.clone(), why })?;
+            .map_err(|why| OciError::InvalidDigest { dir: (&self.root).into(), context: format!("{what} descriptor"), digest: desc.digest.clone(), why })?;
         let Ok(size) = u64::try_from(desc.size) else {
             return Err(self.malformed(format!("{what} descriptor {}: negative size {}", desc.digest, desc.size)));
         };
         let p = self.blob_path(&digest);
         let f = match open_regular(&p) {
             Ok(f) => f,
-            Err(Open::Missing) => return Err(OciError::MissingBlob { dir: self.root.clone(), what: what.into(), digest: digest.to_string() }),
+            Err(Open::Missing) => return Err(OciError::MissingBlob { dir: (&self.root).into(), what: what.into(), digest: digest.to_string() }),
             Err(Open::NotRegular) => return Err(self.malformed(format!("{what} blob {digest} is not a regular file"))),
             Err(Open::Io(e)) => return Err(OciError::Io { path: p, source: e }),
         };
         let len = f.metadata().map_err(OciError::io(&p))?.len();
         if len != size {
-            return Err(OciError::Size { dir: self.root.clone(), what: what.into(), digest: digest.to_string(), expected: size, actual: len });
+            return Err(OciError::Size { dir: (&self.root).into(), what: what.into(), digest: digest.to_string(), expected: size, actual: len });
         }
         Ok((digest, size, f))
     }
@@ -200,11 +200,11 @@ impl Layout {
             progress(got, size);
         }
         if got != size {
-            return Err(OciError::Size { dir: self.root.clone(), what: what.into(), digest: digest.to_string(), expected: size, actual: got });
+            return Err(OciError::Size { dir: (&self.root).into(), what: what.into(), digest: digest.to_string(), expected: size, actual: got });
         }
         let actual = Digest::from_sha256(h);
         if actual != digest {
-            return Err(OciError::Digest { dir: self.root.clone(), what: what.into(), digest: digest.to_string(), actual: actual.to_string() });
+            return Err(OciError::Digest { dir: (&self.root).into(), what: what.into(), digest: digest.to_string(), actual: actual.to_string() });
         }
         Ok(())
     }
@@ -213,7 +213,7 @@ impl Layout {
     /// descriptor declares more than `cap` bytes.
     pub fn read_blob(&self, desc: &Descriptor, what: &str, cap: u64) -> Result<Vec<u8>, OciError> {
         if desc.size > cap as i64 {
-            return Err(OciError::TooLarge { dir: self.root.clone(), what: format!("{what} blob {} ({} bytes)", desc.digest, desc.size), cap });
+            return Err(OciError::TooLarge { dir: (&self.root).into(), what: format!("{what} blob {} ({} bytes)", desc.digest, desc.size), cap });
         }
         let mut out = Vec::with_capacity(desc.size.max(0) as usize);
         self.stream_blob(desc, what, &mut |b| {

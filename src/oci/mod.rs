@@ -15,6 +15,7 @@
 //!   `bundle import` (pick the artifact, check it, then install it exactly as `bundle install`).
 
 pub mod layout;
+pub mod registry;
 pub mod transfer;
 
 use std::collections::BTreeMap;
@@ -209,7 +210,43 @@ impl BundleConfig {
     }
 }
 
-/// Every way exporting or importing a layout can fail. The CLI maps each class to an exit code
+/// Where an artifact is read from or written to, as error lines name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// An OCI image-layout directory.
+    Layout(PathBuf),
+    /// A registry reference (`host[:port]/repository[:tag|@digest]`).
+    Registry(String),
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Layout(p) => write!(f, "OCI layout {}", p.display()),
+            Origin::Registry(r) => write!(f, "registry {r}"),
+        }
+    }
+}
+
+impl From<&std::path::Path> for Origin {
+    fn from(p: &std::path::Path) -> Origin {
+        Origin::Layout(p.to_path_buf())
+    }
+}
+
+impl From<PathBuf> for Origin {
+    fn from(p: PathBuf) -> Origin {
+        Origin::Layout(p)
+    }
+}
+
+impl From<&PathBuf> for Origin {
+    fn from(p: &PathBuf) -> Origin {
+        Origin::Layout(p.clone())
+    }
+}
+
+/// Every way exporting or importing a layout, or pushing or pulling over a registry, can fail. The CLI maps each class to an exit code
 /// (src/cli/common.rs): I/O 3; a malformed layout or artifact 4; a blob that does not match its
 /// descriptor 7; no such tag or digest 15; a bundle refused by the bundle reader, its own code.
 #[derive(Debug, thiserror::Error)]
@@ -218,27 +255,31 @@ pub enum OciError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
     /// The layout, its `index.json` or an artifact in it is not what FORMAT.md §12 specifies.
-    #[error("OCI layout {dir}: {msg}")]
-    Malformed { dir: PathBuf, msg: String },
+    #[error("{dir}: {msg}")]
+    Malformed { dir: Origin, msg: String },
     /// A digest string that cannot name a blob (traversal, non-hex, another algorithm).
-    #[error("OCI layout {dir}: {context}: invalid digest {digest:?}: {why}")]
-    InvalidDigest { dir: PathBuf, context: String, digest: String, why: String },
+    #[error("{dir}: {context}: invalid digest {digest:?}: {why}")]
+    InvalidDigest { dir: Origin, context: String, digest: String, why: String },
     /// A file or blob larger than what the reader reads into memory.
-    #[error("OCI layout {dir}: {what} exceeds the {cap}-byte cap")]
-    TooLarge { dir: PathBuf, what: String, cap: u64 },
-    #[error("OCI layout {dir}: {what} blob {digest} is missing")]
-    MissingBlob { dir: PathBuf, what: String, digest: String },
-    #[error("OCI layout {dir}: {what} blob {digest}: size mismatch (descriptor says {expected} bytes, blob has {actual})")]
-    Size { dir: PathBuf, what: String, digest: String, expected: u64, actual: u64 },
-    #[error("OCI layout {dir}: {what} blob {digest}: digest mismatch (its content hashes to {actual})")]
-    Digest { dir: PathBuf, what: String, digest: String, actual: String },
+    #[error("{dir}: {what} exceeds the {cap}-byte cap")]
+    TooLarge { dir: Origin, what: String, cap: u64 },
+    #[error("{dir}: {what} blob {digest} is missing")]
+    MissingBlob { dir: Origin, what: String, digest: String },
+    #[error("{dir}: {what} blob {digest}: size mismatch (descriptor says {expected} bytes, blob has {actual})")]
+    Size { dir: Origin, what: String, digest: String, expected: u64, actual: u64 },
+    #[error("{dir}: {what} blob {digest}: digest mismatch (its content hashes to {actual})")]
+    Digest { dir: Origin, what: String, digest: String, actual: String },
     /// The parts of one artifact disagree (the layer holds another bundle than the config, or an
     /// annotation names another bundle).
-    #[error("OCI layout {dir}: {msg}")]
-    Mismatch { dir: PathBuf, msg: String },
+    #[error("{dir}: {msg}")]
+    Mismatch { dir: Origin, msg: String },
     /// No artifact matches the tag or digest asked for, or several match and none was named.
-    #[error("OCI layout {dir}: {msg}")]
-    NotFound { dir: PathBuf, msg: String },
+    #[error("{dir}: {msg}")]
+    NotFound { dir: Origin, msg: String },
+    /// The registry could not be reached or refused a request (connection, TLS, authentication,
+    /// an HTTP error, a deadline or a stalled transfer). An interrupted pull resumes next time.
+    #[error("registry {reference}: {msg}")]
+    Registry { reference: String, msg: String },
     /// The bundle itself was refused (trust, expiry, rollback, integrity): the bundle reader's error.
     #[error(transparent)]
     Bundle(#[from] BundleError),

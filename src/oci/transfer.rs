@@ -7,7 +7,7 @@ use std::path::Path;
 
 use super::layout::Layout;
 use super::{
-    BundleConfig, Descriptor, Digest, ImageManifest, Index, OciError, ANNOTATION_BUNDLE_IDENTITY, ANNOTATION_BUNDLE_NAME, ANNOTATION_BUNDLE_SIGNERS, ANNOTATION_BUNDLE_VERSION,
+    BundleConfig, Descriptor, Digest, ImageManifest, Index, OciError, Origin, ANNOTATION_BUNDLE_IDENTITY, ANNOTATION_BUNDLE_NAME, ANNOTATION_BUNDLE_SIGNERS, ANNOTATION_BUNDLE_VERSION,
     ANNOTATION_CREATED, ANNOTATION_TITLE, ANNOTATION_VERSION, ARTIFACT_TYPE_BUNDLE, MAX_CONFIG_BYTES, MAX_UNTYPED_CANDIDATES, MEDIA_TYPE_BUNDLE_CONFIG, MEDIA_TYPE_BUNDLE_LAYER,
     MEDIA_TYPE_IMAGE_MANIFEST,
 };
@@ -68,6 +68,23 @@ pub fn artifact_manifest(v: &Verified, file_name: &str, config: Descriptor, mut 
     }
 }
 
+/// The config blob and the image manifest of a bundle artifact: what `export` writes into a
+/// layout and `push` to a registry. The same bundle, file name and layer give the same bytes.
+pub(crate) struct ArtifactParts {
+    pub config: Vec<u8>,
+    pub manifest: ImageManifest,
+    /// The manifest as pushed and hashed (its digest names the artifact).
+    pub manifest_bytes: Vec<u8>,
+}
+
+pub(crate) fn artifact_parts(v: &Verified, file_name: &str, layer_digest: &Digest, layer_size: u64, at: &Origin) -> Result<ArtifactParts, OciError> {
+    let config = BundleConfig::new(v.manifest_bytes(), v.signatures_bytes())?.to_bytes();
+    let layer = Descriptor::new(MEDIA_TYPE_BUNDLE_LAYER, layer_digest, layer_size);
+    let manifest = artifact_manifest(v, file_name, Descriptor::new(MEDIA_TYPE_BUNDLE_CONFIG, &Digest::of(&config), config.len() as u64), layer);
+    let manifest_bytes = serde_json::to_vec(&manifest).map_err(|e| OciError::Malformed { dir: at.clone(), msg: format!("manifest: {e}") })?;
+    Ok(ArtifactParts { config, manifest, manifest_bytes })
+}
+
 /// `bundle export`: write the bundle at `bundle` into the layout `dir` under `tag` (default: the
 /// bundle's version).
 ///
@@ -114,11 +131,8 @@ fn export_into(bundle: &Path, dir: &Path, tag: Option<&str>, head: &Head, opts: 
     };
     let tag = tag.map(str::to_string).unwrap_or_else(|| v.manifest().version.to_string());
     let file_name = bundle.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| format!("{}-{}.zlb", v.manifest().name, v.manifest().version));
-    let config = BundleConfig::new(v.manifest_bytes(), v.signatures_bytes())?.to_bytes();
-    let config_digest = layout.put_blob_bytes(&config)?;
-    let layer = Descriptor::new(MEDIA_TYPE_BUNDLE_LAYER, &layer_digest, layer_size);
-    let m = artifact_manifest(&v, &file_name, Descriptor::new(MEDIA_TYPE_BUNDLE_CONFIG, &config_digest, config.len() as u64), layer);
-    let bytes = serde_json::to_vec(&m).map_err(|e| OciError::Malformed { dir: dir.into(), msg: format!("manifest: {e}") })?;
+    let ArtifactParts { config, manifest: m, manifest_bytes: bytes } = artifact_parts(&v, &file_name, &layer_digest, layer_size, &dir.into())?;
+    layout.put_blob_bytes(&config)?;
     let manifest_digest = layout.put_blob_bytes(&bytes)?;
     let mut entry = Descriptor::new(MEDIA_TYPE_IMAGE_MANIFEST, &manifest_digest, bytes.len() as u64);
     entry.artifact_type = Some(ARTIFACT_TYPE_BUNDLE.into());
@@ -232,8 +246,8 @@ fn select(layout: &Layout, idx: &Index, sel: &Selector) -> Result<(Descriptor, I
 }
 
 /// Check that a manifest is a bundle artifact (FORMAT.md §12.5 step 5); returns its one layer.
-fn check_artifact(dir: &Path, m: &ImageManifest, digest: &str) -> Result<Descriptor, OciError> {
-    let bad = |msg: String| OciError::Malformed { dir: dir.into(), msg: format!("manifest {digest}: {msg}") };
+pub(crate) fn check_artifact(dir: &Origin, m: &ImageManifest, digest: &str) -> Result<Descriptor, OciError> {
+    let bad = |msg: String| OciError::Malformed { dir: dir.clone(), msg: format!("manifest {digest}: {msg}") };
     if m.artifact_type.as_deref() != Some(ARTIFACT_TYPE_BUNDLE) {
         return Err(bad(format!("not an applianced bundle: artifactType {:?} (expected {ARTIFACT_TYPE_BUNDLE})", m.artifact_type.as_deref().unwrap_or("none"))));
     }
@@ -250,7 +264,7 @@ fn check_artifact(dir: &Path, m: &ImageManifest, digest: &str) -> Result<Descrip
 /// Trust and policy on the config's control members alone, before the layer is read: signatures
 /// over the exact manifest bytes first, then the manifest, runtime, expiry and rollback state —
 /// the checks of FORMAT.md §8 steps 3–4. The bundle reader repeats them at install.
-fn precheck(cfg: &BundleConfig, opts: &VerifyOptions<'_>) -> Result<(Head, Vec<String>), BundleError> {
+pub(crate) fn precheck(cfg: &BundleConfig, opts: &VerifyOptions<'_>) -> Result<(Head, Vec<String>), BundleError> {
     let (mb, sb) = (cfg.manifest.as_bytes(), cfg.signatures.as_bytes());
     for (name, b, cap) in [(MANIFEST_NAME, mb, MAX_BUNDLE_MANIFEST_BYTES), (SIGNATURES_NAME, sb, MAX_SIGNATURES_BYTES)] {
         if b.len() as u64 > cap {
@@ -277,6 +291,18 @@ fn precheck(cfg: &BundleConfig, opts: &VerifyOptions<'_>) -> Result<(Head, Vec<S
     Ok((head, signers))
 }
 
+/// Annotations are informational, but one that names another bundle than the signed manifest
+/// in the config is a lie: refuse it.
+pub(crate) fn check_annotations(dir: &Origin, m: &ImageManifest, head: &Head, digest: &str) -> Result<(), OciError> {
+    let identity = identity_of(&head.manifest_bytes);
+    for (key, want) in [(ANNOTATION_BUNDLE_IDENTITY, identity), (ANNOTATION_BUNDLE_NAME, head.manifest.name.clone()), (ANNOTATION_BUNDLE_VERSION, head.manifest.version.to_string())] {
+        if let Some(got) = m.annotations.get(key).filter(|g| **g != want) {
+            return Err(OciError::Mismatch { dir: dir.clone(), msg: format!("manifest {digest}: annotation {key} is {got:?} but the signed bundle manifest says {want:?}") });
+        }
+    }
+    Ok(())
+}
+
 /// `bundle import` (FORMAT.md §12.5): choose the artifact, check the manifest, the config and
 /// trust before the layer is touched, copy the layer into a private temporary directory of the
 /// store while checking its size and digest, check it holds the bundle the config describes, then
@@ -287,18 +313,13 @@ pub fn import_bundle(dir: &Path, sel: &Selector, store: &Store, opts: &VerifyOpt
     let layout = Layout::open(dir)?;
     let idx = layout.read_index()?;
     let (entry, m) = select(&layout, &idx, sel)?;
-    let layer = check_artifact(dir, &m, &entry.digest)?;
+    let layer = check_artifact(&dir.into(), &m, &entry.digest)?;
     let config_bytes = layout.read_blob(&m.config, "config", MAX_CONFIG_BYTES)?;
     let cfg: BundleConfig = serde_json::from_slice(&config_bytes)
         .map_err(|e| OciError::Malformed { dir: dir.into(), msg: format!("config {}: not a bundle config ({MEDIA_TYPE_BUNDLE_CONFIG}): {e}", m.config.digest) })?;
     let (head, _) = precheck(&cfg, opts)?;
     let identity = identity_of(&head.manifest_bytes);
-    // Annotations are informational, but one that names another bundle is a lie: refuse it.
-    for (key, want) in [(ANNOTATION_BUNDLE_IDENTITY, identity.clone()), (ANNOTATION_BUNDLE_NAME, head.manifest.name.clone()), (ANNOTATION_BUNDLE_VERSION, head.manifest.version.to_string())] {
-        if let Some(got) = m.annotations.get(key).filter(|g| **g != want) {
-            return Err(OciError::Mismatch { dir: dir.into(), msg: format!("manifest {}: annotation {key} is {got:?} but the signed bundle manifest says {want:?}", entry.digest) });
-        }
-    }
+    check_annotations(&dir.into(), &m, &head, &entry.digest)?;
 
     std::fs::create_dir_all(store.root()).map_err(OciError::io(store.root()))?;
     let tmp = tempfile::Builder::new().prefix(".tmp-oci-").tempdir_in(store.root()).map_err(OciError::io(store.root()))?;

@@ -12,6 +12,7 @@
 //!   [`SeqGen`], the per-sequence generation step every caller drives ([`generate`]).
 
 pub mod generate;
+pub mod probe;
 
 use std::path::PathBuf;
 use std::sync::Arc;
