@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with the official Python SDKs the server tests call the API with (anthropic,
-# openai, httpx), the reference JSON Schema validator (jsonschema) the generation test uses, and
+# openai, httpx), the reference JSON Schema validator (jsonschema) the generation test uses, the
+# `oras` SDK (tests/oci_registry.rs: interoperability of `bundle push`/`pull` with oras), and
 # NVIDIA's NVRTC and ptxas wheels (nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12, pinned to CUDA
 # 12.2, the oldest CUDA of the targets: JetPack 6) with which `applianced build` compiles the CUDA
 # kernels to PTX and the tests assemble it; no GPU and no CUDA toolkit needed. Also installs
@@ -12,7 +13,8 @@ cd "$(dirname "$0")/.."
 # Debian tools some tests use when present: curl (socket client), promtool (metrics lint, from
 # `prometheus`), systemd-analyze / systemd-socket-activate (unit hardening, socket activation),
 # skopeo (tests/oci_layout.rs: `skopeo copy` of an exported OCI layout; required when
-# APPLIANCED_SLOW_TESTS is set). Installed when running as root on Debian; a failure here only
+# APPLIANCED_SLOW_TESTS is set), docker-registry (the CNCF distribution registry, for
+# tests/oci_registry.rs on loopback; required likewise). Installed when running as root on Debian; a failure here only
 # makes those checks skip.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
@@ -20,6 +22,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   command -v promtool >/dev/null || need+=(prometheus)
   command -v systemd-analyze >/dev/null || need+=(systemd)
   command -v skopeo >/dev/null || need+=(skopeo)
+  command -v docker-registry >/dev/null || need+=(docker-registry)
   ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
   if [ ${#need[@]} -gt 0 ]; then
     echo "setup-test-env: installing ${need[*]}" >&2
@@ -33,7 +36,7 @@ NVRTC_PIN='nvidia-cuda-nvrtc-cu12==12.2.140'
 NVCC_PIN='nvidia-cuda-nvcc-cu12==12.2.140'
 have_nvidia() { compgen -G "$VENV/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" >/dev/null \
   && compgen -G "$VENV/lib/python3*/site-packages/nvidia/cuda_nvcc/bin/ptxas" >/dev/null; }
-if [ -x "$PY" ] && "$PY" -c 'import anthropic, openai, httpx, jsonschema' 2>/dev/null && have_nvidia; then
+if [ -x "$PY" ] && "$PY" -c 'import anthropic, openai, httpx, jsonschema, oras' 2>/dev/null && have_nvidia; then
   exit 0
 fi
 PYTHON="${PYTHON:-python3}"
@@ -42,5 +45,5 @@ if ! command -v "$PYTHON" >/dev/null; then
   exit 0
 fi
 [ -x "$PY" ] || "$PYTHON" -m venv "$VENV"
-"$PY" -m pip install --quiet --disable-pip-version-check 'anthropic>=0.40' 'openai>=1.50' 'httpx>=0.27' 'jsonschema[format-nongpl]>=4.23' "$NVRTC_PIN" "$NVCC_PIN"
+"$PY" -m pip install --quiet --disable-pip-version-check 'anthropic>=0.40' 'openai>=1.50' 'httpx>=0.27' 'jsonschema[format-nongpl]>=4.23' 'oras==0.2.43' "$NVRTC_PIN" "$NVCC_PIN"
 "$PY" -c 'import importlib.metadata, anthropic, openai, httpx, jsonschema; print("setup-test-env: anthropic", anthropic.__version__, "openai", openai.__version__, "httpx", httpx.__version__, "jsonschema", importlib.metadata.version("jsonschema"))' >&2

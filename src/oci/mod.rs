@@ -158,6 +158,19 @@ pub struct ImageManifest {
     pub annotations: BTreeMap<String, String>,
 }
 
+impl ImageManifest {
+    /// Whether this manifest is a bundle artifact by type: `artifactType` is the bundle's, or it
+    /// is absent and the config's media type is the bundle config's (the OCI image spec v1.1
+    /// takes the config's media type as the artifact type then; the `oras` Python SDK, for one,
+    /// writes no `artifactType`). The rest of FORMAT.md §12.5 step 5 is checked by the reader.
+    pub fn is_bundle(&self) -> bool {
+        match self.artifact_type.as_deref() {
+            Some(t) => t == ARTIFACT_TYPE_BUNDLE,
+            None => self.config.media_type == MEDIA_TYPE_BUNDLE_CONFIG,
+        }
+    }
+}
+
 /// An OCI image index (a layout's `index.json`). Unknown fields are kept.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -184,9 +184,29 @@ impl Session {
         let left = self.deadline.saturating_duration_since(Instant::now());
         match self.rt.block_on(async { tokio::time::timeout(left, fut).await }) {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(self.err(format!("{what}: {}", describe(&e)))),
+            Ok(Err(e)) => Err(match (unknown(&e), &e) {
+                (Some(code), _) => OciError::NotFound { dir: Origin::Registry(self.shown.clone()), msg: format!("{what}: {code}") },
+                // What the registry sent is not what was asked for by digest.
+                (None, oci_client::errors::OciDistributionError::DigestError(d)) => OciError::Mismatch { dir: Origin::Registry(self.shown.clone()), msg: format!("{what}: {d}") },
+                (None, _) => self.err(format!("{what}: {}", describe(&e))),
+            }),
             Err(_) => Err(self.err(format!("{what}: the --deadline passed"))),
         }
+    }
+}
+
+/// The registry's "no such thing" answers (an unknown repository, tag, manifest or blob), as
+/// the distribution spec's error code: these are exit 15, not a registry failure.
+fn unknown(e: &oci_client::errors::OciDistributionError) -> Option<String> {
+    use oci_client::errors::{OciDistributionError as E, OciErrorCode as C};
+    match e {
+        E::RegistryError { envelope, .. } => envelope
+            .errors
+            .iter()
+            .find(|x| matches!(x.code, C::ManifestUnknown | C::BlobUnknown | C::NameUnknown | C::NotFound))
+            .map(|x| format!("{} ({:?})", if x.message.is_empty() { "not found" } else { x.message.as_str() }, x.code)),
+        E::ImageManifestNotFoundError(m) => Some(m.clone()),
+        _ => None,
     }
 }
 
@@ -366,6 +386,12 @@ pub fn pull_bundle(reference: &str, ro: &RegistryOptions, target: PullTarget<'_>
             })
         }
     };
+    if result.is_err() && blob.failure.is_none() && !blob.done {
+        // The reader refused what it read. If the registry served other bytes than the layer's
+        // digest, that is the cause to name: read the rest (within the size and the deadline)
+        // to find out.
+        let _ = std::io::copy(&mut blob, &mut std::io::sink());
+    }
     let downloaded = blob.fetched;
     match (result, blob.failure.take()) {
         (Ok((verified, entry)), None) => {
@@ -613,6 +639,13 @@ impl Read for BlobRead<'_> {
                     self.end()?;
                     return Ok(0);
                 }
+                // The client checks a full response's digest itself and ends the stream with an
+                // error when it differs: with every byte here, our own check names the cause.
+                Ok(Some(Err(_))) if self.got == self.size => {
+                    self.stream = None;
+                    self.end()?;
+                    return Ok(0);
+                }
                 Ok(Some(Err(e))) => return Err(self.interrupted(e.to_string())),
                 Ok(Some(Ok(b))) => b,
             };
@@ -634,5 +667,66 @@ impl Read for BlobRead<'_> {
             self.got += chunk.len() as u64;
             self.cur = chunk;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_must_name_the_registry() {
+        let (r, tagged) = parse_reference("127.0.0.1:5000/apps/tiny:ring0").unwrap();
+        assert_eq!((r.registry(), r.repository(), r.tag(), tagged), ("127.0.0.1:5000", "apps/tiny", Some("ring0"), true));
+        let (r, tagged) = parse_reference("registry.example.org/tiny").unwrap();
+        assert_eq!((r.registry(), r.repository(), tagged), ("registry.example.org", "tiny", false));
+        let d = format!("sha256:{}", "ab".repeat(32));
+        let (r, tagged) = parse_reference(&format!("localhost/a/b@{d}")).unwrap();
+        assert_eq!((r.digest(), tagged), (Some(d.as_str()), false));
+        for bad in ["tiny:1", "apps/tiny:1", "library/tiny", "", "host.example/", &format!("localhost/x@sha256:{}", "AB".repeat(32)), "localhost/x@sha256:../../etc"] {
+            let e = parse_reference(bad).unwrap_err().to_string();
+            assert!(e.contains("not a reference"), "{bad}: {e}");
+        }
+    }
+
+    fn auth_file(text: &str, mode: u32) -> (tempfile::TempDir, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("auth");
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        (d, p)
+    }
+
+    #[test]
+    fn credentials_files() {
+        let (_d, p) = auth_file("# site registry\n\nbasic pull-bot pass word\n", 0o600);
+        assert!(matches!(read_auth(&p).unwrap(), RegistryAuth::Basic(u, pw) if u == "pull-bot" && pw == "pass word"));
+        let (_d, p) = auth_file("bearer abc.def\n", 0o400);
+        assert!(matches!(read_auth(&p).unwrap(), RegistryAuth::Bearer(t) if t == "abc.def"));
+        for (text, mode, why) in [
+            ("basic u p\n", 0o640, "chmod 600"),
+            ("basic u p\n", 0o604, "chmod 600"),
+            ("basic u\n", 0o600, "needs a user and a password"),
+            ("bearer a b\n", 0o600, "one token"),
+            ("token x\n", 0o600, "unknown kind"),
+            ("# nothing\n", 0o600, "no `basic USER PASSWORD`"),
+        ] {
+            let (_d, p) = auth_file(text, mode);
+            let e = read_auth(&p).unwrap_err().to_string();
+            assert!(e.contains(why), "{text:?} {mode:o}: {e}");
+            assert!(!e.contains("secret") && !e.contains(" p\n"), "the error never shows the credentials: {e}");
+        }
+    }
+
+    #[test]
+    fn a_ca_file_may_hold_several_certificates() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("ca.pem");
+        let cert = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        std::fs::write(&p, format!("subject=site root\n{cert}subject=site intermediate\n{cert}")).unwrap();
+        assert_eq!(read_ca(&p).unwrap().len(), 2);
+        std::fs::write(&p, "not a certificate").unwrap();
+        assert!(read_ca(&p).unwrap_err().to_string().contains("no PEM certificate"));
     }
 }

@@ -217,7 +217,7 @@ fn select(layout: &Layout, idx: &Index, sel: &Selector) -> Result<(Descriptor, I
                         if opened > MAX_UNTYPED_CANDIDATES {
                             return Err(not_found(format!("more than {MAX_UNTYPED_CANDIDATES} manifests without an artifactType; choose one with --tag or --digest")));
                         }
-                        if layout.read_manifest(d)?.0.artifact_type.as_deref() == Some(ARTIFACT_TYPE_BUNDLE) {
+                        if layout.read_manifest(d)?.0.is_bundle() {
                             found.push(d);
                         }
                     }
@@ -248,8 +248,12 @@ fn select(layout: &Layout, idx: &Index, sel: &Selector) -> Result<(Descriptor, I
 /// Check that a manifest is a bundle artifact (FORMAT.md §12.5 step 5); returns its one layer.
 pub(crate) fn check_artifact(dir: &Origin, m: &ImageManifest, digest: &str) -> Result<Descriptor, OciError> {
     let bad = |msg: String| OciError::Malformed { dir: dir.clone(), msg: format!("manifest {digest}: {msg}") };
-    if m.artifact_type.as_deref() != Some(ARTIFACT_TYPE_BUNDLE) {
-        return Err(bad(format!("not an applianced bundle: artifactType {:?} (expected {ARTIFACT_TYPE_BUNDLE})", m.artifact_type.as_deref().unwrap_or("none"))));
+    if !m.is_bundle() {
+        return Err(bad(format!(
+            "not an applianced bundle: artifactType {:?}, config mediaType {:?} (expected {ARTIFACT_TYPE_BUNDLE}, or no artifactType and {MEDIA_TYPE_BUNDLE_CONFIG})",
+            m.artifact_type.as_deref().unwrap_or("none"),
+            m.config.media_type
+        )));
     }
     if m.config.media_type != MEDIA_TYPE_BUNDLE_CONFIG {
         return Err(bad(format!("config mediaType {:?} (expected {MEDIA_TYPE_BUNDLE_CONFIG})", m.config.media_type)));

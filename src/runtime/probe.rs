@@ -159,3 +159,26 @@ pub fn run(vb: &VerifiedBundle, threads: usize, backend: BackendPref) -> Result<
     }
     Ok(ProbeReport { load_ms, answer_ms: t1.elapsed().as_millis(), tokens, answer })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recipe_probes_are_checked() {
+        let ok: ProbeSpec = toml::from_str("prompt = \"Say OK\"\nexpect = \"(?i)ok\"").unwrap();
+        assert_eq!((ok.max_tokens, ok.deadline_s), (16, 120));
+        ok.check().unwrap();
+        ProbeSpec::default().check().unwrap();
+        for (t, why) in [
+            ("prompt = \" \"", "prompt is empty"),
+            ("prompt = \"x\"\nmax_tokens = 0", "max_tokens 0"),
+            ("prompt = \"x\"\ndeadline_s = 7200", "deadline_s 7200"),
+            ("prompt = \"x\"\nexpect = \"(\"", "expect"),
+        ] {
+            let s: ProbeSpec = toml::from_str(t).unwrap();
+            assert!(s.check().unwrap_err().contains(why), "{t}");
+        }
+        assert!(toml::from_str::<ProbeSpec>("prompt = \"x\"\ntimeout = 3").is_err(), "unknown keys are refused");
+    }
+}
