@@ -193,7 +193,7 @@ part_deb() {
     grep -q " $f " <<<"$CONF" || die "$f is not a conffile"
   done
   in_chroot man -w applianced >/dev/null || die "man applianced not found"
-  in_chroot systemd-analyze verify /lib/systemd/system/applianced.socket /lib/systemd/system/applianced.service >"$W/verify-units.txt" 2>&1 \
+  in_chroot systemd-analyze verify /lib/systemd/system/applianced.socket /lib/systemd/system/applianced.service /lib/systemd/system/applianced-pull.service /lib/systemd/system/applianced-pull.timer >"$W/verify-units.txt" 2>&1 \
     || { cat "$W/verify-units.txt" >&2; die "systemd-analyze verify failed"; }
   [ ! -s "$W/verify-units.txt" ] || { cat "$W/verify-units.txt" >&2; die "systemd-analyze verify printed warnings"; }
   log "systemd-analyze verify of the installed units: clean"

@@ -416,9 +416,9 @@ fn hostile_registries_are_refused_and_leave_the_store_unchanged() {
         ("downgrade", "apps/tiny:old".into(), vec![], Fault::default(), 9, "", false),
         ("manifest is not the digest asked for", wrong_digest.clone(), vec![], Fault::default(), 7, "digest", false),
         ("no such tag", "apps/tiny:9".into(), vec![], Fault::default(), 15, "manifest unknown", false),
-        ("truncated layer", "apps/tiny:2".into(), vec![], Fault { cut_after: Some(layer_len / 3), ..Fault::default() }, 17, "run the pull again to resume", true),
-        ("slow-loris layer", "apps/tiny:2".into(), vec!["--deadline", "3"], Fault { trickle: Some(Duration::from_millis(20)), ..Fault::default() }, 17, "the --deadline passed", true),
-        ("registry never answers", "apps/tiny:2".into(), vec!["--stall-timeout", "1"], Fault { stall_manifest: true, ..Fault::default() }, 17, "fetching the manifest", false),
+        ("truncated layer", "apps/tiny:2".into(), vec![], Fault { cut_after: Some(layer_len / 3), ..Fault::default() }, 18, "run the pull again to resume", true),
+        ("slow-loris layer", "apps/tiny:2".into(), vec!["--deadline", "3"], Fault { trickle: Some(Duration::from_millis(20)), ..Fault::default() }, 18, "the --deadline passed", true),
+        ("registry never answers", "apps/tiny:2".into(), vec!["--stall-timeout", "1"], Fault { stall_manifest: true, ..Fault::default() }, 18, "fetching the manifest", false),
     ];
     let n = cases.len();
     for (what, r, extra, fault, code, needle, layer_asked) in cases {
@@ -452,7 +452,7 @@ fn hostile_registries_are_refused_and_leave_the_store_unchanged() {
         }
         // Only an interruption keeps bytes for a resume, and never below the store.
         let kept: Vec<_> = std::fs::read_dir(&resume).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
-        if code == 17 && layer_asked {
+        if code == 18 && layer_asked {
             assert_eq!(kept.len(), 1, "{what}: {kept:?}");
         } else {
             assert!(kept.is_empty(), "{what}: left {kept:?}");
@@ -474,7 +474,7 @@ fn interrupted_pull_resumes_with_a_range_request() {
     for (i, ignore_range) in [false, true].into_iter().enumerate() {
         let b = format!("r{i}");
         reg.fault(Fault { cut_after: Some(cut), ..Fault::default() });
-        expect_fail(&e.pull(&b, &r, &["--install"]), 17, "run the pull again to resume");
+        expect_fail(&e.pull(&b, &r, &["--install"]), 18, "run the pull again to resume");
         let part = e.root.join(format!("box-{b}/pull/{}.partial", sha(&art.2).trim_start_matches("sha256:")));
         assert_eq!(std::fs::metadata(&part).unwrap().len() as usize, cut, "the resume file holds what arrived");
         reg.fault(Fault { ignore_range, ..Fault::default() });
@@ -500,17 +500,17 @@ fn pull_needs_a_target_and_plain_http_only_on_loopback() {
     let e = Env::new();
     expect_fail(&e.on("a", &["pull", "127.0.0.1:9/x:1", "--plain-http"]), 2, "--install, --activate");
     expect_fail(&e.on("a", &["pull", "10.1.2.3:5000/x:1", "--plain-http", "--install"]), 2, "only for a registry on loopback");
-    expect_fail(&e.on("a", &["pull", "tiny:1", "--install"]), 17, "no registry host");
-    expect_fail(&e.on("a", &["pull", "127.0.0.1:9/x:1", "--plain-http", "--install"]), 17, "Connection refused");
+    expect_fail(&e.on("a", &["pull", "tiny:1", "--install"]), 18, "no registry host");
+    expect_fail(&e.on("a", &["pull", "127.0.0.1:9/x:1", "--plain-http", "--install"]), 18, "Connection refused");
     // Credentials others can read are refused before any connection.
     let auth = e.root.join("auth");
     std::fs::write(&auth, "basic user secret\n").unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&auth, std::fs::Permissions::from_mode(0o644)).unwrap();
-    expect_fail(&e.on("a", &["pull", "127.0.0.1:9/x:1", "--plain-http", "--install", "--auth-file", auth.to_str().unwrap()]), 17, "chmod 600");
+    expect_fail(&e.on("a", &["pull", "127.0.0.1:9/x:1", "--plain-http", "--install", "--auth-file", auth.to_str().unwrap()]), 18, "chmod 600");
     std::fs::set_permissions(&auth, std::fs::Permissions::from_mode(0o600)).unwrap();
     std::fs::write(&auth, "password hunter2\n").unwrap();
-    expect_fail(&e.on("a", &["pull", "127.0.0.1:9/x:1", "--plain-http", "--install", "--auth-file", auth.to_str().unwrap()]), 17, "unknown kind");
+    expect_fail(&e.on("a", &["pull", "127.0.0.1:9/x:1", "--plain-http", "--install", "--auth-file", auth.to_str().unwrap()]), 18, "unknown kind");
 }
 
 /// Debian's `docker-registry` on a free loopback port, stopped on drop.
@@ -584,6 +584,11 @@ fn push_then_pull_from_a_real_registry() {
     let out = e.root.join("fetched.zlb");
     expect_ok(&e.pull("c", &format!("{r}@{}", p["manifest_digest"].as_str().unwrap()), &["--out", out.to_str().unwrap()]));
     assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&v1).unwrap());
+    // --activate probes and switches once; the active bundle again is neither probed nor switched.
+    let j = json_ok(&e.pull("a", &format!("{r}:1"), &["--activate", "--json"]));
+    assert!(j["probe"]["tokens"].as_u64().unwrap() > 0 && j["activated"] == true, "{j}");
+    let j = json_ok(&e.pull("a", &format!("{r}:1"), &["--activate", "--json"]));
+    assert!(j["probe"].is_null() && j["activated"] == false, "{j}");
     // A registry that is up but holds nothing under that name.
     expect_fail(&e.pull("a", &format!("{}/apps/none:1", reg.host), &["--install"]), 15, "unknown");
 }
@@ -671,7 +676,7 @@ fn a_fleet_of_twenty_boxes_rolls_forward_and_refuses_a_failing_probe() {
     }
     // v3 fails its probe: every box stays on v2 (audited), and keeps answering.
     push(&e, &v3, &format!("{r}:ring0"));
-    pull_all("ring0", 18);
+    pull_all("ring0", 19);
     for (b, s) in names.iter().zip(&servers) {
         assert_eq!(e.active(b), Some(2), "{b}");
         let failed: Vec<Value> = e.audit(b).into_iter().filter(|r| r["event"] == "bundle_probe_failed").collect();

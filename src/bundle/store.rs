@@ -106,7 +106,7 @@ impl Store {
         self.clean_stale_temps();
         let tmp = tempfile::Builder::new().prefix(".tmp-").tempdir_in(&self.root).map_err(BundleError::io(&self.root))?;
         let verified = reader::verify_stream(open()?, compressed, opts, Some(tmp.path()), progress)?;
-        if verified.manifest_bytes() != head.manifest_bytes.as_slice() {
+        if verified.manifest_bytes() != head.manifest_bytes.as_slice() || verified.signatures_bytes() != head.signatures_bytes.as_slice() {
             return Err(BundleError::Store { path: self.root.clone(), msg: format!("the bundle changed while it was installed: it is now {}, not {identity}", verified.identity()) });
         }
         let ctl = tmp.path().join("applianced");

@@ -164,7 +164,7 @@ impl CliError {
                     O::Io { .. } => 3,
                     O::Size { .. } | O::Digest { .. } | O::MissingBlob { .. } | O::Mismatch { .. } => 7,
                     O::NotFound { .. } => 15,
-                    O::Registry { .. } => 17,
+                    O::Registry { .. } => 18,
                     _ => 4,
                 }
             }
@@ -173,7 +173,7 @@ impl CliError {
             CliError::Schema { .. } | CliError::NotJson { .. } | CliError::MaskDisagreement(_) | CliError::SuiteFailed { .. } => 14,
             CliError::ParityFailed => 12,
             CliError::Usage(_) => 2,
-            CliError::Probe(_) => 18,
+            CliError::Probe(_) => 19,
             CliError::Reported(c) => *c,
         }
     }

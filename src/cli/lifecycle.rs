@@ -80,6 +80,14 @@ impl LifecycleArgs {
 }
 
 impl Resolved {
+    /// The config's `backend` (what the server will use), else auto.
+    pub(super) fn backend(&self) -> Result<crate::backend::BackendPref, CliError> {
+        match &self.cfg.backend {
+            Some(b) => b.parse().map_err(CliError::Usage),
+            None => Ok(crate::backend::BackendPref::default()),
+        }
+    }
+
     pub(super) fn audit(&self) -> Result<Option<AuditLog>, CliError> {
         match &self.audit_path {
             None => Ok(None),

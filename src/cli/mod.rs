@@ -32,7 +32,10 @@ pub use common::{CliError, TrustArgs};
 /// 12 engine error, 13 server error, 14 schema error, 15 bundle lifecycle (no such installed
 /// bundle, none active, nothing to roll back to; no such tag or digest in an OCI layout, or
 /// several bundles and none chosen), 16 GPU kernels could not be built (NVRTC missing or failing),
-/// 17 audit log intact but ending in a torn tail (`audit verify`: an incomplete last write).
+/// 17 audit log intact but ending in a torn tail (`audit verify`: an incomplete last write),
+/// 18 a registry unreachable or refusing a request (`bundle push`/`pull`: connection, TLS,
+/// credentials, HTTP error, stalled transfer, deadline; an interrupted pull resumes next time),
+/// 19 the health probe of `bundle pull --activate` failed (the active bundle was not changed).
 #[derive(Debug, Parser)]
 #[command(name = "applianced", version, about, long_about, propagate_version = true)]
 pub struct Cli {

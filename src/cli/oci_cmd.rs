@@ -281,7 +281,8 @@ pub struct PullArgs {
     pub install: bool,
     /// Install, run the bundle's health probe (it loads, answers its recipe's probe prompt
     /// within the deadline, presets and schemas load), and only then make it the active
-    /// bundle. A failed probe leaves the active bundle as it was (exit 18, audited). A running
+    /// bundle. A failed probe leaves the active bundle as it was (exit 19, audited). A bundle
+    /// that is already the active one is neither probed nor switched again. A running
     /// server switches on `systemctl reload applianced` (SIGHUP).
     #[arg(long)]
     pub activate: bool,
@@ -291,9 +292,10 @@ pub struct PullArgs {
     /// Worker threads for the probe (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub probe_threads: usize,
-    /// Compute backend for the probe: auto, cpu, cuda or wgpu (as the server will use).
-    #[arg(long, value_name = "KIND", default_value = "auto", env = "APPLIANCED_BACKEND")]
-    pub backend: crate::backend::BackendPref,
+    /// Compute backend for the probe: auto, cpu, cuda or wgpu. Default: `backend` in the
+    /// config (what the server uses), else auto.
+    #[arg(long, value_name = "KIND", env = "APPLIANCED_BACKEND")]
+    pub backend: Option<crate::backend::BackendPref>,
     #[command(flatten)]
     pub registry: RegistryArgs,
     #[command(flatten)]
@@ -339,9 +341,15 @@ pub fn pull(a: PullArgs) -> Result<(), CliError> {
             return Err(CliError::Usage("--activate needs the store".into()));
         };
         let audit = r.audit()?;
-        match crate::runtime::probe::run(entry, a.probe_threads, a.backend) {
-            Ok(rep) => probe = Some(rep),
-            Err(e) => {
+        let backend = match a.backend {
+            Some(b) => b,
+            None => r.backend()?,
+        };
+        let already = r.store.read_active()?.active.is_some_and(|p| p.identity == v.identity());
+        match if already { None } else { Some(crate::runtime::probe::run(entry, a.probe_threads, backend)) } {
+            None => {}
+            Some(Ok(rep)) => probe = Some(rep),
+            Some(Err(e)) => {
                 if let Some(log) = &audit {
                     let mut f = serde_json::Map::new();
                     f.insert("ts".into(), json!(crate::bundle::manifest::format_time(time::OffsetDateTime::now_utc().unix_timestamp())));

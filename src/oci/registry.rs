@@ -12,7 +12,7 @@
 //! pull of the same layer asks the registry for the rest only (an HTTP range request). A pull
 //! refused for what the registry sent removes that file.
 
-use std::io::{Read, Seek, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -55,8 +55,9 @@ fn registry_err(r: &str, msg: impl std::fmt::Display) -> OciError {
     OciError::Registry { reference: r.into(), msg: msg.to_string() }
 }
 
-/// Parse `HOST[:PORT]/REPOSITORY[:TAG|@sha256:HEX]`. The registry must be named: an appliance
-/// never falls back to Docker Hub. Returns the reference and whether a tag was written.
+/// Parse `HOST[:PORT]/REPOSITORY[:TAG|@sha256:HEX]` by the distribution spec's grammar. The
+/// registry must be named: an appliance never falls back to Docker Hub. Returns the reference and
+/// whether a tag was written (without one: `latest` for pull, the version for push).
 pub fn parse_reference(s: &str) -> Result<(Reference, bool), OciError> {
     let bad = |why: &str| registry_err(s, format!("not a reference HOST[:PORT]/REPOSITORY[:TAG|@sha256:HEX]: {why}"));
     let Some((host, rest)) = s.split_once('/') else {
@@ -65,16 +66,54 @@ pub fn parse_reference(s: &str) -> Result<(Reference, bool), OciError> {
     if !(host.contains('.') || host.contains(':') || host == "localhost") || rest.is_empty() {
         return Err(bad("the first part must be the registry (a host name with a dot or a port, or localhost)"));
     }
-    let r: Reference = s.parse().map_err(|e: oci_client::ParseError| bad(&e.to_string()))?;
-    if r.registry() != host {
-        return Err(bad("the registry part is not a host"));
+    let host_ok = |h: &str| !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+    let (name, port) = match host.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((a, p)) if a.parse::<std::net::Ipv6Addr>().is_ok() => (None, p.strip_prefix(':')),
+            _ => return Err(bad("an invalid IPv6 address")),
+        },
+        None => match host.split_once(':') {
+            Some((h, p)) => (Some(h), Some(p)),
+            None => (Some(host), None),
+        },
+    };
+    if name.is_some_and(|h| !host_ok(h)) || port.is_some_and(|p| p.is_empty() || p.len() > 5 || !p.bytes().all(|b| b.is_ascii_digit())) {
+        return Err(bad("the registry part is not a host[:port]"));
     }
-    if let Some(d) = r.digest() {
-        Digest::parse(d).map_err(|why| bad(&why))?;
+    let (repo, tag, digest) = match rest.split_once('@') {
+        Some((repo, d)) => {
+            Digest::parse(d).map_err(|why| bad(&why))?;
+            (repo, None, Some(d))
+        }
+        None => match rest.rsplit_once(':').filter(|(_, t)| !t.contains('/')) {
+            Some((repo, t)) => (repo, Some(t), None),
+            None => (rest, None, None),
+        },
+    };
+    if let Some(t) = tag.filter(|t| !super::valid_tag(t)) {
+        return Err(bad(&format!("tag {t:?} is not [A-Za-z0-9_][A-Za-z0-9._-]*, at most 128 characters")));
     }
-    let last = rest.rsplit('/').next().unwrap_or(rest);
-    let tagged = last.split('@').next().unwrap_or(last).contains(':');
-    Ok((r, tagged))
+    // path-component = [a-z0-9]+ (separator [a-z0-9]+)*, separator = . | _ | __ | -+
+    let component = |c: &str| {
+        let b = c.as_bytes();
+        !b.is_empty()
+            && b[0].is_ascii_lowercase() | b[0].is_ascii_digit()
+            && b[b.len() - 1].is_ascii_lowercase() | b[b.len() - 1].is_ascii_digit()
+            && b.iter().all(|&x| x.is_ascii_lowercase() || x.is_ascii_digit() || matches!(x, b'.' | b'_' | b'-'))
+            && !c.contains("..")
+            && !c.contains("._")
+            && !c.contains("_.")
+            && !c.contains("___")
+    };
+    if repo.len() > 255 || !repo.split('/').all(component) {
+        return Err(bad(&format!("repository {repo:?} is not lowercase letters and digits separated by '.', '_', '-' or '/'")));
+    }
+    let r = match (tag, digest) {
+        (_, Some(d)) => Reference::with_digest(host.into(), repo.into(), d.into()),
+        (Some(t), None) => Reference::with_tag(host.into(), repo.into(), t.into()),
+        (None, None) => Reference::with_tag(host.into(), repo.into(), "latest".into()),
+    };
+    Ok((r, tag.is_some()))
 }
 
 /// Read registry credentials from `path`, which must be a regular file of the current user that
@@ -181,17 +220,27 @@ impl Session {
 
     /// Run one registry operation under the command's deadline.
     fn run<T>(&self, what: &str, fut: impl std::future::Future<Output = Result<T, oci_client::errors::OciDistributionError>>) -> Result<T, OciError> {
+        self.run_raw(what, fut).map_err(|(e, _)| e)
+    }
+
+    /// [`Session::run`], also saying whether the registry answered with an HTTP client error
+    /// (4xx: it refused the request itself, as a range it cannot satisfy).
+    fn run_raw<T>(&self, what: &str, fut: impl std::future::Future<Output = Result<T, oci_client::errors::OciDistributionError>>) -> Result<T, (OciError, bool)> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         match self.rt.block_on(async { tokio::time::timeout(left, fut).await }) {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(match (unknown(&e), &e) {
+            Ok(Err(e)) => Err((self.classify(what, &e), refused(&e))),
+            Err(_) => Err((self.err(format!("{what}: the --deadline passed")), false)),
+        }
+    }
+
+    fn classify(&self, what: &str, e: &oci_client::errors::OciDistributionError) -> OciError {
+        match (unknown(e), e) {
                 (Some(code), _) => OciError::NotFound { dir: Origin::Registry(self.shown.clone()), msg: format!("{what}: {code}") },
                 // What the registry sent is not what was asked for by digest.
                 (None, oci_client::errors::OciDistributionError::DigestError(d)) => OciError::Mismatch { dir: Origin::Registry(self.shown.clone()), msg: format!("{what}: {d}") },
-                (None, _) => self.err(format!("{what}: {}", describe(&e))),
-            }),
-            Err(_) => Err(self.err(format!("{what}: the --deadline passed"))),
-        }
+                (None, _) => self.err(format!("{what}: {}", describe(e))),
+            }
     }
 }
 
@@ -206,7 +255,19 @@ fn unknown(e: &oci_client::errors::OciDistributionError) -> Option<String> {
             .find(|x| matches!(x.code, C::ManifestUnknown | C::BlobUnknown | C::NameUnknown | C::NotFound))
             .map(|x| format!("{} ({:?})", if x.message.is_empty() { "not found" } else { x.message.as_str() }, x.code)),
         E::ImageManifestNotFoundError(m) => Some(m.clone()),
+        E::ServerError { code: 404, .. } => Some("not found (HTTP 404)".into()),
         _ => None,
+    }
+}
+
+/// Whether the registry answered with an HTTP client error (4xx).
+fn refused(e: &oci_client::errors::OciDistributionError) -> bool {
+    use oci_client::errors::OciDistributionError as E;
+    match e {
+        E::ServerError { code, .. } => (400..500).contains(code),
+        E::RegistryError { .. } | E::UnauthorizedError { .. } => true,
+        E::RequestError(r) => r.status().is_some_and(|s| s.is_client_error()),
+        _ => false,
     }
 }
 
@@ -353,6 +414,9 @@ pub fn pull_bundle(reference: &str, ro: &RegistryOptions, target: PullTarget<'_>
         return Err(OciError::Digest { dir: at, what: "manifest".into(), digest: want.into(), actual });
     }
     let m: ImageManifest = serde_json::from_slice(&body).map_err(|e| OciError::Malformed { dir: at.clone(), msg: format!("manifest {actual}: {e}") })?;
+    if m.schema_version != 2 {
+        return Err(OciError::Malformed { dir: at, msg: format!("manifest {actual}: schemaVersion {} (expected 2)", m.schema_version) });
+    }
     if m.media_type.as_deref().is_some_and(|t| t != MEDIA_TYPE_IMAGE_MANIFEST) {
         return Err(OciError::Malformed { dir: at, msg: format!("manifest {actual}: mediaType {:?} is not an image manifest", m.media_type) });
     }
@@ -367,13 +431,17 @@ pub fn pull_bundle(reference: &str, ro: &RegistryOptions, target: PullTarget<'_>
     // Signatures, trust, expiry, revocation, rollback: before a byte of the layer is requested.
     let (head, signers) = precheck(&cfg, opts)?;
     check_annotations(&at, &m, &head, &actual)?;
+    // The store lock also keeps two pulls from writing one resume file.
+    let _lock = match target {
+        PullTarget::Store(store) => Some(store.lock()?),
+        PullTarget::File(_) => None,
+    };
     std::fs::create_dir_all(resume).map_err(OciError::io(resume))?;
     let part = resume.join(format!("{}.partial", layer_digest.hex()));
     let mut blob = BlobRead::new(&s, &at, layer_digest.clone(), layer_size, &part)?;
     let resumed = blob.prefix;
     let result = match target {
         PullTarget::Store(store) => {
-            let _lock = store.lock()?;
             store.install_stream(head, signers, layer_size, || Ok(&mut blob), opts, &mut |d, t| progress(Phase::Verify, d, t)).map(|e| (e.verified.clone(), Some(e)))
         }
         PullTarget::File(out) => {
@@ -471,7 +539,11 @@ struct BlobRead<'a> {
     digest: Digest,
     size: u64,
     part_path: PathBuf,
+    /// The resume file, for reading its bytes back.
     part: std::fs::File,
+    /// Hashes the layer's bytes and appends the new ones to the resume file, on its own thread
+    /// (off the thread that receives and decompresses; `None` once [`BlobRead::end`] joined it).
+    tee: Option<Tee>,
     /// Bytes of the resume file not yet read back.
     prefix_left: u64,
     /// Length of the resume file when the pull began.
@@ -480,7 +552,6 @@ struct BlobRead<'a> {
     /// Bytes of a full (not ranged) response still to skip because the resume file has them.
     skip: u64,
     cur: bytes::Bytes,
-    hasher: sha2::Sha256,
     /// Layer bytes read so far (resume file and network).
     got: u64,
     /// Bytes fetched from the network.
@@ -497,6 +568,7 @@ impl<'a> BlobRead<'a> {
             part.set_len(0).map_err(OciError::io(part_path))?;
             len = 0;
         }
+        let append = std::fs::OpenOptions::new().append(true).open(part_path).map_err(OciError::io(part_path))?;
         Ok(BlobRead {
             s,
             at,
@@ -504,12 +576,12 @@ impl<'a> BlobRead<'a> {
             size,
             part_path: part_path.into(),
             part,
+            tee: Some(Tee::start(append)),
             prefix_left: len,
             prefix: len,
             stream: None,
             skip: 0,
             cur: bytes::Bytes::new(),
-            hasher: sha2::Sha256::new(),
             got: 0,
             fetched: 0,
             done: false,
@@ -533,23 +605,24 @@ impl<'a> BlobRead<'a> {
         let r = self.s.reference.clone();
         let ds = self.digest.to_string();
         let got = self.got;
-        let res = if got == 0 {
-            self.s.run("fetching the layer", self.s.client.pull_blob_stream(&r, ds.as_str())).map(|st| (st, 0))
-        } else {
-            self.s.run("resuming the layer", self.s.client.pull_blob_stream_partial(&r, ds.as_str(), got, None)).map(|resp| match resp {
-                oci_client::client::BlobResponse::Partial(st) => (st, 0),
-                // The registry ignored the range: skip what the resume file holds.
-                oci_client::client::BlobResponse::Full(st) => (st, got),
-            })
-        };
+        // Always a range request (`bytes=0-` for a fresh pull): the client then leaves the
+        // digest to us instead of hashing the whole layer a second time (its check of a full
+        // response is redundant with this reader's, and runs on the same thread).
+        let what = if got == 0 { "fetching the layer" } else { "resuming the layer" };
+        let res = self.s.run_raw(what, self.s.client.pull_blob_stream_partial(&r, ds.as_str(), got, None)).map(|resp| match resp {
+            oci_client::client::BlobResponse::Partial(st) => (st, 0),
+            // The registry ignored the range: skip what the resume file holds.
+            oci_client::client::BlobResponse::Full(st) => (st, got),
+        });
         match res {
             Ok((st, skip)) => {
                 self.stream = Some(st);
                 self.skip = skip;
                 Ok(())
             }
-            // A registry that refuses the range for a resume file it cannot continue: start over next time.
-            Err(e) => Err(self.fail(e, got == 0)),
+            // A registry that refuses the request (a range it cannot satisfy: the resume file is
+            // not a prefix of this blob) starts over next time; a network failure keeps it.
+            Err((e, refused)) => Err(self.fail(e, !refused)),
         }
     }
 
@@ -557,7 +630,14 @@ impl<'a> BlobRead<'a> {
         if self.got != self.size {
             return Err(self.interrupted("the registry closed the transfer".into()));
         }
-        let h = std::mem::take(&mut self.hasher);
+        let (h, written) = match self.tee.take() {
+            Some(t) => t.finish(),
+            None => return Err(std::io::Error::other("layer already ended")),
+        };
+        if let Err(e) = written {
+            let err = OciError::Io { path: self.part_path.clone(), source: e };
+            return Err(self.fail(err, false));
+        }
         let actual = Digest::from_sha256(h);
         if actual != self.digest {
             let e = OciError::Digest { dir: self.at.clone(), what: "layer".into(), digest: self.digest.to_string(), actual: actual.to_string() };
@@ -565,6 +645,13 @@ impl<'a> BlobRead<'a> {
         }
         self.done = true;
         Ok(())
+    }
+
+    fn tee_send(&mut self, m: TeeMsg) {
+        // A tee that stopped (a write error) says why at the end.
+        if let Some(t) = &self.tee {
+            let _ = t.tx.send(m);
+        }
     }
 
     /// After success: remove the resume file, or make it the output file.
@@ -575,7 +662,7 @@ impl<'a> BlobRead<'a> {
                 Ok(())
             }
             Some(out) => {
-                self.part.sync_all().map_err(OciError::io(&self.part_path))?;
+                std::fs::File::open(&self.part_path).and_then(|f| f.sync_all()).map_err(OciError::io(&self.part_path))?;
                 let tmp = out.with_extension(format!("zlb.tmp-{}", std::process::id()));
                 std::fs::copy(&self.part_path, &tmp).map_err(OciError::io(&tmp))?;
                 std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(OciError::io(&tmp))?;
@@ -584,6 +671,48 @@ impl<'a> BlobRead<'a> {
                 Ok(())
             }
         }
+    }
+}
+
+enum TeeMsg {
+    /// Bytes read back from the resume file: hash only.
+    Hash(bytes::Bytes),
+    /// Bytes from the registry: hash, and append to the resume file.
+    HashAndKeep(bytes::Bytes),
+}
+
+/// The layer's SHA-256 and the resume file's writes, on a thread of their own.
+struct Tee {
+    tx: std::sync::mpsc::SyncSender<TeeMsg>,
+    worker: std::thread::JoinHandle<(sha2::Sha256, std::io::Result<()>)>,
+}
+
+impl Tee {
+    fn start(mut file: std::fs::File) -> Tee {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<TeeMsg>(256);
+        let worker = std::thread::spawn(move || {
+            let mut h = sha2::Sha256::new();
+            let mut written = Ok(());
+            for m in rx {
+                match m {
+                    TeeMsg::Hash(b) => h.update(&b),
+                    TeeMsg::HashAndKeep(b) => {
+                        h.update(&b);
+                        if written.is_ok() {
+                            written = file.write_all(&b);
+                        }
+                    }
+                }
+            }
+            (h, written)
+        });
+        Tee { tx, worker }
+    }
+
+    /// Every byte sent so far hashed and written: the hash and the first write error, if any.
+    fn finish(self) -> (sha2::Sha256, std::io::Result<()>) {
+        drop(self.tx);
+        self.worker.join().unwrap_or_else(|_| (sha2::Sha256::new(), Err(std::io::Error::other("layer hashing thread panicked"))))
     }
 }
 
@@ -614,7 +743,7 @@ impl Read for BlobRead<'_> {
                     self.part.set_len(self.got)?;
                     continue;
                 }
-                self.hasher.update(&buf[..n]);
+                self.tee_send(TeeMsg::Hash(bytes::Bytes::copy_from_slice(&buf[..n])));
                 self.prefix_left -= n as u64;
                 self.got += n as u64;
                 return Ok(n);
@@ -624,7 +753,6 @@ impl Read for BlobRead<'_> {
                 return Ok(0);
             }
             if self.stream.is_none() {
-                self.part.seek(std::io::SeekFrom::Start(self.got))?;
                 self.open()?;
             }
             let left = self.s.deadline.saturating_duration_since(Instant::now());
@@ -659,11 +787,7 @@ impl Read for BlobRead<'_> {
                 let e = OciError::Size { dir: self.at.clone(), what: "layer".into(), digest: self.digest.to_string(), expected: self.size, actual: self.got + chunk.len() as u64 };
                 return Err(self.fail(e, false));
             }
-            if let Err(e) = self.part.write_all(&chunk) {
-                let err = OciError::Io { path: self.part_path.clone(), source: e };
-                return Err(self.fail(err, false));
-            }
-            self.hasher.update(&chunk);
+            self.tee_send(TeeMsg::HashAndKeep(chunk.clone()));
             self.got += chunk.len() as u64;
             self.cur = chunk;
         }
@@ -683,7 +807,24 @@ mod tests {
         let d = format!("sha256:{}", "ab".repeat(32));
         let (r, tagged) = parse_reference(&format!("localhost/a/b@{d}")).unwrap();
         assert_eq!((r.digest(), tagged), (Some(d.as_str()), false));
-        for bad in ["tiny:1", "apps/tiny:1", "library/tiny", "", "host.example/", &format!("localhost/x@sha256:{}", "AB".repeat(32)), "localhost/x@sha256:../../etc"] {
+        let (r, _) = parse_reference("[::1]:5000/a/b_c.d-e:v1").unwrap();
+        assert_eq!((r.registry(), r.repository(), r.tag()), ("[::1]:5000", "a/b_c.d-e", Some("v1")));
+        for bad in [
+            "tiny:1",
+            "apps/tiny:1",
+            "library/tiny",
+            "",
+            "host.example/",
+            &format!("localhost/x@sha256:{}", "AB".repeat(32)),
+            "localhost/x@sha256:../../etc",
+            "localhost/Apps/x:1",
+            "localhost/a//b:1",
+            "localhost/a/../b:1",
+            "localhost/x:-tag",
+            "localhost:port/x:1",
+            "bad_host.example/x:1",
+            "[::zz]:5000/x:1",
+        ] {
             let e = parse_reference(bad).unwrap_err().to_string();
             assert!(e.contains("not a reference"), "{bad}: {e}");
         }

@@ -1,5 +1,5 @@
 //! The health probe that `bundle pull --activate` runs on a freshly installed bundle before it
-//! switches to it (FORMAT.md §12.6, docs/operations.md "Fleet rollout"): the bundle loads (model,
+//! switches to it (FORMAT.md §12.6, docs/operations.md "From a registry (a fleet)"): the bundle loads (model,
 //! tokenizer, template, presets, safety masks, schemas, control vectors), then answers the probe
 //! prompt of its recipe (`[probe]`, stored as the member `probe.json`) greedily within a deadline,
 //! and the answer matches the recipe's `expect` pattern when it gives one. The deadline is
