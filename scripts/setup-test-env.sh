@@ -14,7 +14,8 @@ cd "$(dirname "$0")/.."
 # `prometheus`), systemd-analyze / systemd-socket-activate (unit hardening, socket activation),
 # skopeo (tests/oci_layout.rs: `skopeo copy` of an exported OCI layout; required when
 # APPLIANCED_SLOW_TESTS is set), docker-registry (the CNCF distribution registry, for
-# tests/oci_registry.rs on loopback; required likewise). Installed when running as root on Debian; a failure here only
+# tests/oci_registry.rs on loopback; required likewise), openssl (a site CA for its TLS test).
+# Installed when running as root on Debian; a failure here only
 # makes those checks skip.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
@@ -23,6 +24,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   command -v systemd-analyze >/dev/null || need+=(systemd)
   command -v skopeo >/dev/null || need+=(skopeo)
   command -v docker-registry >/dev/null || need+=(docker-registry)
+  command -v openssl >/dev/null || need+=(openssl)
   ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
   if [ ${#need[@]} -gt 0 ]; then
     echo "setup-test-env: installing ${need[*]}" >&2

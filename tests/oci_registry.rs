@@ -202,8 +202,11 @@ struct RegState {
     manifests: BTreeMap<String, Vec<u8>>,
     blobs: BTreeMap<String, Vec<u8>>,
     fault: Fault,
-    /// Requests served: "GET /v2/… range".
+    /// Requests served: "GET /v2/… KIND range".
     log: Vec<String>,
+    /// When set, every request needs `Authorization: Basic <this>` (401 with a Basic challenge
+    /// otherwise).
+    basic: Option<String>,
 }
 
 /// A registry that speaks just enough of the distribution spec for `pull` (manifests by tag or
@@ -269,7 +272,14 @@ fn serve_conn(mut c: TcpStream, st: &Mutex<RegState>) {
         let mut lines = text.lines();
         let first: Vec<&str> = lines.next().unwrap_or("").split(' ').collect();
         let (method, path) = (first[0].to_string(), first.get(1).copied().unwrap_or("").to_string());
-        let range = lines.find_map(|l| l.to_ascii_lowercase().strip_prefix("range: bytes=").map(|r| r.trim_end_matches('-').parse::<usize>().unwrap_or(0)));
+        let headers: Vec<&str> = lines.collect();
+        let range = headers.iter().find_map(|l| l.to_ascii_lowercase().strip_prefix("range: bytes=").map(|r| r.trim_end_matches('-').parse::<usize>().unwrap_or(0)));
+        let auth = headers.iter().find_map(|l| l.strip_prefix("Authorization: Basic ").or_else(|| l.strip_prefix("authorization: Basic "))).map(str::to_string);
+        let need = st.lock().unwrap().basic.clone();
+        if need.is_some() && auth != need {
+            let _ = write!(c, "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"test\"\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}");
+            continue;
+        }
         let (fault, found) = {
             let mut s = st.lock().unwrap();
             let found = if let Some(rest) = path.strip_prefix("/v2/") {
@@ -392,6 +402,9 @@ fn hostile_registries_are_refused_and_leave_the_store_unchanged() {
     }));
     reg.put("apps/tiny", "lying-annotation", &artifact(&v2, |m| m["annotations"]["dev.applianced.bundle.identity"] = json!(format!("sha256:{}", "0".repeat(64)))));
 
+    // The box's server, serving v1 throughout.
+    let args: Vec<String> = ["--trust", &e.p("keys/dev.pub"), "--store", &e.p("box-a/store"), "--state", &e.p("box-a/state")].iter().map(|s| s.to_string()).collect();
+    let server = Server::start(&e.root, "srv-a", &args, "");
     let store = e.root.join("box-a/store");
     let resume = e.root.join("box-a/pull");
     let before = snapshot(&store);
@@ -458,7 +471,11 @@ fn hostile_registries_are_refused_and_leave_the_store_unchanged() {
             assert!(kept.is_empty(), "{what}: left {kept:?}");
         }
     }
-    eprintln!("hostile registries: {n} of {n} refused, store unchanged");
+    let models = server.request("GET", "/v1/models", None);
+    assert_eq!(models.json()["data"][0]["version"], 1, "the server still serves v1");
+    let ask = r#"{"model":"default","max_tokens":4,"temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
+    assert_eq!(server.post("/v1/messages", ask).status, 200);
+    eprintln!("hostile registries: {n} of {n} refused, store unchanged, the server still answering on v1");
 }
 
 #[test]
@@ -495,6 +512,29 @@ fn interrupted_pull_resumes_with_a_range_request() {
     }
 }
 
+/// A registry that wants HTTP Basic credentials: refused without, pulled with an auth file.
+#[test]
+fn basic_credentials_from_a_private_file() {
+    use base64::Engine as _;
+    use std::os::unix::fs::PermissionsExt;
+    let e = Env::new();
+    let reg = FakeRegistry::start();
+    let v2 = e.good(2);
+    reg.put("apps/tiny", "2", &artifact(&v2, |_| {}));
+    reg.state.lock().unwrap().basic = Some(base64::engine::general_purpose::STANDARD.encode("pull-bot:s3cret pass"));
+    let r = reg.reference("apps/tiny:2");
+    expect_fail(&e.pull("a", &r, &["--install"]), 18, "fetching the manifest");
+    let auth = e.root.join("registry-auth");
+    std::fs::write(&auth, "# the site registry's pull account\nbasic pull-bot s3cret pass\n").unwrap();
+    std::fs::set_permissions(&auth, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(e.root.join("wrong-auth"), "basic pull-bot guess\n").unwrap();
+    std::fs::set_permissions(e.root.join("wrong-auth"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let err = expect_fail(&e.pull("a", &r, &["--install", "--auth-file", &e.p("wrong-auth")]), 18, "fetching the manifest");
+    assert!(!err.contains("guess"), "the password never appears: {err}");
+    let j = json_ok(&e.pull("a", &r, &["--install", "--json", "--auth-file", auth.to_str().unwrap()]));
+    assert_eq!(j["version"], 2);
+}
+
 #[test]
 fn pull_needs_a_target_and_plain_http_only_on_loopback() {
     let e = Env::new();
@@ -522,6 +562,11 @@ struct RealRegistry {
 
 impl RealRegistry {
     fn start() -> Option<RealRegistry> {
+        RealRegistry::start_with("")
+    }
+
+    /// With `http_extra` added to the config's `http:` section (TLS).
+    fn start_with(http_extra: &str) -> Option<RealRegistry> {
         let bin = ["/usr/bin/docker-registry", "/usr/sbin/docker-registry"].into_iter().find(|p| Path::new(p).exists());
         let Some(bin) = bin else {
             assert!(std::env::var_os("APPLIANCED_SLOW_TESTS").is_none(), "APPLIANCED_SLOW_TESTS is set but docker-registry is not installed (scripts/setup-test-env.sh installs it)");
@@ -532,7 +577,7 @@ impl RealRegistry {
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let host = format!("127.0.0.1:{port}");
         let cfg = dir.path().join("config.yml");
-        std::fs::write(&cfg, format!("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {host}\n", dir.path().join("data").display())).unwrap();
+        std::fs::write(&cfg, format!("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {host}\n{http_extra}", dir.path().join("data").display())).unwrap();
         let child = Command::new(bin).args(["serve", cfg.to_str().unwrap()]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
         let until = Instant::now() + Duration::from_secs(20);
         while TcpStream::connect(&host).is_err() {
@@ -591,6 +636,40 @@ fn push_then_pull_from_a_real_registry() {
     assert!(j["probe"].is_null() && j["activated"] == false, "{j}");
     // A registry that is up but holds nothing under that name.
     expect_fail(&e.pull("a", &format!("{}/apps/none:1", reg.host), &["--install"]), 15, "unknown");
+}
+
+/// A site CA (`openssl`), a registry serving HTTPS with a certificate it issued: pull and push
+/// succeed with `--ca-file`, and are refused without it (the system roots do not know the CA).
+#[test]
+fn tls_with_a_site_ca() {
+    let Ok(o) = Command::new("openssl").arg("version").output() else {
+        assert!(std::env::var_os("APPLIANCED_SLOW_TESTS").is_none(), "APPLIANCED_SLOW_TESTS is set but openssl is not installed");
+        eprintln!("skipped: no openssl");
+        return;
+    };
+    assert!(o.status.success());
+    let pki = tempfile::tempdir().unwrap();
+    let d = |f: &str| pki.path().join(f).to_string_lossy().into_owned();
+    let sh = |args: &[&str]| {
+        let o = Command::new("openssl").args(args).output().unwrap();
+        assert!(o.status.success(), "openssl {args:?}: {}", stderr(&o));
+    };
+    std::fs::write(d("srv.ext"), "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\nbasicConstraints=critical,CA:FALSE\n").unwrap();
+    sh(&["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", &d("ca.key"), "-out", &d("ca.pem"), "-days", "2", "-subj", "/CN=applianced test site CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+    sh(&["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", &d("srv.key"), "-out", &d("srv.csr"), "-subj", "/CN=127.0.0.1"]);
+    sh(&["x509", "-req", "-in", &d("srv.csr"), "-CA", &d("ca.pem"), "-CAkey", &d("ca.key"), "-CAcreateserial", "-out", &d("srv.pem"), "-days", "2", "-extfile", &d("srv.ext")]);
+    let Some(reg) = RealRegistry::start_with(&format!("  tls:\n    certificate: {}\n    key: {}\n", d("srv.pem"), d("srv.key"))) else { return };
+    let e = Env::new();
+    let v1 = e.good(1);
+    let r = format!("{}/site/tiny:1", reg.host);
+    let o = Command::new(BIN).args(["bundle", "push", v1.to_str().unwrap(), &r, "--ca-file", &d("ca.pem"), "--json", "--trust", &e.p("keys/dev.pub"), "--config", &e.p("config.toml")]).output().unwrap();
+    json_ok(&o);
+    let j = json_ok(&e.on("a", &["pull", &r, "--install", "--json", "--ca-file", &d("ca.pem")]));
+    assert_eq!(j["version"], 1);
+    let err = expect_fail(&e.on("b", &["pull", &r, "--install"]), 18, "fetching the manifest");
+    assert!(err.contains("certificate"), "{err}");
+    expect_fail(&e.on("b", &["pull", &r, "--install", "--plain-http"]), 18, "fetching the manifest");
 }
 
 /// The issue's fleet: 20 boxes, each with its own store, state, audit log and running server,
@@ -731,4 +810,22 @@ else:
     let j = json_ok(&e.pull("a", &format!("{}/oras/tiny:2", reg.host), &["--install", "--json"]));
     assert_eq!(j["version"], 2);
     assert_eq!(j["downloaded"], std::fs::metadata(&v2).unwrap().len());
+}
+
+/// `bundle gc` removes the resume files of pulls that nobody continued for a week, not newer ones.
+#[test]
+fn gc_removes_week_old_resume_files() {
+    let e = Env::new();
+    box_with_v1(&e, "a");
+    let dir = e.root.join("box-a/pull");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (old, new) = (dir.join(format!("{}.partial", "a".repeat(64))), dir.join(format!("{}.partial", "b".repeat(64))));
+    std::fs::write(&old, b"stale").unwrap();
+    std::fs::write(&new, b"recent").unwrap();
+    let week_ago = std::time::SystemTime::now() - Duration::from_secs(8 * 86_400);
+    std::fs::File::options().write(true).open(&old).unwrap().set_modified(week_ago).unwrap();
+    let j = json_ok(&e.on("a", &["gc", "--json"]));
+    assert_eq!(j["leftovers_removed"], 1, "{j}");
+    assert!(!old.exists() && new.exists());
+    assert_eq!(e.active("a"), Some(1));
 }

@@ -535,15 +535,25 @@ impl Store {
         Ok(report)
     }
 
-    /// Remove `.damaged-*` and `.gc-*` directories and `.tmp-*` ones older than an hour.
+    /// Remove `.damaged-*` and `.gc-*` directories, `.tmp-*` ones older than an hour, and resume
+    /// files of `bundle pull` ([`Store::resume_dir`]) untouched for a week.
     fn remove_leftovers(&self) -> usize {
         self.clean_stale_temps();
-        let Ok(rd) = std::fs::read_dir(self.root()) else { return 0 };
         let mut n = 0;
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if (name.starts_with(".damaged-") || name.starts_with(".gc-")) && std::fs::remove_dir_all(e.path()).is_ok() {
-                n += 1;
+        if let Ok(rd) = std::fs::read_dir(self.root()) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if (name.starts_with(".damaged-") || name.starts_with(".gc-")) && std::fs::remove_dir_all(e.path()).is_ok() {
+                    n += 1;
+                }
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir(self.resume_dir()) {
+            for e in rd.flatten() {
+                let week_old = e.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok()).is_some_and(|d| d.as_secs() > 7 * 86_400);
+                if e.file_name().to_string_lossy().ends_with(".partial") && week_old && std::fs::remove_file(e.path()).is_ok() {
+                    n += 1;
+                }
             }
         }
         n

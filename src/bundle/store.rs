@@ -54,6 +54,16 @@ impl Store {
         &self.root
     }
 
+    /// Where `bundle pull` keeps the bytes of an interrupted download (FORMAT.md §12.6): `pull/`
+    /// beside the store, so that nothing but verified entries is ever below the store itself
+    /// (`<store>/.pull` for a store without a parent directory).
+    pub fn resume_dir(&self) -> PathBuf {
+        match self.root.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.join("pull"),
+            _ => self.root.join(".pull"),
+        }
+    }
+
     /// `<store>/<hex of identity>` (whether or not it exists).
     pub fn entry_dir(&self, identity: &str) -> PathBuf {
         self.root.join(identity.trim_start_matches("sha256:"))

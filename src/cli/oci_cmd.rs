@@ -312,7 +312,7 @@ pub struct PullArgs {
 /// checked before the layer is requested, and the layer is verified while it streams
 /// (FORMAT.md §12.6). With --activate, a health probe decides whether to switch.
 pub fn pull(a: PullArgs) -> Result<(), CliError> {
-    use crate::oci::registry::{pull_bundle, resume_dir, PullTarget};
+    use crate::oci::registry::{pull_bundle, PullTarget};
     let started = std::time::Instant::now();
     if !a.install && !a.activate && a.out.is_none() {
         return Err(CliError::Usage("say what to do with the bundle: --install, --activate (install, probe, switch) or --out FILE".into()));
@@ -324,7 +324,7 @@ pub fn pull(a: PullArgs) -> Result<(), CliError> {
     opts.state = state.as_ref();
     opts.record_state = false;
     let mut pv = Progress::new("downloading and verifying", a.quiet || a.json);
-    let resume = resume_dir(&r.store);
+    let resume = r.store.resume_dir();
     let target = match &a.out {
         Some(p) => PullTarget::File(p),
         None => PullTarget::Store(&r.store),

@@ -391,15 +391,6 @@ pub struct Pulled {
     pub resumed: u64,
 }
 
-/// The resume directory for a store: `pull/` beside it, so that nothing but verified entries is
-/// ever below the store itself.
-pub fn resume_dir(store: &Store) -> PathBuf {
-    match store.root().parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.join("pull"),
-        _ => store.root().join(".pull"),
-    }
-}
-
 /// `bundle pull` (FORMAT.md §12.6).
 pub fn pull_bundle(reference: &str, ro: &RegistryOptions, target: PullTarget<'_>, resume: &Path, opts: &VerifyOptions<'_>, progress: &mut dyn FnMut(Phase, u64, u64)) -> Result<Pulled, OciError> {
     let (s, _) = Session::open(reference, ro, false)?;
