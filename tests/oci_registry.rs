@@ -829,3 +829,30 @@ fn gc_removes_week_old_resume_files() {
     assert!(!old.exists() && new.exists());
     assert_eq!(e.active("a"), Some(1));
 }
+
+/// The default bundle (`bundles/smollm2-135m.toml`, built by scripts/test.sh) through a real
+/// registry: its recipe's probe ("the capital of France", expecting "Paris") passes on this
+/// machine's kernel path, and the box activates it.
+#[test]
+fn the_default_bundle_passes_its_recipe_probe() {
+    let (Some(bundle), Some(key)) = (std::env::var_os("APPLIANCED_TEST_BUNDLE"), std::env::var_os("APPLIANCED_TEST_BUNDLE_KEY")) else {
+        assert!(std::env::var_os("APPLIANCED_SLOW_TESTS").is_none(), "APPLIANCED_SLOW_TESTS is set but APPLIANCED_TEST_BUNDLE(_KEY) is not");
+        eprintln!("skipped: APPLIANCED_TEST_BUNDLE is not set (scripts/test.sh sets it)");
+        return;
+    };
+    let Some(reg) = RealRegistry::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let p = |rel: &str| dir.path().join(rel).to_string_lossy().into_owned();
+    let key = key.to_string_lossy().into_owned();
+    let r = format!("{}/apps/default:1", reg.host);
+    let o = Command::new(BIN).args(["bundle", "push", bundle.to_str().unwrap(), &r, "--plain-http", "-q", "--trust", &key]).output().unwrap();
+    expect_ok(&o);
+    let o = Command::new(BIN)
+        .args(["bundle", "pull", &r, "--activate", "--plain-http", "--json", "--trust", &key, "--store", &p("store"), "--state", &p("state"), "--audit-log", &p("audit.jsonl")])
+        .output()
+        .unwrap();
+    let j = json_ok(&o);
+    assert_eq!(j["activated"], true, "{j}");
+    assert!(j["probe"]["tokens"].as_u64().unwrap() > 0, "{j}");
+    eprintln!("default bundle: probe loaded in {} ms, answered in {} ms", j["probe"]["load_ms"], j["probe"]["answer_ms"]);
+}

@@ -20,7 +20,8 @@ pub struct TrustArgs {
     pub threshold: usize,
     /// Rollback-state directory: refuse a version lower than the last accepted one for the same
     /// bundle name. Commands that verify, load or activate a bundle record the version they
-    /// accept (atomically); `bundle install`, `bundle import` and `bundle export` only check.
+    /// accept (atomically, `bundle pull --activate` included); `bundle install`, `import`,
+    /// `export`, `push` and `pull` without --activate only check.
     #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
 }

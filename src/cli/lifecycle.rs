@@ -24,7 +24,8 @@ pub struct LifecycleArgs {
     /// path. Default: /etc/applianced/config.toml if it exists. Flags override it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Audit log that records activations, rollbacks and removals. Default: [audit] path of the
+    /// Audit log that records activations, rollbacks, removals and failed health probes of
+    /// `bundle pull --activate`. Default: [audit] path of the
     /// config (/var/log/applianced/audit.jsonl); none when the config disables [audit].
     #[arg(long, value_name = "FILE")]
     pub audit_log: Option<PathBuf>,
