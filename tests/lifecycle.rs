@@ -13,20 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod common;
-use common::{cli as run, request, stderr, stdout, Server, BIN};
-
-/// Exit code and exactly one `error:` line containing `needle`.
-fn expect_fail(o: &Output, code: i32, needle: &str) {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(code), "{err}");
-    assert!(err.starts_with("error: ") && err.contains(needle), "expected {needle:?}: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
-}
-
-fn expect_ok(o: &Output) -> String {
-    assert!(o.status.success(), "exit {:?}: {}{}", o.status.code(), stdout(o), stderr(o));
-    stdout(o)
-}
+use common::{cli as run, expect_fail, expect_ok, request, stdout, Server, BIN};
 
 /// A scratch box: a dev key, tiny bundles, a store, rollback state and an audit log.
 struct Env {

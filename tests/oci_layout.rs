@@ -8,7 +8,6 @@
 //!
 //! Tiny generated bundles (three small members, packed with `pack_dir`) keep it fast.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -21,7 +20,7 @@ use serde_json::{json, Value};
 use sha2::Digest as _;
 
 mod common;
-use common::{stderr, stdout, BIN};
+use common::{expect_fail, expect_ok, json_ok, snapshot, stderr, stdout, BIN};
 
 const ARTIFACT: &str = "application/vnd.applianced.bundle.v1";
 const CONFIG: &str = "application/vnd.applianced.bundle.config.v1+json";
@@ -30,50 +29,6 @@ const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 
 fn sha(b: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(b))
-}
-
-/// Exit code and exactly one `error:` line containing `needle`.
-fn expect_fail(o: &Output, code: i32, needle: &str) -> String {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(code), "expected exit {code} with {needle:?}: {err}");
-    assert!(err.starts_with("error: ") && err.contains(needle), "expected {needle:?}: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
-    err
-}
-
-fn expect_ok(o: &Output) -> String {
-    assert!(o.status.success(), "exit {:?}: {}{}", o.status.code(), stdout(o), stderr(o));
-    stdout(o)
-}
-
-fn json_ok(o: &Output) -> Value {
-    serde_json::from_str(expect_ok(o).trim()).unwrap()
-}
-
-/// Every file, directory and symlink below `dir` with its contents: "byte for byte unchanged".
-fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    fn walk(root: &Path, d: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
-        let Ok(rd) = std::fs::read_dir(d) else { return };
-        for e in rd {
-            let e = e.unwrap();
-            let p = e.path();
-            let rel = p.strip_prefix(root).unwrap().to_path_buf();
-            let ft = e.file_type().unwrap();
-            if ft.is_dir() {
-                out.insert(rel, b"<dir>".to_vec());
-                walk(root, &p, out);
-            } else if ft.is_symlink() {
-                out.insert(rel, format!("<link {}>", std::fs::read_link(&p).unwrap().display()).into_bytes());
-            } else if ft.is_file() {
-                out.insert(rel, std::fs::read(&p).unwrap());
-            } else {
-                out.insert(rel, b"<special>".to_vec());
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(dir, dir, &mut out);
-    out
 }
 
 fn copy_tree(from: &Path, to: &Path) {

@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 use sha2::Digest as _;
 
 mod common;
-use common::{stderr, stdout, Server, BIN};
+use common::{expect_fail, expect_ok, json_ok, snapshot, stderr, stdout, Server, BIN};
 
 const ARTIFACT: &str = "application/vnd.applianced.bundle.v1";
 const CONFIG: &str = "application/vnd.applianced.bundle.config.v1+json";
@@ -38,45 +38,6 @@ const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 
 fn sha(b: &[u8]) -> String {
     format!("sha256:{}", hex::encode(sha2::Sha256::digest(b)))
-}
-
-/// Exit code and exactly one `error:` line containing `needle`.
-fn expect_fail(o: &Output, code: i32, needle: &str) -> String {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(code), "expected exit {code} with {needle:?}: {err}{}", stdout(o));
-    assert!(err.starts_with("error: ") && err.contains(needle), "expected {needle:?}: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
-    err
-}
-
-fn expect_ok(o: &Output) -> String {
-    assert!(o.status.success(), "exit {:?}: {}{}", o.status.code(), stdout(o), stderr(o));
-    stdout(o)
-}
-
-fn json_ok(o: &Output) -> Value {
-    serde_json::from_str(expect_ok(o).trim()).unwrap()
-}
-
-/// Every file and directory below `dir` with its contents.
-fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    fn walk(root: &Path, d: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
-        let Ok(rd) = std::fs::read_dir(d) else { return };
-        for e in rd {
-            let e = e.unwrap();
-            let p = e.path();
-            let rel = p.strip_prefix(root).unwrap().to_path_buf();
-            if e.file_type().unwrap().is_dir() {
-                out.insert(rel, b"<dir>".to_vec());
-                walk(root, &p, out);
-            } else {
-                out.insert(rel, std::fs::read(&p).unwrap());
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(dir, dir, &mut out);
-    out
 }
 
 /// A scratch site: a tiny model, a trusted key (`dev`) and another (`other`), and boxes, each

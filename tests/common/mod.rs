@@ -1,6 +1,7 @@
 //! The end-to-end tests' shared harness: run the `applianced` binary, start `applianced serve` on
 //! a Unix socket and wait for readiness, and call it over HTTP/1.1 (one request per connection).
-//! Used by `server_e2e.rs`, `hardening.rs`, `lifecycle.rs`, `policy_e2e.rs` and `control_e2e.rs`
+//! Used by `server_e2e.rs`, `hardening.rs`, `lifecycle.rs`, `policy_e2e.rs`, `control_e2e.rs`,
+//! `oci_layout.rs` and `oci_registry.rs`
 //! (each test binary compiles this module; a binary uses only part of it).
 #![allow(dead_code)]
 
@@ -17,6 +18,52 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_applianced");
 
 /// How long a request may take to answer (a real model on a loaded 2-core box).
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Exit code `code` and exactly one `error:` line containing `needle`; returns stderr.
+pub fn expect_fail(o: &Output, code: i32, needle: &str) -> String {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(code), "expected exit {code} with {needle:?}: {err}{}", stdout(o));
+    assert!(err.starts_with("error: ") && err.contains(needle), "expected {needle:?}: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    err
+}
+
+/// Success; returns stdout.
+pub fn expect_ok(o: &Output) -> String {
+    assert!(o.status.success(), "exit {:?}: {}{}", o.status.code(), stdout(o), stderr(o));
+    stdout(o)
+}
+
+/// Success with one JSON object on stdout.
+pub fn json_ok(o: &Output) -> Value {
+    serde_json::from_str(expect_ok(o).trim()).unwrap()
+}
+
+/// Every file, directory and symlink below `dir` with its contents: "byte for byte unchanged".
+pub fn snapshot(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    fn walk(root: &Path, d: &Path, out: &mut std::collections::BTreeMap<PathBuf, Vec<u8>>) {
+        let Ok(rd) = std::fs::read_dir(d) else { return };
+        for e in rd {
+            let e = e.unwrap();
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().to_path_buf();
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                out.insert(rel, b"<dir>".to_vec());
+                walk(root, &p, out);
+            } else if ft.is_symlink() {
+                out.insert(rel, format!("<link {}>", std::fs::read_link(&p).unwrap().display()).into_bytes());
+            } else if ft.is_file() {
+                out.insert(rel, std::fs::read(&p).unwrap());
+            } else {
+                out.insert(rel, b"<special>".to_vec());
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
 
 /// Run the binary to completion.
 pub fn cli(args: &[&str]) -> Output {
