@@ -76,6 +76,12 @@ pub struct VerifyOptions<'a> {
 }
 
 impl<'a> VerifyOptions<'a> {
+    /// Options that check against the rollback `state` without recording anything: what
+    /// `bundle install`, `import`, `export`, `push` and `pull` use (only activation accepts).
+    pub fn checking(trust: &'a TrustStore, state: Option<&'a RollbackState>) -> Self {
+        VerifyOptions { state, record_state: false, ..VerifyOptions::new(trust) }
+    }
+
     pub fn new(trust: &'a TrustStore) -> Self {
         VerifyOptions {
             trust,

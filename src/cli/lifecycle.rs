@@ -122,9 +122,7 @@ pub fn install(a: InstallArgs) -> Result<(), CliError> {
     let started = std::time::Instant::now();
     let r = a.common.resolve()?;
     let (ts, state) = r.trust.load()?;
-    let mut opts = VerifyOptions::new(&ts);
-    opts.state = state.as_ref();
-    opts.record_state = false;
+    let opts = VerifyOptions::checking(&ts, state.as_ref());
     let _lock = r.store.lock()?;
     let mut p = Progress::new("verifying and unpacking", a.quiet || a.json);
     let vb = r.store.install(&a.bundle, &opts, &mut |d, t| p.bytes(d, t))?;

@@ -51,9 +51,7 @@ pub fn export(a: ExportArgs) -> Result<(), CliError> {
     }
     let resolved = LifecycleArgs { trust: a.trust.clone(), store: StoreArgs { store: None }, config: a.config.clone(), audit_log: None }.resolve()?;
     let (ts, state) = resolved.trust.load()?;
-    let mut opts = VerifyOptions::new(&ts);
-    opts.state = state.as_ref();
-    opts.record_state = false;
+    let opts = VerifyOptions::checking(&ts, state.as_ref());
     let (mut pc, mut pv) = progress("copying into the layout", "verifying", a.quiet || a.json);
     let out = export_bundle(&a.bundle, &a.dir, a.tag.as_deref(), &opts, &mut |ph, d, t| match ph {
         Phase::Copy => pc.bytes(d, t),
@@ -112,9 +110,7 @@ pub fn import(a: ImportArgs) -> Result<(), CliError> {
     let started = std::time::Instant::now();
     let r = a.common.resolve()?;
     let (ts, state) = r.trust.load()?;
-    let mut opts = VerifyOptions::new(&ts);
-    opts.state = state.as_ref();
-    opts.record_state = false;
+    let opts = VerifyOptions::checking(&ts, state.as_ref());
     let sel = match (a.tag, a.digest) {
         (Some(t), _) => Selector::Tag(t),
         (None, Some(d)) => Selector::Digest(d),
@@ -238,9 +234,7 @@ pub fn push(a: PushArgs) -> Result<(), CliError> {
     let ro = a.registry.options(&a.reference)?;
     let resolved = LifecycleArgs { trust: a.trust.clone(), store: StoreArgs { store: None }, config: a.config.clone(), audit_log: None }.resolve()?;
     let (ts, state) = resolved.trust.load()?;
-    let mut opts = VerifyOptions::new(&ts);
-    opts.state = state.as_ref();
-    opts.record_state = false;
+    let opts = VerifyOptions::checking(&ts, state.as_ref());
     let (mut pc, mut pv) = progress("hashing", "verifying", a.quiet || a.json);
     let out = crate::oci::registry::push_bundle(&a.bundle, &a.reference, &ro, &opts, &mut |ph, d, t| match ph {
         Phase::Copy => pc.bytes(d, t),
@@ -320,9 +314,7 @@ pub fn pull(a: PullArgs) -> Result<(), CliError> {
     let ro = a.registry.options(&a.reference)?;
     let r = a.common.resolve()?;
     let (ts, state) = r.trust.load()?;
-    let mut opts = VerifyOptions::new(&ts);
-    opts.state = state.as_ref();
-    opts.record_state = false;
+    let opts = VerifyOptions::checking(&ts, state.as_ref());
     let mut pv = Progress::new("downloading and verifying", a.quiet || a.json);
     let resume = r.store.resume_dir();
     let target = match &a.out {
