@@ -5,7 +5,7 @@
 //! [`model`] (that layout), [`tokenizer`] (tokenizer and chat templates), [`engine`] (the Llama
 //! forward pass and KV cache) over [`backend`] (one trait, one module per backend), [`sampling`]
 //! (samplers and token masks), [`tokenmask`] (the DFA + token-mask core and its wire codec),
-//! [`schema`] (JSON Schema → token automaton), [`tools`] (tool calling: one grammar per tool set, the call reader), [`policy`] (safety masks, redaction, presets), [`runtime`] (a verified bundle loaded for generation: the one
+//! [`schema`] (JSON Schema → token automaton), [`json`] (strict JSON: no repeated keys), [`tools`] (tool calling: one grammar per tool set, the call reader), [`policy`] (safety masks, redaction, presets), [`runtime`] (a verified bundle loaded for generation: the one
 //! loader, prompt builder and generation step every caller uses), [`server`] (the Unix-socket API), [`audit`] (hash-chained log),
 //! [`cli`] (the `applianced` command line).
 #![deny(unsafe_code)]
@@ -16,6 +16,7 @@ pub mod bundle;
 pub mod cli;
 pub mod engine;
 pub mod import;
+pub mod json;
 pub mod model;
 pub mod oci;
 pub mod policy;

@@ -344,7 +344,9 @@ impl Tokenizer {
         let bad = |m: String| TokenizerError::Convert(m);
         // Malformed JSON is refused here; the tokenizers crate panics on some of it (an
         // `expect` in its decoder deserializer), and any panic left in it is an error too.
-        let doc: Json = serde_json::from_str(text).map_err(|e| bad(format!("not a tokenizer.json: {e}")))?;
+        // A repeated key would let this view and the tokenizers crate's disagree on the document.
+        let doc: Json = crate::json::parse_unique(text.as_bytes()).map_err(|e| bad(format!("not a tokenizer.json: {e}")))?;
+        check_bpe_merges(&doc).map_err(bad)?;
         let parse_special: tokenizers::Tokenizer = std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>())
             .map_err(|_| bad("not a tokenizer.json: the tokenizers library failed on it".into()))?
             .map_err(|e| bad(format!("not a tokenizer.json: {e}")))?;
@@ -511,6 +513,36 @@ fn sp_byte_token(name: &str) -> Option<u8> {
         return None;
     }
     u8::from_str_radix(hex, 16).ok()
+}
+
+/// The BPE model's merges against its `continuing_subword_prefix`: the tokenizers crate slices the
+/// prefix's length off each merge's second part (and panics where that part is shorter or the cut
+/// falls inside a character), so such a merge is refused here first.
+fn check_bpe_merges(doc: &Json) -> Result<(), String> {
+    let model = &doc["model"];
+    let Some(prefix) = model["continuing_subword_prefix"].as_str() else { return Ok(()) };
+    if model["type"].as_str().is_some_and(|t| t != "BPE") || prefix.is_empty() {
+        return Ok(());
+    }
+    let Some(merges) = model["merges"].as_array() else { return Ok(()) };
+    for (i, m) in merges.iter().enumerate() {
+        let second = match m {
+            Json::String(line) => line.split(' ').nth(1),
+            Json::Array(pair) => pair.get(1).and_then(Json::as_str),
+            _ => None,
+        };
+        if let Some(b) = second {
+            if b.get(prefix.len()..).is_none() {
+                let shown: String = b.chars().take(32).collect();
+                return Err(format!(
+                    "not a tokenizer.json: merge {}: its second part {shown:?} does not start with the {}-byte continuing_subword_prefix",
+                    i + 1,
+                    prefix.len()
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn detect_spelling(doc: &Json) -> Spelling {
@@ -719,6 +751,28 @@ pub(crate) mod tests {
         assert_eq!(t.token_bytes(2 + b'a' as u32), b"a");
         assert!(t.is_special(1));
         assert_eq!(t.special_ids(), &[0, 1]);
+    }
+
+    /// The fuzzer's find: a merge whose second part is shorter than the continuing_subword_prefix
+    /// panicked inside the tokenizers crate (an abort under the fuzzer, where `catch_unwind` cannot
+    /// help); it is refused before the crate sees it. A repeated key is refused as well.
+    #[test]
+    fn hostile_merges_and_repeated_keys_are_refused_before_the_tokenizers_crate() {
+        let doc = |merges: &str, prefix: &str| {
+            format!(
+                r###"{{"version":"1.0","model":{{"type":"BPE","continuing_subword_prefix":{prefix},"vocab":{{"a":0,"b":1,"##b":2,"a##b":3,"ab":4}},"merges":{merges}}}}}"###
+            )
+        };
+        for merges in [r#"["a b"]"#, r#"[["a","b"]]"#, r#"[["a","xé"]]"#] {
+            let e = Tokenizer::from_json(&doc(merges, r###""##""###)).unwrap_err().to_string();
+            assert!(e.contains("continuing_subword_prefix") && e.contains("merge 1"), "{merges}: {e}");
+        }
+        // The well-formed document loads.
+        Tokenizer::from_json(&doc(r###"["a ##b"]"###, r###""##""###)).unwrap();
+        // The same key twice: serde_json and the tokenizers crate could each keep a different one.
+        let twice = doc(r###"["a ##b"]"###, r###""##","continuing_subword_prefix":null"###);
+        let e = Tokenizer::from_json(&twice).unwrap_err().to_string();
+        assert!(e.contains("duplicate key \"continuing_subword_prefix\""), "{e}");
     }
 
     /// A byte-level BPE with overlapping merges, equal-looking pairs at several ranks, digits,
