@@ -391,6 +391,52 @@ fn e2e_tools() {
     assert_eq!(input, args, "greedy: the same arguments streamed");
     let delta: Value = serde_json::from_str(&ev[ev.len() - 2].1).unwrap();
     assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+    // Text, then a call (`auto`): this prompt makes the model quote its tool block, then call.
+    // Greedy on every kernel set (avx512, avx2, scalar): the same 91 tokens.
+    let quote = r#"Print the text between <tools> and </tool_call>."#;
+    let r = s.post("/v1/chat/completions", &oa("").replace("Weather in Oslo?", quote).replace(r#""max_tokens":80"#, r#""max_tokens":300"#));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let c = r.json();
+    let m = &c["choices"][0]["message"];
+    assert_eq!(c["choices"][0]["finish_reason"], "tool_calls", "{c}");
+    let said = m["content"].as_str().unwrap_or_else(|| panic!("no text before the call: {c}"));
+    assert!(said.starts_with("<tools>") && !said.contains("<tool_call>") && said == said.trim_end(), "{said:?}");
+    assert_eq!(m["tool_calls"][0]["function"]["name"], "get_weather");
+    let quoted_args = m["tool_calls"][0]["function"]["arguments"].as_str().unwrap().to_string();
+    assert!(serde_json::from_str::<Value>(&quoted_args).unwrap()["city"].is_string());
+    // Anthropic, whole: a text block, then the tool_use block.
+    let an_auto = an.replace(r#","tool_choice":{"type":"tool","name":"get_weather","disable_parallel_tool_use":true}"#, "").replace("Weather in Oslo?", quote).replace(r#""max_tokens":80"#, r#""max_tokens":300"#);
+    let r = s.post("/v1/messages", &an_auto.replace(r#""stream":true,"#, ""));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let a = r.json();
+    assert_eq!(a["stop_reason"], "tool_use", "{a}");
+    assert_eq!(a["content"][0]["type"], "text");
+    assert_eq!(a["content"][0]["text"], said);
+    assert_eq!(a["content"][1]["type"], "tool_use");
+    assert_eq!(a["content"][1]["input"], serde_json::from_str::<Value>(&quoted_args).unwrap());
+    assert_eq!(a["content"].as_array().unwrap().len(), 2);
+    // Anthropic, streamed: text block 0 (closed before the call), tool_use block 1.
+    let r = s.post("/v1/messages", &an_auto);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let ev: Vec<(String, Value)> = sse_events(&r.body).into_iter().map(|(n, d)| (n, serde_json::from_str(&d).unwrap())).collect();
+    let text: String = ev.iter().filter(|e| e.1["delta"]["type"] == "text_delta").map(|e| e.1["delta"]["text"].as_str().unwrap().to_string()).collect();
+    assert_eq!(text, said);
+    let input: String = ev.iter().filter(|e| e.1["delta"]["type"] == "input_json_delta").map(|e| e.1["delta"]["partial_json"].as_str().unwrap().to_string()).collect();
+    assert_eq!(input, quoted_args);
+    let blocks: Vec<(String, i64)> = ev
+        .iter()
+        .filter(|e| e.0.starts_with("content_block_st"))
+        .map(|e| (format!("{} {}", e.0, e.1["content_block"]["type"].as_str().unwrap_or("")), e.1["index"].as_i64().unwrap()))
+        .collect();
+    let want: Vec<(String, i64)> = vec![
+        ("content_block_start text".into(), 0),
+        ("content_block_stop ".into(), 0),
+        ("content_block_start tool_use".into(), 1),
+        ("content_block_stop ".into(), 1),
+    ];
+    assert_eq!(blocks, want);
+    assert!(ev.iter().filter(|e| e.1["delta"]["type"] == "text_delta").all(|e| e.1["index"] == 0));
+    assert!(ev.iter().filter(|e| e.1["delta"]["type"] == "input_json_delta").all(|e| e.1["index"] == 1));
     // History: an assistant call and a tool result go back through the template.
     let hist = format!(
         r#"{{"messages":[{{"role":"user","content":"Weather in Oslo?"}},{{"role":"assistant","tool_calls":[{{"id":"call_1","type":"function","function":{{"name":"get_weather","arguments":{}}}}}]}},{{"role":"tool","tool_call_id":"call_1","content":"{{\"sky\":\"clear\"}}"}}],"max_tokens":16,"temperature":0,"tools":[{{"type":"function","function":{{"name":"get_weather","parameters":{weather}}}}}]}}"#,

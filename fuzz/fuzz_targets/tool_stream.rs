@@ -38,7 +38,10 @@ fuzz_target!(|data: &[u8]| {
         }
         match outcome {
             Outcome::Text(t) => assert_eq!(t, said),
-            Outcome::Calls(calls) => assert_eq!(calls.iter().map(|c| c.arguments.clone()).collect::<Vec<_>>(), args),
+            Outcome::Calls { text, calls } => {
+                assert_eq!(text, said);
+                assert_eq!(calls.iter().map(|c| c.arguments.clone()).collect::<Vec<_>>(), args)
+            }
             Outcome::Incomplete => {}
         }
     }

@@ -159,8 +159,10 @@ pub struct CompileOptions {
 
 /// Literal text around a schema's documents, for tool calls (`crate::tools`): the compiled
 /// language is `prefix DOC suffix`, then, with `repeat`, any number of `separator prefix DOC
-/// suffix`; with `free_text`, also every text that does not start with `prefix` (a plain answer
-/// instead of a call; the empty text included; UTF-8 only).
+/// suffix`; with `free_text`, also any UTF-8 text in which `prefix` does not occur (a plain
+/// answer, the empty text included), alone or followed by the calls (text, then calls: the
+/// prefix's first occurrence starts them, so once it is written the call is held to the end).
+/// `free_text` needs an ASCII `prefix`.
 /// The `uniqueItems` check of [`Matcher`] reads the output as one JSON document: a schema that
 /// needs it is refused under a frame.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
@@ -250,20 +252,9 @@ pub struct CompiledSchema {
     unc: Vec<Vec<u32>>,
 }
 
-/// Edges from `from` to `to` spelling one UTF-8 character (RFC 3629: no overlong forms, no
-/// surrogates), except the ASCII byte `except`.
-fn utf8_chars(n: &mut automata::Nfa, from: u32, to: u32, except: Option<u8>) {
-    match except {
-        Some(x) if x < 0x80 => {
-            if x > 0 {
-                n.range(from, 0, x - 1, to);
-            }
-            if x < 0x7F {
-                n.range(from, x + 1, 0x7F, to);
-            }
-        }
-        _ => n.range(from, 0, 0x7F, to),
-    }
+/// Edges from `from` to `to` spelling one UTF-8 character of two to four bytes (RFC 3629: no
+/// overlong forms, no surrogates).
+fn utf8_multibyte(n: &mut automata::Nfa, from: u32, to: u32) {
     // (lead range, then the range of each continuation byte)
     let seqs: [(u8, u8, &[(u8, u8)]); 8] = [
         (0xC2, 0xDF, &[(0x80, 0xBF)]),
@@ -302,21 +293,48 @@ fn framed(doc: &Dfa, f: &Frame, cap: usize) -> Result<Dfa, SchemaError> {
         again.extend_from_slice(prefix);
         n.lit_to(after_call, &again, before_doc);
     }
-    // A plain answer: any UTF-8 text that leaves the prefix before its end.
+    // Free text: any UTF-8 text in which the prefix does not occur, then either the end or the
+    // calls (the prefix's first occurrence starts them). A matcher over the prefix (KMP): state
+    // `i` has matched its first `i` bytes; the prefix is ASCII, so any other character resets.
     if f.free_text && !prefix.is_empty() {
-        let free = n.state();
-        utf8_chars(&mut n, free, free, None);
-        n.eps(free, accept);
-        let mut t = n.state();
-        n.eps(start, t);
-        for (i, &b) in prefix.iter().enumerate() {
-            n.eps(t, accept);
-            utf8_chars(&mut n, t, free, Some(b));
-            if i + 1 < prefix.len() {
-                let next = n.state();
-                n.byte(t, b, next);
-                t = next;
+        if !prefix.is_ascii() {
+            return Err(SchemaError::Invalid { keyword: "frame".into(), pointer: String::new(), reason: "a frame with free text needs an ASCII prefix".into() });
+        }
+        let m = prefix.len();
+        let mut fail = vec![0usize; m];
+        for i in 1..m {
+            let mut k = fail[i - 1];
+            while k > 0 && prefix[i] != prefix[k] {
+                k = fail[k - 1];
             }
+            fail[i] = if prefix[i] == prefix[k] { k + 1 } else { 0 };
+        }
+        let next = |mut i: usize, b: u8| {
+            while i > 0 && prefix[i] != b {
+                i = fail[i - 1];
+            }
+            if prefix[i] == b { i + 1 } else { 0 }
+        };
+        let t: Vec<u32> = (0..m).map(|_| n.state()).collect();
+        n.eps(start, t[0]);
+        for i in 0..m {
+            n.eps(t[i], accept);
+            // ASCII bytes, in runs with one target each.
+            let target = |b: u8| match next(i, b) {
+                j if j == m => before_doc,
+                j => t[j],
+            };
+            let mut lo = 0u8;
+            while lo < 0x80 {
+                let to = target(lo);
+                let mut hi = lo;
+                while hi < 0x7F && target(hi + 1) == to {
+                    hi += 1;
+                }
+                n.range(t[i], lo, hi, to);
+                lo = hi + 1;
+            }
+            utf8_multibyte(&mut n, t[i], t[0]);
         }
     }
     n.determinize(start, accept, cap).map_err(|o| SchemaError::TooLarge { pointer: String::new(), what: "states (tool-call frame)".into(), limit: o.states.max(cap) })

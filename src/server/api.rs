@@ -969,12 +969,17 @@ pub(crate) fn call_input(arguments: &str) -> Result<Value, ApiError> {
     serde_json::from_str(arguments).map_err(|e| ApiError::new(500, format!("tool call arguments could not be read: {e}")))
 }
 
-/// The body of a whole answer that is tool calls: OpenAI `tool_calls` with `finish_reason:
-/// "tool_calls"`, Anthropic `tool_use` blocks with `stop_reason: "tool_use"`.
-pub(crate) fn tool_calls_body(flavor: Flavor, id: &str, model: &str, fingerprint: &str, calls: &[(String, tools::Call)], f: &Finish, n: usize) -> Result<Value, ApiError> {
+/// The body of a whole answer that is tool calls (after `text`, when the model said something
+/// first): OpenAI `tool_calls` with `finish_reason: "tool_calls"` and the text as `content`,
+/// Anthropic a text block, then `tool_use` blocks, with `stop_reason: "tool_use"`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tool_calls_body(flavor: Flavor, id: &str, model: &str, fingerprint: &str, text: &str, calls: &[(String, tools::Call)], f: &Finish, n: usize) -> Result<Value, ApiError> {
     Ok(match flavor {
         Flavor::Anthropic => {
             let mut content = Vec::new();
+            if !text.is_empty() {
+                content.push(json!({"type": "text", "text": text}));
+            }
             for (cid, c) in calls {
                 content.push(json!({"type": "tool_use", "id": cid, "name": c.name, "input": call_input(&c.arguments)?}));
             }
@@ -989,7 +994,7 @@ pub(crate) fn tool_calls_body(flavor: Flavor, id: &str, model: &str, fingerprint
             json!({
                 "id": id, "object": "chat.completion", "created": unix_now(), "model": model,
                 "system_fingerprint": fingerprint,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": Value::Null, "refusal": Value::Null, "tool_calls": tc}, "logprobs": Value::Null, "finish_reason": "tool_calls"}],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": if text.is_empty() { Value::Null } else { json!(text) }, "refusal": Value::Null, "tool_calls": tc}, "logprobs": Value::Null, "finish_reason": "tool_calls"}],
                 "usage": {"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens,
                           "prompt_tokens_details": {"cached_tokens": f.cached_tokens}},
             })

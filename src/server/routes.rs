@@ -484,11 +484,11 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     let outcome = tool_mode.map(|calls_only| crate::tools::parse(&text, calls_only));
     let mut body = None;
     match &outcome {
-        Some(crate::tools::Outcome::Calls(calls)) => {
+        Some(crate::tools::Outcome::Calls { text: said, calls }) => {
             rec.stop_reason = Some("tool_use");
             rec.set_tool_calls(calls);
             let with_ids: Vec<(String, crate::tools::Call)> = calls.iter().map(|c| (api::call_id(flavor), c.clone())).collect();
-            match api::tool_calls_body(flavor, &rec.id, &model, &state.bundle.identity, &with_ids, &f, n) {
+            match api::tool_calls_body(flavor, &rec.id, &model, &state.bundle.identity, said, &with_ids, &f, n) {
                 Ok(b) => body = Some(b),
                 Err(e) => return rec.fail(flavor, e),
             }

@@ -46,6 +46,8 @@ struct ToolStream {
     text_open: bool,
     /// Anthropic: a tool_use block is open (its index).
     call_open: Option<usize>,
+    /// Anthropic: the index of call 0's block (1 when a text block came first).
+    first_call_block: usize,
     /// Anthropic: any content block was opened.
     any_block: bool,
 }
@@ -85,6 +87,7 @@ impl Streamer {
                 ids: Vec::new(),
                 text_open: false,
                 call_open: None,
+                first_call_block: 0,
                 any_block: false,
             }),
             _guard: guard,
@@ -206,6 +209,13 @@ impl Streamer {
                 (Flavor::Anthropic, Piece::CallStart { index, name }) => {
                     let id = api::call_id(Flavor::Anthropic);
                     ts.ids.push(id.clone());
+                    // Text came first: its block (index 0) closes, the calls' blocks follow it.
+                    if ts.text_open {
+                        ts.text_open = false;
+                        ts.first_call_block = 1;
+                        self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_STOP));
+                    }
+                    let index = index + ts.first_call_block;
                     ts.call_open = Some(index);
                     ts.any_block = true;
                     self.event(
@@ -214,9 +224,11 @@ impl Streamer {
                     );
                 }
                 (Flavor::Anthropic, Piece::Args { index, text }) => {
+                    let index = index + ts.first_call_block;
                     self.event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": text}}));
                 }
                 (Flavor::Anthropic, Piece::CallEnd { index }) => {
+                    let index = index + ts.first_call_block;
                     ts.call_open = None;
                     self.event("content_block_stop", json!({"type": "content_block_stop", "index": index}));
                 }
@@ -235,7 +247,7 @@ impl Streamer {
         if let Some(ts) = self.tools.as_mut() {
             let (pieces, outcome) = ts.parser.finish();
             self.tool_pieces(pieces);
-            if let crate::tools::Outcome::Calls(c) = outcome {
+            if let crate::tools::Outcome::Calls { calls: c, .. } = outcome {
                 calls = true;
                 self.rec.stop_reason = Some("tool_use");
                 self.rec.set_tool_calls(&c);

@@ -18,8 +18,10 @@
 //! tools, each tool's schema its own resource so its `$ref`s resolve inside it). Keys come in
 //! that order (the compiler keeps schema order), so the name is known before the arguments
 //! start and the arguments stream as they are generated. With `auto` the automaton also admits
-//! any text that does not start with `<tool_call>`: the model answers or calls, and once the
-//! marker is complete the call is held to the grammar up to its end. With `required`/`any` or a
+//! any text in which `<tool_call>` does not occur: the model answers or calls, and once the
+//! marker is complete the call is held to the grammar up to its end. Text may come first (the
+//! model says what it is about to do, then calls), but the marker cannot occur in text that is
+//! not followed by a call. With `required`/`any` or a
 //! named tool the grammar holds from the first token. `none` declares no tools to the model.
 //!
 //! **Reading the output.** [`StreamParser`] turns the text into [`Piece`]s: text, a call's
@@ -291,16 +293,16 @@ pub enum Piece {
 pub enum Outcome {
     /// A plain answer.
     Text(String),
-    /// Complete calls (every one closed, nothing after the last).
-    Calls(Vec<Call>),
+    /// Complete calls (every one closed, nothing after the last), after `text` (empty when
+    /// the answer starts with the call; told without its trailing whitespace).
+    Calls { text: String, calls: Vec<Call> },
     /// The output stopped inside a call (`max_tokens`, a stop sequence): no call is presented.
     Incomplete,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// `auto`: the output so far is a prefix of the call marker.
-    Undecided,
+    /// `auto`: text, until the call marker occurs.
     Text,
     /// Expecting a call's opening marker.
     Open,
@@ -334,7 +336,7 @@ impl StreamParser {
     /// `calls_only`: the grammar holds from the first token (`required`, `any`, a named tool).
     pub fn new(calls_only: bool) -> StreamParser {
         StreamParser {
-            phase: if calls_only { Phase::Open } else { Phase::Undecided },
+            phase: if calls_only { Phase::Open } else { Phase::Text },
             pending: String::new(),
             calls: Vec::new(),
             text: String::new(),
@@ -344,9 +346,9 @@ impl StreamParser {
         }
     }
 
-    /// Whether the output has turned out to be calls.
+    /// Whether the output has turned out to be calls (after any text).
     pub fn is_calls(&self) -> bool {
-        !matches!(self.phase, Phase::Undecided | Phase::Text)
+        self.phase != Phase::Text
     }
 
     /// Feeds generated text; returns what can be told from it now.
@@ -365,16 +367,25 @@ impl StreamParser {
     fn step(&mut self, out: &mut Vec<Piece>) {
         let p = &self.pending;
         match self.phase {
-            Phase::Undecided => {
-                if p.starts_with(CALL_OPEN) {
-                    self.phase = Phase::Open;
-                } else if !CALL_OPEN.starts_with(p.as_str()) {
-                    self.phase = Phase::Text;
-                }
-            }
             Phase::Text => {
-                if !p.is_empty() {
-                    let t = std::mem::take(&mut self.pending);
+                // Text is told as it comes, except what may still turn out to precede a call:
+                // a tail that could begin the marker, and the whitespace before it (text before
+                // a call is presented without its trailing whitespace).
+                if let Some(k) = p.find(CALL_OPEN) {
+                    let t = p[..k].trim_end().to_string();
+                    self.pending.drain(..k);
+                    if !t.is_empty() {
+                        self.text.push_str(&t);
+                        out.push(Piece::Text(t));
+                    }
+                    self.phase = Phase::Open;
+                    return;
+                }
+                // The marker is ASCII: a tail equal to its beginning starts on a char boundary.
+                let hold = (1..CALL_OPEN.len().min(p.len() + 1)).rev().find(|&n| p.ends_with(&CALL_OPEN[..n])).unwrap_or(0);
+                let keep = p[..p.len() - hold].trim_end().len();
+                if keep > 0 {
+                    let t: String = self.pending.drain(..keep).collect();
                     self.text.push_str(&t);
                     out.push(Piece::Text(t));
                 }
@@ -467,13 +478,14 @@ impl StreamParser {
     /// The end of the output: held-back text is released (as pieces), and the whole outcome.
     pub fn finish(&mut self) -> (Vec<Piece>, Outcome) {
         let mut out = Vec::new();
-        if self.phase == Phase::Undecided {
-            self.phase = Phase::Text;
-            self.step(&mut out);
+        if self.phase == Phase::Text && !self.pending.is_empty() {
+            let t = std::mem::take(&mut self.pending);
+            self.text.push_str(&t);
+            out.push(Piece::Text(t));
         }
         let outcome = match self.phase {
             Phase::Text => Outcome::Text(self.text.clone()),
-            Phase::Between if self.pending.is_empty() && !self.calls.is_empty() => Outcome::Calls(self.calls.clone()),
+            Phase::Between if self.pending.is_empty() && !self.calls.is_empty() => Outcome::Calls { text: self.text.clone(), calls: self.calls.clone() },
             _ => Outcome::Incomplete,
         };
         (out, outcome)

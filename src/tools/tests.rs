@@ -111,8 +111,10 @@ fn stream_agrees(text: &str, calls_only: bool, rng: &mut Rng) -> Outcome {
     assert_eq!(outcome, whole, "{text:?}");
     match &outcome {
         Outcome::Text(t) => assert_eq!(&texts, t),
-        Outcome::Calls(calls) => {
-            assert!(texts.is_empty());
+        Outcome::Calls { text: t, calls } => {
+            assert_eq!(&texts, t, "the text before the calls");
+            assert_eq!(t.trim_end(), t);
+            assert!(!t.contains(CALL_OPEN));
             assert_eq!(calls.iter().map(|c| c.name.clone()).collect::<Vec<_>>(), names);
             assert_eq!(calls.iter().map(|c| c.arguments.clone()).collect::<Vec<_>>(), args);
         }
@@ -167,13 +169,14 @@ fn calls_are_valid_by_construction_in_every_mode() {
         for _ in 0..60 {
             let Some(text) = draw(&c, eos, &mut rng, 160) else { continue };
             match stream_agrees(&text, calls_only, &mut rng) {
-                Outcome::Calls(calls) => {
+                Outcome::Calls { text: t, calls } => {
+                    assert!(!calls_only || t.is_empty(), "{choice:?}: text {t:?} before a call");
                     n_calls += 1;
                     check_calls(&spec, &calls, &vocab, &mut alone);
                 }
                 Outcome::Text(t) => {
                     assert!(!calls_only, "{choice:?}: a text answer {t:?}");
-                    assert!(!t.starts_with(CALL_OPEN));
+                    assert!(!t.contains(CALL_OPEN));
                     n_text += 1;
                 }
                 Outcome::Incomplete => panic!("{choice:?}: an accepted output {text:?} reads as incomplete"),
@@ -209,6 +212,14 @@ fn frame_accepts_exactly_its_language() {
     assert!(!accepts("<tool_call>\n{\"name\": \"rm_rf\", \"arguments\": {}}\n</tool_call>"));
     assert!(!accepts("<tool_call>\n{\"name\": \"lookup_record\", \"arguments\": {\"id\": 1000}}\n</tool_call>"));
     assert!(!accepts(&format!("{call}\ntrailing text")));
+    // Text, then calls; the marker never inside text that no call follows.
+    assert!(accepts(&format!("Let me look that up.\n{call}")));
+    assert!(accepts(&format!("Checking <tool_ca two <<tool_call>\n{{\"name\": \"lookup_record\", \"arguments\": {{\"id\": 7}}}}\n</tool_call>")));
+    assert!(accepts(&format!("é€😀 {call}\n{call}")));
+    assert!(accepts("I would use <tool_call> here"), "the marker needs its newline");
+    assert!(!accepts("Sure.\n<tool_call>\nhello"));
+    assert!(!accepts("Sure.\n<tool_call>\n"));
+    assert!(!accepts(&format!("Sure. {call} and more")));
     // Without `repeat`, one call only; without free text, no plain answer.
     let one = ToolSpec::new(vec![weather()], Choice::Required, false).unwrap();
     let c = compile(&one, &vocab).unwrap();
@@ -258,7 +269,10 @@ fn the_parser_reads_text_calls_and_cut_calls() {
     let two = format!("{}\n{}", call("a", "{\"x\": [1, {\"y\": \"}\\\"\"}]}"), call("b", "{}"));
     assert_eq!(
         parse(&two, true),
-        Outcome::Calls(vec![Call { name: "a".into(), arguments: "{\"x\": [1, {\"y\": \"}\\\"\"}]}".into() }, Call { name: "b".into(), arguments: "{}".into() }])
+        Outcome::Calls {
+            text: String::new(),
+            calls: vec![Call { name: "a".into(), arguments: "{\"x\": [1, {\"y\": \"}\\\"\"}]}".into() }, Call { name: "b".into(), arguments: "{}".into() }]
+        }
     );
     assert_eq!(parse(&two[..two.len() - 3], true), Outcome::Incomplete);
     assert_eq!(parse("<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\"", true), Outcome::Incomplete);
@@ -267,6 +281,28 @@ fn the_parser_reads_text_calls_and_cut_calls() {
         stream_agrees(&two, true, &mut rng);
         stream_agrees(&two, false, &mut rng);
     }
+    // Text, then a call: the text without its trailing whitespace, the call whole.
+    let said = format!("Let me look <that> up. \n{}", call("b", "{\"q\": 1}"));
+    let want = Outcome::Calls { text: "Let me look <that> up.".into(), calls: vec![Call { name: "b".into(), arguments: "{\"q\": 1}".into() }] };
+    assert_eq!(parse(&said, false), want);
+    for _ in 0..50 {
+        assert_eq!(stream_agrees(&said, false, &mut rng), want);
+    }
+    // Only a lone marker starts a call: text that merely ends like its beginning stays text,
+    // whitespace and all.
+    for t in ["Use <tool_call> \n", "a\n<tool_cal", "x <tool_call>y", "  "] {
+        assert_eq!(parse(t, false), Outcome::Text(t.into()));
+        for _ in 0..20 {
+            stream_agrees(t, false, &mut rng);
+        }
+    }
+    // The text streams as it comes, holding back only what could precede a call.
+    let mut p = StreamParser::new(false);
+    assert_eq!(p.feed("Sure, "), vec![Piece::Text("Sure,".into())]);
+    assert_eq!(p.feed("one moment.\n<tool"), vec![Piece::Text(" one moment.".into())]);
+    assert!(!p.is_calls());
+    assert_eq!(p.feed("_call>\n{\"name\": \"b\", \"arguments\": "), vec![Piece::CallStart { index: 0, name: "b".into() }]);
+    assert!(p.is_calls());
 }
 
 /// The goal of issue 26 on the model-free side: over 1 000 calls on random tool sets drawn from
@@ -329,7 +365,7 @@ fn a_thousand_calls_on_corpus_tool_sets() {
         for _ in 0..12 {
             let Some(text) = draw(&c, eos, &mut rng, 400) else { continue };
             match stream_agrees(&text, choice != Choice::Auto, &mut rng) {
-                Outcome::Calls(calls) => {
+                Outcome::Calls { calls, .. } => {
                     check_calls(&spec, &calls, &vocab, &mut alone);
                     calls_checked += calls.len();
                 }

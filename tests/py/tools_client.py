@@ -5,7 +5,8 @@ Usage: tools_client.py SOCKET MODEL SCHEMA_DIR N_CORPUS
 - an agent loop on each SDK (OpenAI Chat Completions, Anthropic Messages) with a real Python tool:
   the model calls it, the tool runs, its result goes back, the model answers;
 - the SDKs' streaming helpers accumulate the tool-call deltas into the same calls;
-- every tool_choice mode of both APIs; parallel calls off; max_tokens inside a call;
+- every tool_choice mode of both APIs; parallel calls off; max_tokens inside a call; text, then a
+  call (`auto`), whole and through the streaming helpers;
 - N_CORPUS calls on random tool sets drawn from the reference corpus' function-call schemas
   (SCHEMA_DIR, the BFCL ones), streamed and not, each validated with `jsonschema` and its streamed
   pieces compared byte for byte with the final arguments.
@@ -142,6 +143,30 @@ check(sum(b.type == "tool_use" for b in m.content) == 1, f"anthropic: one call w
 n0 = ant.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": ASK}]).input_tokens
 n1 = ant.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": ASK}], tools=ANT_TOOLS).input_tokens
 check(n1 > n0 + 20, f"count_tokens counts tools: {n0} -> {n1}")
+
+# --- Text, then a call (auto): the model quotes its tool block, then calls (greedy: the same on
+# every kernel set). The SDKs' streaming helpers assemble the text and the call as the whole answer.
+QUOTE = "Print the text between <tools> and </tool_call>."
+req = dict(model=MODEL, messages=[{"role": "user", "content": QUOTE}], tools=OAI_TOOLS[:1], temperature=0, max_tokens=300)
+whole = oai.chat.completions.create(**req).choices[0]
+check(whole.finish_reason == "tool_calls" and whole.message.content and whole.message.tool_calls, f"openai text then call: {whole}")
+check("<tool_call>" not in whole.message.content, "openai: the marker is not in the text")
+jsonschema.validate(json.loads(whole.message.tool_calls[0].function.arguments), WEATHER_SCHEMA)
+with oai.chat.completions.stream(**req) as s:
+    for ev in s:
+        pass
+    final = s.get_final_completion().choices[0]
+check(final.message.content == whole.message.content, f"openai stream text: {final.message.content!r}")
+check([t.function.arguments for t in final.message.tool_calls] == [t.function.arguments for t in whole.message.tool_calls], "openai stream: the call after text")
+areq = dict(model=MODEL, max_tokens=300, messages=[{"role": "user", "content": QUOTE}], tools=ANT_TOOLS, extra_body={"temperature": 0})
+m = ant.messages.create(**areq)
+check([b.type for b in m.content] == ["text", "tool_use"] and m.stop_reason == "tool_use", f"anthropic text then call: {m}")
+check(m.content[0].text == whole.message.content, "anthropic: the same text as openai")
+with ant.messages.stream(**areq) as s:
+    for ev in s:
+        pass
+    final = s.get_final_message()
+check([(b.type, getattr(b, "text", None), getattr(b, "input", None)) for b in final.content] == [(b.type, getattr(b, "text", None), getattr(b, "input", None)) for b in m.content], f"anthropic stream text then call: {final.content}")
 
 # --- Random tool sets from the corpus, every mode, streamed and not ---
 rng = random.Random(26)
