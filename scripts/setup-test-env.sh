@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv with the official Python SDKs the server tests call the API with (anthropic,
 # openai, httpx), the reference JSON Schema validator (jsonschema) the generation test uses, the
-# `oras` SDK (tests/oci_registry.rs: interoperability of `bundle push`/`pull` with oras), and
+# `oras` SDK (tests/oci_registry.rs: interoperability of `bundle push`/`pull` with oras), the
+# agent frameworks tests/py/agents_client.py runs (openai-agents, langchain-openai; pinned), and
 # NVIDIA's NVRTC and ptxas wheels (nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12, pinned to CUDA
 # 12.2, the oldest CUDA of the targets: JetPack 6) with which `applianced build` compiles the CUDA
 # kernels to PTX and the tests assemble it; no GPU and no CUDA toolkit needed. Also installs
@@ -38,7 +39,7 @@ NVRTC_PIN='nvidia-cuda-nvrtc-cu12==12.2.140'
 NVCC_PIN='nvidia-cuda-nvcc-cu12==12.2.140'
 have_nvidia() { compgen -G "$VENV/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" >/dev/null \
   && compgen -G "$VENV/lib/python3*/site-packages/nvidia/cuda_nvcc/bin/ptxas" >/dev/null; }
-if [ -x "$PY" ] && "$PY" -c 'import anthropic, openai, httpx, jsonschema, oras' 2>/dev/null && have_nvidia; then
+if [ -x "$PY" ] && "$PY" -c 'import anthropic, openai, httpx, jsonschema, oras, agents, langchain_openai' 2>/dev/null && have_nvidia; then
   exit 0
 fi
 PYTHON="${PYTHON:-python3}"
@@ -47,5 +48,6 @@ if ! command -v "$PYTHON" >/dev/null; then
   exit 0
 fi
 [ -x "$PY" ] || "$PYTHON" -m venv "$VENV"
-"$PY" -m pip install --quiet --disable-pip-version-check 'anthropic>=0.40' 'openai>=1.50' 'httpx>=0.27' 'jsonschema[format-nongpl]>=4.23' 'oras==0.2.43' "$NVRTC_PIN" "$NVCC_PIN"
+"$PY" -m pip install --quiet --disable-pip-version-check 'anthropic>=0.40' 'openai>=1.50' 'httpx>=0.27' 'jsonschema[format-nongpl]>=4.23' 'oras==0.2.43' \
+  'openai-agents==0.24.0' 'langchain-openai==1.8.1' "$NVRTC_PIN" "$NVCC_PIN"
 "$PY" -c 'import importlib.metadata, anthropic, openai, httpx, jsonschema; print("setup-test-env: anthropic", anthropic.__version__, "openai", openai.__version__, "httpx", httpx.__version__, "jsonschema", importlib.metadata.version("jsonschema"))' >&2

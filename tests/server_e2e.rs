@@ -475,6 +475,11 @@ fn e2e_tools() {
             let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
             assert!(out.status.success(), "tool SDK checks failed:\n{all}\nserver log:\n{}", s.log());
             println!("{}", all.trim());
+            // The agent frameworks: the OpenAI Agents SDK and LangChain's bind_tools.
+            let out = Command::new(py).arg(dir.join("tests/py/agents_client.py")).arg(&s.sock).arg(MODEL).output().unwrap();
+            let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "agent framework checks failed:\n{all}\nserver log:\n{}", s.log());
+            println!("{}", all.trim());
         }
         None => println!("skipped tool SDK checks: set APPLIANCED_TEST_PYTHON (scripts/setup-test-env.sh)"),
     }

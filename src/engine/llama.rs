@@ -9,7 +9,13 @@
 //!
 //! Families, by their deltas from Llama:
 //! - Llama 2/3, Mistral, SmolLM: the plain block (Llama 3: RoPE frequency factors).
-//! - Qwen2/2.5: a bias on Q, K and V.
+//! - Qwen2/2.5: a bias on Q, K and V (GGUF rows in Hugging Face order: permuted at import).
+//! - Qwen3: RMSNorm over each head of Q and K before RoPE; a head size other than
+//!   `hidden / heads` (rows permuted at import).
+//! - Phi-3/4-mini: the plain block; the fused `attn_qkv` and `ffn_up` (gate, then up) tensors are
+//!   split at import, rows permuted. Not run: LongRoPE (refused at import) and Phi-3's sliding
+//!   window (ignored, as llama.cpp ignores it).
+//! Each is proved against llama.cpp on a tiny random model (tests/families_reference.rs).
 //! - Gemma 3: embeddings scaled by `sqrt(hidden)`; RMSNorm over each head of Q and K before RoPE;
 //!   RMSNorm on the attention and feed-forward outputs before each residual add (four norms per
 //!   block); GeGLU with tanh GELU; a head size other than `hidden / heads`; five sliding-window

@@ -9,7 +9,7 @@
 //! Hugging Face reader in [`hf`], (de)quantization in [`quant`], and a tiny-model generator for tests
 //! in `testutil` (feature `testutil`: tests and fuzz seeds only, not in the release binary).
 //!
-//! Supported architectures: `llama`, `mistral` and `qwen2` (all run by the engine's llama block).
+//! Supported architectures: `llama` (Llama 3 RoPE included), `mistral`, `qwen2`, `qwen3` and `phi3` (all run by the engine's llama block, with the deltas named in `engine`), and `gemma3`.
 //! Q/K projection rows are stored in GGUF llama order (RoPE on adjacent pairs): Hugging Face weights
 //! are permuted the way llama.cpp's `convert_hf_to_gguf.py` does, and so are Qwen2 GGUF weights
 //! (llama.cpp runs Qwen2 with NeoX RoPE on unpermuted rows; the permutation makes them equivalent).
@@ -31,7 +31,7 @@ use crate::tokenizer::{self, ChatTemplate, GgufVocab, TokenizerError};
 
 use gguf::GgufFile;
 
-pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2, mistral, gemma3";
+pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2, qwen3, phi3, mistral, gemma3";
 
 /// Everything that can go wrong importing a model, with where it went wrong.
 #[derive(Debug, thiserror::Error)]
@@ -272,6 +272,27 @@ pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, bool
     v
 }
 
+/// Where a tensor of the Llama block lives in a family that fuses it with others: `(fused
+/// tensor, the fused tensor's rows, the first row of this part)`. Phi-3 stores q, k and v as one
+/// `attn_qkv` (q rows, then k, then v) and gate and up as one `ffn_up` (gate rows, then up).
+fn fused_part(arch: &str, name: &str, c: &ModelConfig) -> Option<(String, usize, usize)> {
+    if arch != "phi3" {
+        return None;
+    }
+    let (layer, part) = name.strip_prefix("blk.")?.split_once('.')?;
+    let (q, kv, f) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.intermediate_size);
+    let qkv = format!("blk.{layer}.attn_qkv.weight");
+    let up = format!("blk.{layer}.ffn_up.weight");
+    match part {
+        "attn_q.weight" => Some((qkv, q + 2 * kv, 0)),
+        "attn_k.weight" => Some((qkv, q + 2 * kv, q)),
+        "attn_v.weight" => Some((qkv, q + 2 * kv, q + kv)),
+        "ffn_gate.weight" => Some((up, 2 * f, 0)),
+        "ffn_up.weight" => Some((up, 2 * f, f)),
+        _ => None,
+    }
+}
+
 /// Check the config's numbers are sane before anything is sized from them.
 pub(crate) fn check_config(path: &Path, c: &ModelConfig) -> Result<(), ImportError> {
     let bad = |key: &str, msg: String| ImportError::Metadata { path: path.into(), key: key.into(), msg };
@@ -340,7 +361,7 @@ fn read_gguf(path: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&str)) 
     let g = GgufFile::open(path)?;
     progress(&format!("GGUF v{}: {} tensors, {} metadata keys", g.version, g.tensors.len(), g.metadata.len()));
     let arch = g.str("general.architecture")?.to_string();
-    if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2" | "gemma3") {
+    if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "gemma3") {
         return Err(ImportError::UnsupportedArchitecture { arch });
     }
     let k = |s: &str| format!("{arch}.{s}");
@@ -469,6 +490,27 @@ fn read_gguf(path: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&str)) 
         };
     } else {
         config.architecture = "llama".into();
+        // Qwen3: RMSNorm over each head of Q and K before RoPE (plain weights, as Gemma's after
+        // conversion); the head size comes from `key_length` above.
+        config.block.qk_norm = arch == "qwen3";
+    }
+    if arch == "phi3" {
+        // Phi-3/4-mini: the Llama block once the fused tensors are split (below). LongRoPE (the
+        // 128k models' per-dimension factors) is not run; Phi-3's sliding window is ignored, as
+        // llama.cpp ignores it ("Phi SWA is currently disabled").
+        for t in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+            if g.tensor(t).is_some() {
+                return Err(meta_err(&k("rope.scaling"), format!("LongRoPE ({t}) is not supported: use a 4k-context Phi-3/4 model")));
+            }
+        }
+        if let Some(w) = g.opt_u64(&k("attention.sliding_window"))? {
+            progress(&format!("ignoring phi3.attention.sliding_window = {w}, as llama.cpp does"));
+        }
+    }
+    if let Some(d) = g.opt_u64(&k("rope.dimension_count"))? {
+        if d as usize != head_dim {
+            return Err(meta_err(&k("rope.dimension_count"), format!("{d}: RoPE over part of a head (head size {head_dim}) is not supported")));
+        }
     }
     check_config(path, &config)?;
     if let Some(v) = g.opt_u64(&k("vocab_size"))? {
@@ -499,29 +541,44 @@ fn read_gguf(path: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&str)) 
     // Tensors.
     let mut out = Vec::new();
     let expected = expected_tensors(&config);
-    let used: std::collections::HashSet<&str> = expected.iter().map(|(n, _, _)| n.as_str()).collect();
+    let mut used: std::collections::HashSet<String> = expected.iter().map(|(n, _, _)| n.clone()).collect();
+    if arch == "phi3" {
+        used.extend((0..config.n_layers).map(|i| format!("blk.{i}.attn_qkv.weight")));
+    }
     for t in &g.tensors {
         if !used.contains(t.name.as_str()) && t.name != "rope_freqs.weight" {
             progress(&format!("ignoring tensor {} (not used by the {arch} block)", t.name));
         }
     }
     // Families whose GGUF rows are in Hugging Face order (llama.cpp runs them with NeoX RoPE).
-    let permute = matches!(arch.as_str(), "qwen2" | "gemma3");
+    let permute = matches!(arch.as_str(), "qwen2" | "qwen3" | "phi3" | "gemma3");
     for (name, shape, _required) in &expected {
-        let t = g.tensor(name).ok_or_else(|| ImportError::Tensor {
-            path: path.into(),
-            tensor: name.clone(),
-            msg: "missing".into(),
-        })?;
-        let got = t.shape();
-        if &got != shape {
-            return Err(ImportError::Tensor {
-                path: path.into(),
-                tensor: name.clone(),
-                msg: format!("shape {got:?} (ne {:?}), expected {shape:?}", t.ne),
-            });
-        }
-        let mut data = g.tensor_data(t).to_vec();
+        let (t, mut data) = match fused_part(&arch, name, &config) {
+            // Phi-3's fused tensors: this tensor is a run of the fused one's rows.
+            Some((fused, rows, r0)) => {
+                let t = g.tensor(&fused).ok_or_else(|| ImportError::Tensor { path: path.into(), tensor: fused.clone(), msg: "missing".into() })?;
+                let want = vec![rows, shape[1]];
+                if t.shape() != want {
+                    return Err(ImportError::Tensor { path: path.into(), tensor: fused, msg: format!("shape {:?} (ne {:?}), expected {want:?}", t.shape(), t.ne) });
+                }
+                let row = t.ty.row_bytes(shape[1]).unwrap_or(0);
+                let bytes = g.tensor_data(t);
+                let part = bytes.get(r0 * row..(r0 + shape[0]) * row).ok_or_else(|| ImportError::Tensor { path: path.into(), tensor: fused, msg: "shorter than its shape".into() })?;
+                (t, part.to_vec())
+            }
+            None => {
+                let t = g.tensor(name).ok_or_else(|| ImportError::Tensor { path: path.into(), tensor: name.clone(), msg: "missing".into() })?;
+                let got = t.shape();
+                if &got != shape {
+                    return Err(ImportError::Tensor {
+                        path: path.into(),
+                        tensor: name.clone(),
+                        msg: format!("shape {got:?} (ne {:?}), expected {shape:?}", t.ne),
+                    });
+                }
+                (t, g.tensor_data(t).to_vec())
+            }
+        };
         if permute {
             let heads = if name.contains("attn_q.") {
                 Some(n_heads)

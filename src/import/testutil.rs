@@ -148,3 +148,148 @@ pub fn tiny_llama_gguf_bytes(seed: u64) -> Vec<u8> {
     }
     w.to_bytes()
 }
+
+/// Tiny models of the other families the importer reads, for the reference tests against
+/// llama.cpp (tests/families_reference.rs): each spells its family's deltas from Llama in the
+/// family's own GGUF layout, with random weights (deterministic in the seed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TinyFamily {
+    /// `llama` with Llama 3's RoPE (θ 500 000, `rope_freqs.weight` factors, factor 8).
+    Llama3,
+    /// `qwen2`: q/k/v biases, θ 1 000 000, an untied output head, NeoX RoPE (Hugging Face row order).
+    Qwen2,
+    /// `qwen3`: QK-norm before RoPE, head size 32 with width 64 and 4 heads (not width / heads).
+    Qwen3,
+    /// `phi3`: one fused q/k/v tensor and one fused gate/up tensor, an untied output head.
+    Phi3,
+}
+
+impl TinyFamily {
+    pub const ALL: [TinyFamily; 4] = [TinyFamily::Llama3, TinyFamily::Qwen2, TinyFamily::Qwen3, TinyFamily::Phi3];
+
+    /// The name the reference data uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            TinyFamily::Llama3 => "llama3",
+            TinyFamily::Qwen2 => "qwen2",
+            TinyFamily::Qwen3 => "qwen3",
+            TinyFamily::Phi3 => "phi3",
+        }
+    }
+
+    /// `general.architecture`.
+    pub fn arch(self) -> &'static str {
+        match self {
+            TinyFamily::Llama3 => "llama",
+            TinyFamily::Qwen2 => "qwen2",
+            TinyFamily::Qwen3 => "qwen3",
+            TinyFamily::Phi3 => "phi3",
+        }
+    }
+}
+
+/// The tiny model of `family` as GGUF bytes (2 layers, width 64, 4 heads, 2 kv heads (phi3: 4),
+/// ffn 128, the tiny byte-level vocabulary, no chat template). Same family and seed → same bytes.
+pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (family as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
+    let (mut tokens, mut types, merges) = tiny_vocab();
+    if family == TinyFamily::Phi3 {
+        // llama.cpp's Phi-3 vocabulary needs its end-of-turn token.
+        tokens.push("<|end|>".into());
+        types.push(3);
+    }
+    let n_vocab = tokens.len();
+    let arch = family.arch();
+    let head_dim = if family == TinyFamily::Qwen3 { 32 } else { 16 };
+    let kv_heads = if family == TinyFamily::Phi3 { TINY_HEADS } else { TINY_KV_HEADS };
+    let theta = match family {
+        TinyFamily::Llama3 => 500_000.0,
+        TinyFamily::Qwen2 | TinyFamily::Qwen3 => 1_000_000.0,
+        TinyFamily::Phi3 => 10_000.0,
+    };
+    let mut w = GgufWriter::new();
+    let s = |x: &str| Value::String(x.to_string());
+    let u = |x: usize| Value::U32(x as u32);
+    let k = |x: &str| format!("{arch}.{x}");
+    w.kv("general.architecture", s(arch))
+        .kv("general.name", s(&format!("tiny-{}", family.name())))
+        .kv("general.alignment", Value::U32(32))
+        .kv(&k("block_count"), u(TINY_LAYERS))
+        .kv(&k("context_length"), u(TINY_CONTEXT))
+        .kv(&k("embedding_length"), u(TINY_HIDDEN))
+        .kv(&k("feed_forward_length"), u(TINY_FFN))
+        .kv(&k("attention.head_count"), u(TINY_HEADS))
+        .kv(&k("attention.head_count_kv"), u(kv_heads))
+        .kv(&k("rope.freq_base"), Value::F32(theta))
+        .kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6));
+    if family == TinyFamily::Qwen3 {
+        w.kv(&k("attention.key_length"), u(head_dim)).kv(&k("attention.value_length"), u(head_dim));
+    }
+    if family == TinyFamily::Phi3 {
+        w.kv(&k("rope.dimension_count"), u(head_dim));
+    }
+    w.kv("tokenizer.ggml.model", s("gpt2"))
+        .kv("tokenizer.ggml.pre", s("smollm"))
+        .kv("tokenizer.ggml.tokens", Value::Array(tokens.iter().map(|t| s(t)).collect()))
+        .kv("tokenizer.ggml.token_type", Value::Array(types.iter().map(|&t| Value::I32(t)).collect()))
+        .kv("tokenizer.ggml.merges", Value::Array(merges.iter().map(|m| s(m)).collect()))
+        .kv("tokenizer.ggml.bos_token_id", Value::U32(1))
+        .kv("tokenizer.ggml.eos_token_id", Value::U32(0))
+        .kv("tokenizer.ggml.add_bos_token", Value::Bool(false));
+
+    let matrix = |rows: usize, cols: usize, rng: &mut Rng| -> Vec<f32> {
+        let scale = 1.7 / (cols as f32).sqrt();
+        (0..rows * cols).map(|_| rng.uniform() * scale).collect()
+    };
+    let norm = |n: usize, rng: &mut Rng| -> Vec<u8> { quant::f32_bytes(&(0..n).map(|_| 1.0 + 0.1 * rng.uniform()).collect::<Vec<_>>()) };
+    // Matrices alternate Q8_0 and F32 so both paths are in every family. Queries and keys are
+    // scaled up (and Qwen3's QK-norm weights are about 3) so attention is sharp: a position
+    // error (RoPE pairs, scaling, order) then moves the logits far past the test's bound.
+    let put = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize, q8: bool, rng: &mut Rng| {
+        let sharp = if name.contains("attn_q.") || name.contains("attn_k.") || name.contains("attn_qkv.") { 3.0 } else { 1.0 };
+        let x: Vec<f32> = matrix(rows, cols, rng).iter().map(|v| v * sharp).collect();
+        let (ty, data) = if q8 { (TensorType::Q8_0, quant::quantize_q8_0(&x).unwrap_or_default()) } else { (TensorType::F32, quant::f32_bytes(&x)) };
+        w.tensor(name, &[cols as u64, rows as u64], ty, data);
+    };
+    let (h, q, kv, f) = (TINY_HIDDEN, TINY_HEADS * head_dim, kv_heads * head_dim, TINY_FFN);
+    let emb = matrix(n_vocab, h, &mut rng).iter().map(|x| x * 8.0).collect::<Vec<_>>();
+    w.tensor("token_embd.weight", &[h as u64, n_vocab as u64], TensorType::Q8_0, quant::quantize_q8_0(&emb).unwrap_or_default());
+    w.tensor("output_norm.weight", &[h as u64], TensorType::F32, norm(h, &mut rng));
+    if matches!(family, TinyFamily::Qwen2 | TinyFamily::Phi3) {
+        put(&mut w, "output.weight", n_vocab, h, true, &mut rng);
+    }
+    if family == TinyFamily::Llama3 {
+        let s = crate::model::RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192 };
+        let factors = super::llama3_rope_factors(head_dim, theta, &s).unwrap_or_default();
+        w.tensor("rope_freqs.weight", &[head_dim as u64 / 2], TensorType::F32, quant::f32_bytes(&factors));
+    }
+    for i in 0..TINY_LAYERS {
+        let name = |s: &str| format!("blk.{i}.{s}");
+        w.tensor(&name("attn_norm.weight"), &[h as u64], TensorType::F32, norm(h, &mut rng));
+        w.tensor(&name("ffn_norm.weight"), &[h as u64], TensorType::F32, norm(h, &mut rng));
+        if family == TinyFamily::Phi3 {
+            put(&mut w, &name("attn_qkv.weight"), q + 2 * kv, h, i == 0, &mut rng);
+            put(&mut w, &name("ffn_up.weight"), 2 * f, h, i == 1, &mut rng);
+        } else {
+            put(&mut w, &name("attn_q.weight"), q, h, i == 0, &mut rng);
+            put(&mut w, &name("attn_k.weight"), kv, h, i == 1, &mut rng);
+            put(&mut w, &name("attn_v.weight"), kv, h, i == 0, &mut rng);
+            put(&mut w, &name("ffn_gate.weight"), f, h, i == 1, &mut rng);
+            put(&mut w, &name("ffn_up.weight"), f, h, i == 0, &mut rng);
+        }
+        put(&mut w, &name("attn_output.weight"), h, q, i == 1, &mut rng);
+        put(&mut w, &name("ffn_down.weight"), h, f, i == 0, &mut rng);
+        if family == TinyFamily::Qwen2 {
+            for (t, n) in [("attn_q.bias", q), ("attn_k.bias", kv), ("attn_v.bias", kv)] {
+                let b: Vec<f32> = (0..n).map(|_| 0.5 * rng.uniform()).collect();
+                w.tensor(&name(t), &[n as u64], TensorType::F32, quant::f32_bytes(&b));
+            }
+        }
+        if family == TinyFamily::Qwen3 {
+            let qk_norm = |rng: &mut Rng| quant::f32_bytes(&(0..head_dim).map(|_| 3.0 + 0.3 * rng.uniform()).collect::<Vec<_>>());
+            w.tensor(&name("attn_q_norm.weight"), &[head_dim as u64], TensorType::F32, qk_norm(&mut rng));
+            w.tensor(&name("attn_k_norm.weight"), &[head_dim as u64], TensorType::F32, qk_norm(&mut rng));
+        }
+    }
+    w.to_bytes()
+}
