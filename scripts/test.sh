@@ -50,6 +50,7 @@ mark "cargo test"
 if grep -qw avx512_vnni /proc/cpuinfo 2>/dev/null && grep -qw avx2 /proc/cpuinfo; then
   APPLIANCED_CPU_KERNELS=avx2 cargo test --release --test engine_reference -- --test-threads 2
   APPLIANCED_CPU_KERNELS=avx2 cargo test --release --test gemma3_reference -- --test-threads 2
+  APPLIANCED_CPU_KERNELS=avx2 cargo test --release --test families_reference -- --test-threads 2
   APPLIANCED_CPU_KERNELS=avx2 cargo test --release --lib backend::cpu -- --test-threads 2
   mark "AVX2 re-run"
 fi
