@@ -12,6 +12,7 @@
 use std::path::Path;
 
 use applianced::engine::{Engine, EngineOptions};
+use applianced::import::gguf::{GgufFile, GgufWriter, Value};
 use applianced::import::testutil::{tiny_family_gguf_bytes, TinyFamily};
 use sha2::{Digest, Sha256};
 
@@ -101,6 +102,20 @@ fn qwen3_matches_llamacpp() {
     check(TinyFamily::Qwen3);
 }
 
+/// The tiny Phi-3 model written to `dir`, opened, and a writer holding its metadata under the
+/// architecture `arch` (its tensors are the caller's to add).
+fn phi3_rewrite(dir: &Path, arch: &str) -> (std::path::PathBuf, GgufFile, GgufWriter) {
+    let phi = dir.join("tiny-phi3.gguf");
+    std::fs::write(&phi, tiny_family_gguf_bytes(TinyFamily::Phi3, SEED)).unwrap();
+    let g = GgufFile::open(&phi).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in &g.metadata {
+        let v = if k == "general.architecture" { Value::String(arch.into()) } else { v.clone() };
+        w.kv(&k.replace("phi3.", &format!("{arch}.")), v);
+    }
+    (phi, g, w)
+}
+
 /// Phi-3 against Qwen2 (proved against llama.cpp above): the tiny Phi-3 model's weights, split
 /// out of its fused tensors into Qwen2's layout (no biases), must give bit-identical logits. So
 /// the fused-tensor split and Phi-3's NeoX RoPE are right, as llama.cpp's phi3 graph is the
@@ -108,16 +123,8 @@ fn qwen3_matches_llamacpp() {
 /// itself: its Phi-3 vocabulary setup fails on the byte-level test vocabulary.)
 #[test]
 fn phi3_is_qwen2_with_fused_tensors() {
-    use applianced::import::gguf::{GgufFile, GgufWriter, Value};
     let tmp = tempfile::tempdir().unwrap();
-    let phi = tmp.path().join("tiny-phi3.gguf");
-    std::fs::write(&phi, tiny_family_gguf_bytes(TinyFamily::Phi3, SEED)).unwrap();
-    let g = GgufFile::open(&phi).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in &g.metadata {
-        let v = if k == "general.architecture" { Value::String("qwen2".into()) } else { v.clone() };
-        w.kv(&k.replace("phi3.", "qwen2."), v);
-    }
+    let (phi, g, mut w) = phi3_rewrite(tmp.path(), "qwen2");
     let (q, kv, f) = (64usize, 64usize, 128usize); // 4 heads and 4 kv heads of 16, ffn 128
     for t in &g.tensors {
         let data = g.tensor_data(t);
@@ -159,16 +166,9 @@ fn phi3_is_qwen2_with_fused_tensors() {
 /// A Phi-3 model with LongRoPE factors is refused by name.
 #[test]
 fn phi3_longrope_is_refused() {
-    use applianced::import::gguf::{GgufFile, GgufWriter};
     use applianced::model::TensorType;
     let tmp = tempfile::tempdir().unwrap();
-    let phi = tmp.path().join("tiny-phi3.gguf");
-    std::fs::write(&phi, tiny_family_gguf_bytes(TinyFamily::Phi3, SEED)).unwrap();
-    let g = GgufFile::open(&phi).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in &g.metadata {
-        w.kv(k, v.clone());
-    }
+    let (phi, g, mut w) = phi3_rewrite(tmp.path(), "phi3");
     for t in &g.tensors {
         w.tensor(&t.name, &t.ne, t.ty, g.tensor_data(t).to_vec());
     }
