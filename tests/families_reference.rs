@@ -156,6 +156,11 @@ fn phi3_is_qwen2_with_fused_tensors() {
         out
     };
     let a = logits_of(&phi, "phi3");
+    // Its chat template (Phi-3-mini's) is recognised and verified as the phi3 family.
+    let tpl = applianced::tokenizer::template::ChatTemplate::load(&tmp.path().join("phi3").join(applianced::model::CHAT_TEMPLATE_PATH)).unwrap();
+    assert_eq!(tpl.family(), "phi3");
+    let r = tpl.render(&[applianced::tokenizer::ChatMessage::new("user", "Hi")], true).unwrap();
+    assert_eq!(r, "<|user|>\nHi<|end|>\n<|assistant|>\n");
     let b = logits_of(&qwen, "qwen2");
     assert_eq!(a.len(), b.len());
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {

@@ -23,6 +23,9 @@ pub const TINY_CONTEXT: usize = 256;
 /// SmolLM2-135M-Instruct's chat template.
 pub const SMOLLM_CHAT_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
+/// Phi-3-mini-4k-instruct's chat template (the tiny Phi-3 model's).
+pub const PHI3_CHAT_TEMPLATE: &str = "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
+
 /// Merges of the tiny vocabulary, in rank order (each side and the result are tokens).
 pub const TINY_MERGES: &[(&str, &str)] = &[
     ("Ġ", "t"),
@@ -189,7 +192,8 @@ impl TinyFamily {
 }
 
 /// The tiny model of `family` as GGUF bytes (2 layers, width 64, 4 heads, 2 kv heads (phi3: 4),
-/// ffn 128, the tiny byte-level vocabulary, no chat template). Same family and seed → same bytes.
+/// ffn 128, the tiny byte-level vocabulary; no chat template but Phi-3's, Phi-3-mini's). Same family
+/// and seed → same bytes.
 pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (family as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
     let (mut tokens, mut types, merges) = tiny_vocab();
@@ -236,6 +240,9 @@ pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
         .kv("tokenizer.ggml.bos_token_id", Value::U32(1))
         .kv("tokenizer.ggml.eos_token_id", Value::U32(0))
         .kv("tokenizer.ggml.add_bos_token", Value::Bool(false));
+    if family == TinyFamily::Phi3 {
+        w.kv("tokenizer.chat_template", s(PHI3_CHAT_TEMPLATE));
+    }
 
     let matrix = |rows: usize, cols: usize, rng: &mut Rng| -> Vec<f32> {
         let scale = 1.7 / (cols as f32).sqrt();

@@ -45,6 +45,10 @@ pub enum ChatTemplate {
     Mistral { bos: String, eos: String },
     /// `{bos}<start_of_turn>{user|model}\n{content|trim}<end_of_turn>\n`, alternating, no system.
     Gemma { bos: String },
+    /// `<|{role}|>{nl}{content}<|end|>{nl}` per message (`nl` a newline in Phi-3/3.5, nothing in
+    /// Phi-4-mini); the generation prompt `<|assistant|>{nl}`, else `eos` after the last message.
+    /// `skip_empty_system`: a system message with empty content is left out (Phi-3.5).
+    Phi3 { eos: String, newline: bool, skip_empty_system: bool },
     /// No chat template: a base (pretrained) model, served as a completion model (text in, text
     /// out). Rendering a conversation is an error that names the completion interfaces.
     None,
@@ -72,13 +76,14 @@ impl ChatTemplate {
         !matches!(self, ChatTemplate::None)
     }
 
-    /// Family name ("chatml", "llama3", "mistral", "gemma"; "none" for a completion model).
+    /// Family name ("chatml", "llama3", "mistral", "gemma", "phi3"; "none" for a completion model).
     pub fn family(&self) -> &'static str {
         match self {
             ChatTemplate::Chatml { .. } => "chatml",
             ChatTemplate::Llama3 { .. } => "llama3",
             ChatTemplate::Mistral { .. } => "mistral",
             ChatTemplate::Gemma { .. } => "gemma",
+            ChatTemplate::Phi3 { .. } => "phi3",
             ChatTemplate::None => "none",
         }
     }
@@ -146,6 +151,23 @@ impl ChatTemplate {
                     out.push_str("<start_of_turn>model\n");
                 }
             }
+            ChatTemplate::Phi3 { eos, newline, skip_empty_system } => {
+                let nl = if *newline { "\n" } else { "" };
+                for m in messages {
+                    if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
+                        return Err(role_err(&m.role));
+                    }
+                    if m.role == "system" && m.content.is_empty() && *skip_empty_system {
+                        continue;
+                    }
+                    out.push_str(&format!("<|{}|>{nl}{}<|end|>{nl}", m.role, m.content));
+                }
+                if add_generation_prompt {
+                    out.push_str(&format!("<|assistant|>{nl}"));
+                } else {
+                    out.push_str(eos);
+                }
+            }
         }
         Ok(out)
     }
@@ -173,9 +195,17 @@ impl ChatTemplate {
         if source.contains("<start_of_turn>") {
             candidates.push(ChatTemplate::Gemma { bos: bos_token.into() });
         }
+        if source.contains("<|end|>") && source.contains("<|assistant|>") {
+            // The layout's details, read off what the template renders.
+            let lone = jinja.render(&[ChatMessage::new("user", "Hello")], true).unwrap_or_default();
+            let newline = lone.starts_with("<|user|>\n");
+            let empty_sys = jinja.render(&[ChatMessage::new("system", ""), ChatMessage::new("user", "Hello")], true).unwrap_or_default();
+            let skip_empty_system = !empty_sys.contains("<|system|>");
+            candidates.push(ChatTemplate::Phi3 { eos: eos_token.into(), newline, skip_empty_system });
+        }
         if candidates.is_empty() {
             return Err(TokenizerError::Template(
-                "chat template not recognised (no ChatML, Llama-3, Mistral or Gemma markers)".into(),
+                "chat template not recognised (no ChatML, Llama-3, Mistral, Gemma or Phi-3 markers)".into(),
             ));
         }
         let mut why = Vec::new();
@@ -253,6 +283,7 @@ impl<'a> JinjaProbe<'a> {
             (vec![m("system", "S"), m("user", "a"), m("assistant", "b"), m("user", "c")], true),
             (vec![m("user", "  spaced out \n"), m("assistant", "\n ok ")], true),
             (vec![m("user", "ünïcödé 中文 😀")], true),
+            (vec![m("system", ""), m("user", "Hi")], true),
         ];
         for (i, (msgs, gen)) in probes.iter().enumerate() {
             let want = self.render(msgs, *gen);
@@ -282,6 +313,10 @@ mod tests {
     const LLAMA3: &str = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
     const MISTRAL: &str = "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
     const GEMMA: &str = "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}";
+    // Phi-3-mini-4k-instruct, Phi-3.5-mini-instruct and Phi-4-mini-instruct (without its tools branch).
+    const PHI3: &str = "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
+    const PHI35: &str = "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
+    const PHI4_MINI: &str = "{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}";
     const QWEN2: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
     #[test]
@@ -301,6 +336,14 @@ mod tests {
         assert_eq!(t.family(), "mistral");
         let t = ChatTemplate::from_jinja(GEMMA, "<bos>", "<eos>").unwrap();
         assert_eq!(t.family(), "gemma");
+        let t = ChatTemplate::from_jinja(PHI3, "<s>", "<|endoftext|>").unwrap();
+        assert_eq!(t, ChatTemplate::Phi3 { eos: "<|endoftext|>".into(), newline: true, skip_empty_system: false });
+        let t = ChatTemplate::from_jinja(PHI35, "<s>", "<|endoftext|>").unwrap();
+        assert_eq!(t, ChatTemplate::Phi3 { eos: "<|endoftext|>".into(), newline: true, skip_empty_system: true });
+        let t = ChatTemplate::from_jinja(PHI4_MINI, "<|endoftext|>", "<|endoftext|>").unwrap();
+        assert_eq!(t, ChatTemplate::Phi3 { eos: "<|endoftext|>".into(), newline: false, skip_empty_system: false });
+        let r = t.render(&[ChatMessage::new("system", "S"), ChatMessage::new("user", "Hi")], true).unwrap();
+        assert_eq!(r, "<|system|>S<|end|><|user|>Hi<|end|><|assistant|>");
     }
 
     #[test]
