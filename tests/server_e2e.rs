@@ -464,7 +464,7 @@ fn e2e_tools() {
     match std::env::var_os("APPLIANCED_TEST_PYTHON") {
         Some(py) => {
             let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let out = Command::new(py)
+            let out = Command::new(&py)
                 .arg(dir.join("tests/py/tools_client.py"))
                 .arg(&s.sock)
                 .arg(MODEL)
