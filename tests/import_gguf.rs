@@ -319,8 +319,8 @@ fn tiny_with(key: &str, value: Value) -> Vec<u8> {
 
 #[test]
 fn unsupported_architecture_is_a_clear_error() {
-    let e = err_text(import_bytes(&tiny_with("general.architecture", Value::String("phi3".into()))));
-    assert_eq!(e, "architecture phi3 is not supported yet (supported: llama, qwen2, mistral, gemma3)");
+    let e = err_text(import_bytes(&tiny_with("general.architecture", Value::String("falcon".into()))));
+    assert_eq!(e, "architecture falcon is not supported yet (supported: llama, qwen2, qwen3, phi3, mistral, gemma3)");
 }
 
 #[test]
