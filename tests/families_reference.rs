@@ -1,7 +1,7 @@
 //! Issue 25: every model family the importer reads, proved against llama.cpp on a tiny model of
 //! that family (`import::testutil::tiny_family_gguf_bytes`: random weights in the family's own
 //! GGUF layout — Llama 3's RoPE factors, Qwen2's biases, Qwen3's QK-norm and head size, Phi-3's
-//! fused tensors). llama.cpp's logits for each are test data (tests/data/reference/families,
+//! fused tensors, and Phi-3's LongRoPE on both sides of its switch). llama.cpp's logits for each are test data (tests/data/reference/families,
 //! made by scripts/reference/families_llamacpp.py from the GGUFs `write_ggufs` below writes).
 //!
 //! Each test regenerates the GGUF, checks its SHA-256 is the one the reference was computed on,
@@ -41,17 +41,22 @@ fn write_ggufs() {
 }
 
 fn check(family: TinyFamily) {
-    let name = family.name();
+    check_ref(family, family.name(), 256);
+}
+
+/// `family`'s tiny model against the reference data `name`, run with a context of `max_context`.
+fn check_ref(family: TinyFamily, name: &str, max_context: usize) {
     let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(Path::new(REF_DIR).join(format!("{name}.json"))).expect("reference")).unwrap();
     let gguf = tiny_family_gguf_bytes(family, SEED);
     assert_eq!(hex::encode(Sha256::digest(&gguf)), meta["gguf_sha256"].as_str().unwrap(), "{name}: the generator changed; re-run the reference script");
+    assert_eq!(meta["n_ctx"].as_u64().unwrap_or(256) as usize, max_context, "{name}: llama.cpp ran with another context");
     let tmp = tempfile::tempdir().unwrap();
-    let path = tmp.path().join(format!("tiny-{name}.gguf"));
+    let path = tmp.path().join(format!("tiny-{}.gguf", family.name()));
     std::fs::write(&path, &gguf).unwrap();
     let root = tmp.path().join("model");
     let mut notes = Vec::new();
     applianced::import::import_model(&path, &Default::default(), &root, &mut |m| notes.push(m.to_string())).unwrap_or_else(|e| panic!("{name}: import: {e}"));
-    let mut engine = Engine::load(&root, &EngineOptions { threads: 2, max_seqs: 1, max_context: 256 }).expect("load");
+    let mut engine = Engine::load(&root, &EngineOptions { threads: 2, max_seqs: 1, max_context }).expect("load");
     let n_vocab = meta["n_vocab"].as_u64().unwrap() as usize;
     let raw = std::fs::read(Path::new(REF_DIR).join(format!("{name}.logits.f16le"))).expect("logits");
     let all: Vec<f32> = raw.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
@@ -102,6 +107,23 @@ fn qwen3_matches_llamacpp() {
     check(TinyFamily::Qwen3);
 }
 
+#[test]
+fn phi3_matches_llamacpp() {
+    check(TinyFamily::Phi3);
+}
+
+/// LongRoPE with a context that fits the original one (256): the short factors.
+#[test]
+fn phi3_longrope_short_matches_llamacpp() {
+    check_ref(TinyFamily::Phi3LongRope, "phi3-longrope-short", TinyFamily::LONGROPE_ORIGINAL_CONTEXT);
+}
+
+/// LongRoPE with a longer context (512): the long factors, as llama.cpp picks them.
+#[test]
+fn phi3_longrope_long_matches_llamacpp() {
+    check_ref(TinyFamily::Phi3LongRope, "phi3-longrope-long", 2 * TinyFamily::LONGROPE_ORIGINAL_CONTEXT);
+}
+
 /// The tiny Phi-3 model written to `dir`, opened, and a writer holding its metadata under the
 /// architecture `arch` (its tensors are the caller's to add).
 fn phi3_rewrite(dir: &Path, arch: &str) -> (std::path::PathBuf, GgufFile, GgufWriter) {
@@ -116,11 +138,9 @@ fn phi3_rewrite(dir: &Path, arch: &str) -> (std::path::PathBuf, GgufFile, GgufWr
     (phi, g, w)
 }
 
-/// Phi-3 against Qwen2 (proved against llama.cpp above): the tiny Phi-3 model's weights, split
-/// out of its fused tensors into Qwen2's layout (no biases), must give bit-identical logits. So
-/// the fused-tensor split and Phi-3's NeoX RoPE are right, as llama.cpp's phi3 graph is the
-/// Llama block over those tensors. (llama.cpp 0c1e570 does not load the tiny Phi-3 model
-/// itself: its Phi-3 vocabulary setup fails on the byte-level test vocabulary.)
+/// Phi-3 against Qwen2 (both proved against llama.cpp above): the tiny Phi-3 model's weights,
+/// split out of its fused tensors into Qwen2's layout (no biases), must give bit-identical
+/// logits: the fused-tensor split is exact, not merely close.
 #[test]
 fn phi3_is_qwen2_with_fused_tensors() {
     let tmp = tempfile::tempdir().unwrap();
@@ -168,19 +188,23 @@ fn phi3_is_qwen2_with_fused_tensors() {
     }
 }
 
-/// A Phi-3 model with LongRoPE factors is refused by name.
+/// A LongRoPE model with only one of its two factor tensors is refused by name.
 #[test]
-fn phi3_longrope_is_refused() {
-    use applianced::model::TensorType;
+fn phi3_longrope_needs_both_factor_lists() {
     let tmp = tempfile::tempdir().unwrap();
-    let (phi, g, mut w) = phi3_rewrite(tmp.path(), "phi3");
-    for t in &g.tensors {
+    let path = tmp.path().join("tiny-phi3-longrope.gguf");
+    std::fs::write(&path, tiny_family_gguf_bytes(TinyFamily::Phi3LongRope, SEED)).unwrap();
+    let g = GgufFile::open(&path).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in &g.metadata {
+        w.kv(k, v.clone());
+    }
+    for t in g.tensors.iter().filter(|t| t.name != "rope_factors_short.weight") {
         w.tensor(&t.name, &t.ne, t.ty, g.tensor_data(t).to_vec());
     }
-    w.tensor("rope_factors_long.weight", &[8], TensorType::F32, vec![0; 32]);
-    std::fs::write(&phi, w.to_bytes()).unwrap();
-    let e = applianced::import::import_model(&phi, &Default::default(), &tmp.path().join("m"), &mut |_| {}).unwrap_err().to_string();
-    assert!(e.contains("LongRoPE"), "{e}");
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    let e = applianced::import::import_model(&path, &Default::default(), &tmp.path().join("m"), &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("rope_factors_short.weight") && e.contains("LongRoPE"), "{e}");
 }
 
 /// Families outside the block stay a clear error naming the architecture.

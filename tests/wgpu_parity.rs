@@ -223,7 +223,7 @@ fn scenarios<B: Backend>(b: &mut B) -> Vec<(String, Vec<f32>, f32)> {
 
     // rope_cache + rope (q with 4 heads, k with 2, head_dim 16)
     let hd = 16;
-    let table = RopeParams { n_dims: hd, theta: 10000.0, scaling: RopeScaling::None }.table();
+    let table = RopeParams { n_dims: hd, theta: 10000.0, scaling: RopeScaling::None, context: 64 }.table();
     let pos = [0u32, 1, 5, 100, 2047];
     let mut cache = b.alloc(pos.len() * hd);
     b.rope_cache(&pos, &table, &mut cache);

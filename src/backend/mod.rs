@@ -151,6 +151,9 @@ pub struct RopeParams {
     pub n_dims: usize,
     pub theta: f32,
     pub scaling: RopeScaling,
+    /// The engine's context length: LongRoPE takes its long factors when this exceeds the
+    /// model's original context.
+    pub context: usize,
 }
 
 /// What the rope kernels need, computed like llama.cpp (`ggml_rope_cache_init`): for pair `i`,
@@ -163,7 +166,7 @@ pub struct RopeTable {
     pub theta_scale: f32,
     /// `1/factor` for linear scaling, else 1.
     pub freq_scale: f32,
-    /// Per-pair divisors `(n_dims/2)` (llama3 scaling; all 1 otherwise).
+    /// Per-pair divisors `(n_dims/2)` (llama3 and LongRoPE scaling; all 1 otherwise).
     pub factors: Vec<f32>,
 }
 
@@ -193,6 +196,15 @@ impl RopeParams {
                         let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
                         1.0 / ((1.0 - smooth) / factor + smooth)
                     };
+                }
+            }
+            RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, .. } => {
+                // llama.cpp's `build_rope_factors`: long factors when the context exceeds the
+                // original one. The importer checked both lengths; a short list leaves 1s.
+                let long = self.context > *original_max_position_embeddings as usize;
+                let chosen = if long { long_factor } else { short_factor };
+                for (f, &x) in factors.iter_mut().zip(chosen) {
+                    *f = x;
                 }
             }
         }

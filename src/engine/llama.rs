@@ -13,8 +13,10 @@
 //! - Qwen3: RMSNorm over each head of Q and K before RoPE; a head size other than
 //!   `hidden / heads` (rows permuted at import).
 //! - Phi-3/4-mini: the plain block; the fused `attn_qkv` and `ffn_up` (gate, then up) tensors are
-//!   split at import, rows permuted. Not run: LongRoPE (refused at import) and Phi-3's sliding
-//!   window (ignored, as llama.cpp ignores it).
+//!   split at import, rows permuted. The 128k models' LongRoPE: per-pair frequency divisors, the
+//!   short list while the engine's context fits the original one and the long list beyond it
+//!   (chosen at load, as llama.cpp does), and the attention factor on queries and keys (here the
+//!   queries take its square). Not run: Phi-3's sliding window (ignored, as llama.cpp ignores it).
 //! Each is proved against llama.cpp on a tiny random model (tests/families_reference.rs).
 //! - Gemma 3: embeddings scaled by `sqrt(hidden)`; RMSNorm over each head of Q and K before RoPE;
 //!   RMSNorm on the attention and feed-forward outputs before each residual add (four norms per
@@ -59,6 +61,16 @@ pub fn check_config(c: &ModelConfig) -> Result<(), String> {
     }
     if c.head_dim % 2 != 0 {
         return Err(format!("head_dim {} must be even for RoPE", c.head_dim));
+    }
+    if let crate::model::RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, attn_factor } = &c.rope_scaling {
+        for (k, f) in [("short_factor", short_factor), ("long_factor", long_factor)] {
+            if f.len() != c.head_dim / 2 || !f.iter().all(|&x| x > 0.0 && x.is_finite()) {
+                return Err(format!("rope_scaling.{k} must hold {} positive numbers", c.head_dim / 2));
+            }
+        }
+        if *original_max_position_embeddings == 0 || !(*attn_factor > 0.0 && attn_factor.is_finite()) {
+            return Err("rope_scaling: original_max_position_embeddings and attn_factor must be positive".into());
+        }
     }
     Ok(())
 }
@@ -173,13 +185,13 @@ impl<B: Backend> Llama<B> {
                 w_down: get(n("ffn_down.weight"), dim, c.intermediate_size)?,
             });
         }
-        let rope = RopeParams { n_dims: hd, theta: c.rope_theta, scaling: c.rope_scaling.clone() }.table();
+        let max_context = if opts.max_context == 0 { c.context_length } else { opts.max_context.min(c.context_length) };
+        let rope = RopeParams { n_dims: hd, theta: c.rope_theta, scaling: c.rope_scaling.clone(), context: max_context }.table();
         let rope_local = c
             .block
             .rope_theta_local
             .filter(|&t| c.block.sliding_window > 0 && t != c.rope_theta)
-            .map(|theta| RopeParams { n_dims: hd, theta, scaling: c.rope_scaling.clone() }.table());
-        let max_context = if opts.max_context == 0 { c.context_length } else { opts.max_context.min(c.context_length) };
+            .map(|theta| RopeParams { n_dims: hd, theta, scaling: c.rope_scaling.clone(), context: max_context }.table());
         Ok(Llama {
             b,
             max_context,
@@ -389,8 +401,11 @@ impl<B: Backend> Llama<B> {
         let (q_dim, kv_dim) = (c.n_heads * hd, c.n_kv_heads * hd);
         let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd, window: 0 };
         let local_shape = AttnShape { window: c.block.sliding_window, ..shape };
-        // The attention kernels scale scores by 1/sqrt(head_dim); another scale goes on the queries.
-        let q_scale = c.block.query_pre_attn_scalar.map(|s| ((hd as f32) / s).sqrt()).filter(|&f| f != 1.0);
+        // The attention kernels scale scores by 1/sqrt(head_dim); another scale goes on the queries:
+        // Gemma's `query_pre_attn_scalar`, and LongRoPE's factor on cosines and sines, which
+        // multiplies each score by its square (on the query alone; keys stay as RoPE left them).
+        let attn = c.rope_scaling.attn_factor();
+        let q_scale = Some(c.block.query_pre_attn_scalar.map_or(1.0, |s| ((hd as f32) / s).sqrt()) * attn * attn).filter(|&f| f != 1.0);
 
         // Take the sequences' caches out for the step (mutable writes, then shared reads).
         let mut caches: Vec<SeqCache<B>> = Vec::with_capacity(batch.len());

@@ -353,6 +353,59 @@ pub(crate) fn llama3_rope_factors(head_dim: usize, theta: f32, s: &RopeScaling) 
     )
 }
 
+/// Whether the importer turned a RoPE tensor (`rope_freqs`, `rope_factors_*`) into the config.
+fn rope_scaling_read(s: &RopeScaling) -> bool {
+    matches!(s, RopeScaling::Llama3 { .. } | RopeScaling::LongRope { .. })
+}
+
+/// Phi-3's LongRoPE, as `convert_hf_to_gguf.py` writes it: `rope_factors_long.weight` and
+/// `rope_factors_short.weight` (f32, `head_dim / 2` each), `rope.scaling.original_context_length`
+/// and `rope.scaling.attn_factor`. Without the attention factor key, it is computed as the
+/// converter and Hugging Face do: `sqrt(1 + ln(s) / ln(original))` with `s = context / original`
+/// (1 when `s <= 1`). `None` when the GGUF has neither factors tensor.
+fn longrope(
+    g: &GgufFile,
+    path: &Path,
+    k: &dyn Fn(&str) -> String,
+    head_dim: usize,
+    context: usize,
+) -> Result<Option<RopeScaling>, ImportError> {
+    let meta_err = |key: &str, msg: String| ImportError::Metadata { path: path.into(), key: key.into(), msg };
+    let (long, short) = (g.tensor("rope_factors_long.weight"), g.tensor("rope_factors_short.weight"));
+    if long.is_none() && short.is_none() {
+        return Ok(None);
+    }
+    let mut lists = Vec::new();
+    for (name, t) in [("rope_factors_short.weight", short), ("rope_factors_long.weight", long)] {
+        let terr = |msg: String| ImportError::Tensor { path: path.into(), tensor: name.into(), msg };
+        let t = t.ok_or_else(|| terr("missing (LongRoPE needs both the short and the long factors)".into()))?;
+        if t.ty != TensorType::F32 || t.ne != [head_dim as u64 / 2] {
+            return Err(terr(format!("expected f32 [{}], got {} {:?}", head_dim / 2, t.ty.name(), t.ne)));
+        }
+        let f = quant::dequantize(TensorType::F32, g.tensor_data(t)).unwrap_or_default();
+        if f.len() != head_dim / 2 || !f.iter().all(|&x| x > 0.0 && x.is_finite()) {
+            return Err(terr("factors must be positive numbers".into()));
+        }
+        lists.push(f);
+    }
+    let key = k("rope.scaling.original_context_length");
+    let orig = g.opt_u64(&key)?.ok_or_else(|| meta_err(&key, "missing: LongRoPE needs the original context length".into()))?;
+    if orig == 0 || orig > u32::MAX as u64 {
+        return Err(meta_err(&key, format!("{orig} is out of range")));
+    }
+    let attn_factor = match g.opt_f64(&k("rope.scaling.attn_factor"))? {
+        Some(a) if a > 0.0 && a.is_finite() => a as f32,
+        Some(a) => return Err(meta_err(&k("rope.scaling.attn_factor"), format!("{a} must be a positive number"))),
+        None => {
+            let s = context as f64 / orig as f64;
+            if s <= 1.0 { 1.0 } else { (1.0 + s.ln() / (orig as f64).ln()).sqrt() as f32 }
+        }
+    };
+    let long_factor = lists.pop().unwrap_or_default();
+    let short_factor = lists.pop().unwrap_or_default();
+    Ok(Some(RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings: orig as u32, attn_factor }))
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
@@ -495,13 +548,15 @@ fn read_gguf(path: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&str)) 
         config.block.qk_norm = arch == "qwen3";
     }
     if arch == "phi3" {
-        // Phi-3/4-mini: the Llama block once the fused tensors are split (below). LongRoPE (the
-        // 128k models' per-dimension factors) is not run; Phi-3's sliding window is ignored, as
-        // llama.cpp ignores it ("Phi SWA is currently disabled").
-        for t in ["rope_factors_long.weight", "rope_factors_short.weight"] {
-            if g.tensor(t).is_some() {
-                return Err(meta_err(&k("rope.scaling"), format!("LongRoPE ({t}) is not supported: use a 4k-context Phi-3/4 model")));
-            }
+        // Phi-3/4-mini: the Llama block once the fused tensors are split (below), with LongRoPE's
+        // per-pair factors when the GGUF has them (the 128k models); Phi-3's sliding window is
+        // ignored, as llama.cpp ignores it ("Phi SWA is currently disabled").
+        if let Some(s) = longrope(&g, path, &k, head_dim, config.context_length)? {
+            progress(&format!(
+                "LongRoPE: short factors up to {} tokens of context, long factors beyond",
+                match s { RopeScaling::LongRope { original_max_position_embeddings: o, .. } => o, _ => 0 }
+            ));
+            rope_scaling = s;
         }
         if let Some(w) = g.opt_u64(&k("attention.sliding_window"))? {
             progress(&format!("ignoring phi3.attention.sliding_window = {w}, as llama.cpp does"));
@@ -546,7 +601,8 @@ fn read_gguf(path: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&str)) 
         used.extend((0..config.n_layers).map(|i| format!("blk.{i}.attn_qkv.weight")));
     }
     for t in &g.tensors {
-        if !used.contains(t.name.as_str()) && t.name != "rope_freqs.weight" {
+        let rope = ["rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"];
+        if !used.contains(t.name.as_str()) && !(rope.contains(&t.name.as_str()) && rope_scaling_read(&config.rope_scaling)) {
             progress(&format!("ignoring tensor {} (not used by the {arch} block)", t.name));
         }
     }

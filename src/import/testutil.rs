@@ -165,10 +165,18 @@ pub enum TinyFamily {
     Qwen3,
     /// `phi3`: one fused q/k/v tensor and one fused gate/up tensor, an untied output head.
     Phi3,
+    /// `phi3` with LongRoPE (the 128k models' layout): `rope_factors_short/long.weight`, a
+    /// context of 1 024 over an original 256, and an explicit `rope.scaling.attn_factor`.
+    Phi3LongRope,
 }
 
 impl TinyFamily {
-    pub const ALL: [TinyFamily; 4] = [TinyFamily::Llama3, TinyFamily::Qwen2, TinyFamily::Qwen3, TinyFamily::Phi3];
+    pub const ALL: [TinyFamily; 5] = [TinyFamily::Llama3, TinyFamily::Qwen2, TinyFamily::Qwen3, TinyFamily::Phi3, TinyFamily::Phi3LongRope];
+
+    /// Phi3LongRope's original context: a longer engine context takes the long factors.
+    pub const LONGROPE_ORIGINAL_CONTEXT: usize = 256;
+    /// Phi3LongRope's `rope.scaling.attn_factor` (the converter's formula would give 1.118).
+    pub const LONGROPE_ATTN_FACTOR: f32 = 1.25;
 
     /// The name the reference data uses.
     pub fn name(self) -> &'static str {
@@ -177,7 +185,12 @@ impl TinyFamily {
             TinyFamily::Qwen2 => "qwen2",
             TinyFamily::Qwen3 => "qwen3",
             TinyFamily::Phi3 => "phi3",
+            TinyFamily::Phi3LongRope => "phi3-longrope",
         }
+    }
+
+    fn is_phi3(self) -> bool {
+        matches!(self, TinyFamily::Phi3 | TinyFamily::Phi3LongRope)
     }
 
     /// `general.architecture`.
@@ -186,7 +199,7 @@ impl TinyFamily {
             TinyFamily::Llama3 => "llama",
             TinyFamily::Qwen2 => "qwen2",
             TinyFamily::Qwen3 => "qwen3",
-            TinyFamily::Phi3 => "phi3",
+            TinyFamily::Phi3 | TinyFamily::Phi3LongRope => "phi3",
         }
     }
 }
@@ -197,20 +210,24 @@ impl TinyFamily {
 pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (family as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
     let (mut tokens, mut types, merges) = tiny_vocab();
-    if family == TinyFamily::Phi3 {
-        // llama.cpp's Phi-3 vocabulary needs its end-of-turn token.
-        tokens.push("<|end|>".into());
-        types.push(3);
+    if family.is_phi3() {
+        // llama.cpp's Phi-3 vocabulary needs its end-of-turn token, and it sets attributes on
+        // `<unk>`, `<s>` and `</s>` by text (it fails to load without them).
+        for t in ["<|end|>", "<unk>", "<s>", "</s>"] {
+            tokens.push(t.into());
+            types.push(3);
+        }
     }
     let n_vocab = tokens.len();
     let arch = family.arch();
     let head_dim = if family == TinyFamily::Qwen3 { 32 } else { 16 };
-    let kv_heads = if family == TinyFamily::Phi3 { TINY_HEADS } else { TINY_KV_HEADS };
+    let kv_heads = if family.is_phi3() { TINY_HEADS } else { TINY_KV_HEADS };
     let theta = match family {
         TinyFamily::Llama3 => 500_000.0,
         TinyFamily::Qwen2 | TinyFamily::Qwen3 => 1_000_000.0,
-        TinyFamily::Phi3 => 10_000.0,
+        TinyFamily::Phi3 | TinyFamily::Phi3LongRope => 10_000.0,
     };
+    let context = if family == TinyFamily::Phi3LongRope { 4 * TINY_CONTEXT } else { TINY_CONTEXT };
     let mut w = GgufWriter::new();
     let s = |x: &str| Value::String(x.to_string());
     let u = |x: usize| Value::U32(x as u32);
@@ -219,7 +236,7 @@ pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
         .kv("general.name", s(&format!("tiny-{}", family.name())))
         .kv("general.alignment", Value::U32(32))
         .kv(&k("block_count"), u(TINY_LAYERS))
-        .kv(&k("context_length"), u(TINY_CONTEXT))
+        .kv(&k("context_length"), u(context))
         .kv(&k("embedding_length"), u(TINY_HIDDEN))
         .kv(&k("feed_forward_length"), u(TINY_FFN))
         .kv(&k("attention.head_count"), u(TINY_HEADS))
@@ -229,8 +246,12 @@ pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
     if family == TinyFamily::Qwen3 {
         w.kv(&k("attention.key_length"), u(head_dim)).kv(&k("attention.value_length"), u(head_dim));
     }
-    if family == TinyFamily::Phi3 {
+    if family.is_phi3() {
         w.kv(&k("rope.dimension_count"), u(head_dim));
+    }
+    if family == TinyFamily::Phi3LongRope {
+        w.kv(&k("rope.scaling.original_context_length"), u(TinyFamily::LONGROPE_ORIGINAL_CONTEXT))
+            .kv(&k("rope.scaling.attn_factor"), Value::F32(TinyFamily::LONGROPE_ATTN_FACTOR));
     }
     w.kv("tokenizer.ggml.model", s("gpt2"))
         .kv("tokenizer.ggml.pre", s("smollm"))
@@ -240,7 +261,7 @@ pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
         .kv("tokenizer.ggml.bos_token_id", Value::U32(1))
         .kv("tokenizer.ggml.eos_token_id", Value::U32(0))
         .kv("tokenizer.ggml.add_bos_token", Value::Bool(false));
-    if family == TinyFamily::Phi3 {
+    if family.is_phi3() {
         w.kv("tokenizer.chat_template", s(PHI3_CHAT_TEMPLATE));
     }
 
@@ -262,7 +283,7 @@ pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
     let emb = matrix(n_vocab, h, &mut rng).iter().map(|x| x * 8.0).collect::<Vec<_>>();
     w.tensor("token_embd.weight", &[h as u64, n_vocab as u64], TensorType::Q8_0, quant::quantize_q8_0(&emb).unwrap_or_default());
     w.tensor("output_norm.weight", &[h as u64], TensorType::F32, norm(h, &mut rng));
-    if matches!(family, TinyFamily::Qwen2 | TinyFamily::Phi3) {
+    if family == TinyFamily::Qwen2 || family.is_phi3() {
         put(&mut w, "output.weight", n_vocab, h, true, &mut rng);
     }
     if family == TinyFamily::Llama3 {
@@ -270,11 +291,19 @@ pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
         let factors = super::llama3_rope_factors(head_dim, theta, &s).unwrap_or_default();
         w.tensor("rope_freqs.weight", &[head_dim as u64 / 2], TensorType::F32, quant::f32_bytes(&factors));
     }
+    if family == TinyFamily::Phi3LongRope {
+        // Short factors near 1; long ones growing with the wavelength, as Phi-3-128k's do.
+        let half = head_dim / 2;
+        let short: Vec<f32> = (0..half).map(|_| 1.0 + 0.15 * (rng.uniform() + 1.0)).collect();
+        let long: Vec<f32> = (0..half).map(|i| (1.0 + 0.1 * rng.uniform()) * 24f32.powf(i as f32 / (half - 1) as f32)).collect();
+        w.tensor("rope_factors_long.weight", &[half as u64], TensorType::F32, quant::f32_bytes(&long));
+        w.tensor("rope_factors_short.weight", &[half as u64], TensorType::F32, quant::f32_bytes(&short));
+    }
     for i in 0..TINY_LAYERS {
         let name = |s: &str| format!("blk.{i}.{s}");
         w.tensor(&name("attn_norm.weight"), &[h as u64], TensorType::F32, norm(h, &mut rng));
         w.tensor(&name("ffn_norm.weight"), &[h as u64], TensorType::F32, norm(h, &mut rng));
-        if family == TinyFamily::Phi3 {
+        if family.is_phi3() {
             put(&mut w, &name("attn_qkv.weight"), q + 2 * kv, h, i == 0, &mut rng);
             put(&mut w, &name("ffn_up.weight"), 2 * f, h, i == 1, &mut rng);
         } else {

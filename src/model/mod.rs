@@ -106,6 +106,20 @@ pub enum RopeScaling {
     Linear { factor: f32 },
     /// Llama 3 style frequency-dependent scaling.
     Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position_embeddings: u32 },
+    /// Phi-3's LongRoPE: per-pair frequency divisors (`head_dim / 2` each), `short_factor` when the
+    /// engine's context fits `original_max_position_embeddings`, `long_factor` beyond it (chosen
+    /// once, at load, as llama.cpp does); cosines and sines are multiplied by `attn_factor`.
+    LongRope { short_factor: Vec<f32>, long_factor: Vec<f32>, original_max_position_embeddings: u32, attn_factor: f32 },
+}
+
+impl RopeScaling {
+    /// The factor LongRoPE puts on cosines and sines (so on queries and keys); 1 otherwise.
+    pub fn attn_factor(&self) -> f32 {
+        match self {
+            RopeScaling::LongRope { attn_factor, .. } => *attn_factor,
+            _ => 1.0,
+        }
+    }
 }
 
 /// The feed-forward block's gate activation.

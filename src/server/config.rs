@@ -106,7 +106,8 @@ pub struct LimitsConfig {
     pub body_timeout_secs: u64,
     /// Seconds in-flight requests may run after SIGTERM before they are cancelled.
     pub drain_timeout_secs: u64,
-    /// Largest context per sequence; 0 = the model's.
+    /// Largest context per sequence; 0 = the model's. (It also picks a LongRoPE model's factors:
+    /// the long ones past the model's original context.)
     pub max_context: usize,
     /// Seconds one request schema (`response_format` / `output_config`) may take to compile,
     /// checked inside the compiler's loops; past it the request gets a 422 naming the limit.

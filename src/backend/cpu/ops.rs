@@ -485,7 +485,7 @@ mod tests {
 
     #[test]
     fn rope_at_position_zero_is_identity_and_preserves_norm() {
-        let t = crate::backend::RopeParams { n_dims: 8, theta: 10000.0, scaling: crate::model::RopeScaling::None }.table();
+        let t = crate::backend::RopeParams { n_dims: 8, theta: 10000.0, scaling: crate::model::RopeScaling::None, context: 64 }.table();
         let mut cache = vec![0.0; 16];
         rope_cache(&[0, 7], &t, &mut cache);
         let x0: Vec<f32> = (0..16).map(|i| i as f32 * 0.1 - 0.3).collect();
