@@ -112,6 +112,19 @@ fn phi3_matches_llamacpp() {
     check(TinyFamily::Phi3);
 }
 
+/// Mistral (as llama.cpp converts it, `llama`): one KV head for four query heads and a head size
+/// that is not width / heads; its template is recognised as the mistral family.
+#[test]
+fn mistral_matches_llamacpp() {
+    check(TinyFamily::Mistral);
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("tiny-mistral.gguf");
+    std::fs::write(&path, tiny_family_gguf_bytes(TinyFamily::Mistral, SEED)).unwrap();
+    applianced::import::import_model(&path, &Default::default(), &tmp.path().join("m"), &mut |_| {}).unwrap();
+    let tpl = applianced::tokenizer::template::ChatTemplate::load(&tmp.path().join("m").join(applianced::model::CHAT_TEMPLATE_PATH)).unwrap();
+    assert_eq!(tpl.family(), "mistral");
+}
+
 /// LongRoPE with a context that fits the original one (256): the short factors.
 #[test]
 fn phi3_longrope_short_matches_llamacpp() {

@@ -5,7 +5,7 @@ tests/data/reference/families/ for tests/families_reference.rs. Run once by a de
     .cache/venv-bench/bin/python scripts/reference/families_llamacpp.py /tmp/fam tests/data/reference/families
 
 Needs llama-cpp-python (0.3.36 here, llama.cpp 0c1e57098bba) and numpy.
-Writes per family NAME (llama3, qwen2, qwen3, phi3, phi3-longrope-short, phi3-longrope-long; the
+Writes per family NAME (llama3, qwen2, qwen3, phi3, mistral, phi3-longrope-short, phi3-longrope-long; the
 last two are one GGUF, tiny-phi3-longrope.gguf, run with a context of 256 (its original context:
 LongRoPE's short factors) and of 512 (past it: the long factors)):
   NAME.json           gguf_sha256 (the file the logits were computed on), n_vocab, the prompts
@@ -25,7 +25,7 @@ from llama_cpp import Llama
 
 src, out = sys.argv[1], sys.argv[2]
 os.makedirs(out, exist_ok=True)
-NAMES = sys.argv[3:] or ["llama3", "qwen2", "qwen3", "phi3", "phi3-longrope-short", "phi3-longrope-long"]
+NAMES = sys.argv[3:] or ["llama3", "qwen2", "qwen3", "phi3", "phi3-longrope-short", "phi3-longrope-long", "mistral"]
 # The context each run gets, and the GGUF of the names that share one.
 N_CTX = {"phi3-longrope-long": 512}
 GGUF = {"phi3-longrope-short": "phi3-longrope", "phi3-longrope-long": "phi3-longrope"}

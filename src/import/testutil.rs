@@ -27,6 +27,9 @@ pub const SMOLLM_CHAT_TEMPLATE: &str = "{% for message in messages %}{% if loop.
 pub const PHI3_CHAT_TEMPLATE: &str = "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
 
 /// Merges of the tiny vocabulary, in rank order (each side and the result are tokens).
+/// Mistral-7B-Instruct-v0.1's chat template.
+pub const MISTRAL_CHAT_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
+
 pub const TINY_MERGES: &[(&str, &str)] = &[
     ("Ġ", "t"),
     ("h", "e"),
@@ -168,10 +171,14 @@ pub enum TinyFamily {
     /// `phi3` with LongRoPE (the 128k models' layout): `rope_factors_short/long.weight`, a
     /// context of 1 024 over an original 256, and an explicit `rope.scaling.attn_factor`.
     Phi3LongRope,
+    /// Mistral as llama.cpp converts it (`llama`): θ 1 000 000, 4 query heads on one KV head, a
+    /// head size of 32 with width 64 (not width / heads, as Mistral Nemo), Mistral's template.
+    Mistral,
 }
 
 impl TinyFamily {
-    pub const ALL: [TinyFamily; 5] = [TinyFamily::Llama3, TinyFamily::Qwen2, TinyFamily::Qwen3, TinyFamily::Phi3, TinyFamily::Phi3LongRope];
+    pub const ALL: [TinyFamily; 6] =
+        [TinyFamily::Llama3, TinyFamily::Qwen2, TinyFamily::Qwen3, TinyFamily::Phi3, TinyFamily::Phi3LongRope, TinyFamily::Mistral];
 
     /// Phi3LongRope's original context: a longer engine context takes the long factors.
     pub const LONGROPE_ORIGINAL_CONTEXT: usize = 256;
@@ -186,6 +193,7 @@ impl TinyFamily {
             TinyFamily::Qwen3 => "qwen3",
             TinyFamily::Phi3 => "phi3",
             TinyFamily::Phi3LongRope => "phi3-longrope",
+            TinyFamily::Mistral => "mistral",
         }
     }
 
@@ -196,7 +204,7 @@ impl TinyFamily {
     /// `general.architecture`.
     pub fn arch(self) -> &'static str {
         match self {
-            TinyFamily::Llama3 => "llama",
+            TinyFamily::Llama3 | TinyFamily::Mistral => "llama",
             TinyFamily::Qwen2 => "qwen2",
             TinyFamily::Qwen3 => "qwen3",
             TinyFamily::Phi3 | TinyFamily::Phi3LongRope => "phi3",
@@ -220,11 +228,15 @@ pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
     }
     let n_vocab = tokens.len();
     let arch = family.arch();
-    let head_dim = if family == TinyFamily::Qwen3 { 32 } else { 16 };
-    let kv_heads = if family.is_phi3() { TINY_HEADS } else { TINY_KV_HEADS };
+    let head_dim = if matches!(family, TinyFamily::Qwen3 | TinyFamily::Mistral) { 32 } else { 16 };
+    let kv_heads = match family {
+        _ if family.is_phi3() => TINY_HEADS,
+        TinyFamily::Mistral => 1,
+        _ => TINY_KV_HEADS,
+    };
     let theta = match family {
         TinyFamily::Llama3 => 500_000.0,
-        TinyFamily::Qwen2 | TinyFamily::Qwen3 => 1_000_000.0,
+        TinyFamily::Qwen2 | TinyFamily::Qwen3 | TinyFamily::Mistral => 1_000_000.0,
         TinyFamily::Phi3 | TinyFamily::Phi3LongRope => 10_000.0,
     };
     let context = if family == TinyFamily::Phi3LongRope { 4 * TINY_CONTEXT } else { TINY_CONTEXT };
@@ -243,7 +255,7 @@ pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
         .kv(&k("attention.head_count_kv"), u(kv_heads))
         .kv(&k("rope.freq_base"), Value::F32(theta))
         .kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6));
-    if family == TinyFamily::Qwen3 {
+    if matches!(family, TinyFamily::Qwen3 | TinyFamily::Mistral) {
         w.kv(&k("attention.key_length"), u(head_dim)).kv(&k("attention.value_length"), u(head_dim));
     }
     if family.is_phi3() {
@@ -263,6 +275,9 @@ pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
         .kv("tokenizer.ggml.add_bos_token", Value::Bool(false));
     if family.is_phi3() {
         w.kv("tokenizer.chat_template", s(PHI3_CHAT_TEMPLATE));
+    }
+    if family == TinyFamily::Mistral {
+        w.kv("tokenizer.chat_template", s(MISTRAL_CHAT_TEMPLATE));
     }
 
     let matrix = |rows: usize, cols: usize, rng: &mut Rng| -> Vec<f32> {
