@@ -102,9 +102,20 @@ fn qwen2_matches_llamacpp() {
     check(TinyFamily::Qwen2);
 }
 
+/// A helper: the tiny model of `family` imported into a temporary directory, and its template.
+fn imported_template(family: TinyFamily) -> applianced::tokenizer::template::ChatTemplate {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("tiny.gguf");
+    std::fs::write(&path, tiny_family_gguf_bytes(family, SEED)).unwrap();
+    applianced::import::import_model(&path, &Default::default(), &tmp.path().join("m"), &mut |_| {}).unwrap();
+    applianced::tokenizer::template::ChatTemplate::load(&tmp.path().join("m").join(applianced::model::CHAT_TEMPLATE_PATH)).unwrap()
+}
+
+/// Qwen3, with the instruct models' own chat template (recognised as the qwen3 family).
 #[test]
 fn qwen3_matches_llamacpp() {
     check(TinyFamily::Qwen3);
+    assert_eq!(imported_template(TinyFamily::Qwen3).family(), "qwen3");
 }
 
 #[test]
@@ -117,12 +128,7 @@ fn phi3_matches_llamacpp() {
 #[test]
 fn mistral_matches_llamacpp() {
     check(TinyFamily::Mistral);
-    let tmp = tempfile::tempdir().unwrap();
-    let path = tmp.path().join("tiny-mistral.gguf");
-    std::fs::write(&path, tiny_family_gguf_bytes(TinyFamily::Mistral, SEED)).unwrap();
-    applianced::import::import_model(&path, &Default::default(), &tmp.path().join("m"), &mut |_| {}).unwrap();
-    let tpl = applianced::tokenizer::template::ChatTemplate::load(&tmp.path().join("m").join(applianced::model::CHAT_TEMPLATE_PATH)).unwrap();
-    assert_eq!(tpl.family(), "mistral");
+    assert_eq!(imported_template(TinyFamily::Mistral).family(), "mistral");
 }
 
 /// LongRoPE with a context that fits the original one (256): the short factors.

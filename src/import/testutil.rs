@@ -27,6 +27,9 @@ pub const SMOLLM_CHAT_TEMPLATE: &str = "{% for message in messages %}{% if loop.
 pub const PHI3_CHAT_TEMPLATE: &str = "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
 
 /// Merges of the tiny vocabulary, in rank order (each side and the result are tokens).
+/// The Qwen3 instruct models' chat template (tests/data/templates/qwen3.jinja, with its provenance).
+pub const QWEN3_CHAT_TEMPLATE: &str = include_str!("../../tests/data/templates/qwen3.jinja");
+
 /// Mistral-7B-Instruct-v0.1's chat template.
 pub const MISTRAL_CHAT_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
 
@@ -164,7 +167,8 @@ pub enum TinyFamily {
     Llama3,
     /// `qwen2`: q/k/v biases, θ 1 000 000, an untied output head, NeoX RoPE (Hugging Face row order).
     Qwen2,
-    /// `qwen3`: QK-norm before RoPE, head size 32 with width 64 and 4 heads (not width / heads).
+    /// `qwen3`: QK-norm before RoPE, head size 32 with width 64 and 4 heads (not width / heads);
+    /// the Qwen3 instruct models' chat template.
     Qwen3,
     /// `phi3`: one fused q/k/v tensor and one fused gate/up tensor, an untied output head.
     Phi3,
@@ -278,6 +282,9 @@ pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
     }
     if family == TinyFamily::Mistral {
         w.kv("tokenizer.chat_template", s(MISTRAL_CHAT_TEMPLATE));
+    }
+    if family == TinyFamily::Qwen3 {
+        w.kv("tokenizer.chat_template", s(QWEN3_CHAT_TEMPLATE));
     }
 
     let matrix = |rows: usize, cols: usize, rng: &mut Rng| -> Vec<f32> {

@@ -122,6 +122,10 @@ pub struct ChatRequest {
     /// Declared tools and the tool choice (`None`: no `tools` field). When active, their
     /// declaration is already in the system message and the answer is held to their grammar.
     pub tools: Option<ToolSpec>,
+    /// `Some(false)`: the client turned reasoning off (Anthropic `thinking: {"type": "disabled"}`,
+    /// OpenAI `reasoning_effort: "none"`); a reasoning model (Qwen3) then answers directly, as its
+    /// template's `enable_thinking=false` has it. `None`: the model's default.
+    pub thinking: Option<bool>,
 }
 
 impl ChatRequest {
@@ -476,7 +480,8 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
     }
     known.extend(HINTS);
     known.extend(["output_config", "output_format", "tools", "tool_choice"]);
-    o.reject_unknown(&known, &["thinking", "mcp_servers", "container"])?;
+    known.push("thinking");
+    o.reject_unknown(&known, &["mcp_servers", "container"])?;
     let tools = anthropic_tools(&o)?;
     let fmt = match (o.get("output_config"), o.get("output_format")) {
         (Some(c), _) => match c.get("format") {
@@ -569,7 +574,30 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
     }
     let preset = o.str("preset")?.map(str::to_owned);
     declare_tools(&mut messages, tools.as_ref(), schema.is_some(), "output_config")?;
-    Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false, overrides, schema, preset, prompt: None, tools })
+    let thinking = anthropic_thinking(&o)?;
+    Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false, overrides, schema, preset, prompt: None, tools, thinking })
+}
+
+/// Anthropic's `thinking`: `{"type": "disabled"}` turns a reasoning model's thinking off. Enabling
+/// it with a token budget is refused: the budget would not be enforced (thinking is the model's
+/// default, without a budget, when the field is absent).
+fn anthropic_thinking(o: &Obj) -> Result<Option<bool>, ApiError> {
+    let Some(v) = o.get("thinking") else { return Ok(None) };
+    let Value::Object(tm) = v else {
+        return Err(ApiError::bad("thinking", format!("expected an object, got {}", kind(v))));
+    };
+    let t = Obj::new(tm, "thinking");
+    match t.req_str("type")? {
+        "disabled" => {
+            t.reject_unknown(&["type"], &[])?;
+            Ok(Some(false))
+        }
+        "enabled" | "adaptive" => Err(ApiError::unsupported(
+            "thinking.type",
+            "thinking budgets are not enforced by this server: omit `thinking` (a reasoning model then thinks as long as it needs) or send {\"type\": \"disabled\"}",
+        )),
+        other => Err(ApiError::bad("thinking.type", format!("expected \"disabled\" or \"enabled\", got {other:?}"))),
+    }
 }
 
 /// `POST /v1/chat/completions`.
@@ -579,9 +607,9 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         &[
             "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream",
             "stream_options", "user", "frequency_penalty", "presence_penalty", "logprobs", "response_format", "store",
-            "metadata", "parallel_tool_calls", "service_tier", "preset", "tools", "tool_choice",
+            "metadata", "parallel_tool_calls", "service_tier", "preset", "tools", "tool_choice", "reasoning_effort",
         ],
-        &["functions", "function_call", "logit_bias", "top_logprobs", "audio", "modalities", "prediction", "reasoning_effort", "web_search_options"],
+        &["functions", "function_call", "logit_bias", "top_logprobs", "audio", "modalities", "prediction", "web_search_options"],
     )?;
     let arr = messages_array(&o)?;
     let mut messages: Vec<ChatMessage> = Vec::new();
@@ -658,6 +686,16 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
     }
     let mut r = openai_params(&o)?;
     r.tools = openai_tools(&o)?;
+    r.thinking = match o.str("reasoning_effort")? {
+        None => None,
+        Some("none") => Some(false),
+        Some(other) => {
+            return Err(ApiError::unsupported(
+                "reasoning_effort",
+                format!("{other:?} is not supported: a reasoning model here thinks as long as it needs by default; send \"none\" to turn thinking off"),
+            ))
+        }
+    };
     declare_tools(&mut messages, r.tools.as_ref(), r.schema.is_some(), "response_format")?;
     r.messages = messages;
     Ok(r)
@@ -778,7 +816,7 @@ fn openai_params(o: &Obj<'_>) -> Result<ChatRequest, ApiError> {
     }
     overrides.seed = seed;
     let preset = o.str("preset")?.map(str::to_owned);
-    Ok(ChatRequest { model, messages: Vec::new(), max_tokens: mt.map(|x| x as usize), sampling, seed, stop, stream, include_usage, overrides, schema, preset, prompt: None, tools: None })
+    Ok(ChatRequest { model, messages: Vec::new(), max_tokens: mt.map(|x| x as usize), sampling, seed, stop, stream, include_usage, overrides, schema, preset, prompt: None, tools: None, thinking: None })
 }
 
 // ---- responses ----
@@ -1101,6 +1139,25 @@ mod tests {
 
     fn obj(s: &str) -> Map<String, Value> {
         parse_object(s.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn thinking_can_be_turned_off_on_both_apis_and_budgets_are_refused() {
+        let a = |extra: &str| parse_anthropic(&obj(&format!(r#"{{"model":"m","max_tokens":5,"messages":[{{"role":"user","content":"a"}}]{extra}}}"#)), false);
+        assert_eq!(a("").unwrap().thinking, None);
+        assert_eq!(a(r#","thinking":{"type":"disabled"}"#).unwrap().thinking, Some(false));
+        let e = a(r#","thinking":{"type":"enabled","budget_tokens":1024}"#).unwrap_err();
+        assert_eq!((e.status, e.message.contains("thinking.type") && e.message.contains("disabled")), (422, true), "{}", e.message);
+        assert_eq!(a(r#","thinking":{"type":"sometimes"}"#).unwrap_err().status, 400);
+        assert_eq!(a(r#","thinking":"off""#).unwrap_err().status, 400);
+        // count_tokens takes it too (the prompt it counts is the one the answer would get).
+        let c = parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}],"thinking":{"type":"disabled"}}"#), true).unwrap();
+        assert_eq!(c.thinking, Some(false));
+        let o = |extra: &str| parse_openai(&obj(&format!(r#"{{"model":"m","messages":[{{"role":"user","content":"a"}}]{extra}}}"#)));
+        assert_eq!(o("").unwrap().thinking, None);
+        assert_eq!(o(r#","reasoning_effort":"none""#).unwrap().thinking, Some(false));
+        let e = o(r#","reasoning_effort":"high""#).unwrap_err();
+        assert_eq!((e.status, e.message.starts_with("reasoning_effort")), (422, true), "{}", e.message);
     }
 
     #[test]

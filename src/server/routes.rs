@@ -216,7 +216,7 @@ fn build_prompt(state: &State, creq: &ChatRequest, flavor: Flavor) -> Result<(St
     let prefill = flavor == Flavor::Anthropic && creq.ends_with_prefill();
     let msgs = if prefill { &creq.messages[..creq.messages.len() - 1] } else { &creq.messages[..] };
     let prefill_text = if prefill { creq.messages.last().map(|m| m.content.as_str()) } else { None };
-    match state.rt.prompts().chat(msgs, prefill_text) {
+    match state.rt.prompts().chat_thinking(msgs, prefill_text, creq.thinking) {
         Ok(p) => Ok((p.text, p.tokens)),
         Err(e @ PromptError::Template(_)) => Err(ApiError::unsupported("messages", e.to_string())),
         Err(e @ PromptError::Tokenize(_)) => Err(ApiError::new(400, e.to_string())),

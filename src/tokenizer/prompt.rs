@@ -72,6 +72,16 @@ impl<'a> PromptBuilder<'a> {
         Ok(Prompt { text, tokens })
     }
 
+    /// [`PromptBuilder::chat`], with the model's reasoning turned off when `thinking` is
+    /// `Some(false)` (Qwen3: its empty `<think>` block starts the answer, as its template renders
+    /// `enable_thinking=false`; other families do not think, and it changes nothing).
+    pub fn chat_thinking(&self, msgs: &[ChatMessage], prefill: Option<&str>, thinking: Option<bool>) -> Result<Prompt, PromptError> {
+        match (thinking, self.template.thinking_off_prefill()) {
+            (Some(false), Some(off)) => self.chat(msgs, Some(&format!("{off}{}", prefill.unwrap_or("")))),
+            _ => self.chat(msgs, prefill),
+        }
+    }
+
     /// Plain text as the model sees it, with no chat template: a completion prompt
     /// (`POST /v1/completions`, `applianced run --raw`, and any prompt to a base model). Control-token
     /// text in it stays text; BOS goes first where the model adds one.
@@ -187,6 +197,23 @@ mod tests {
         let pre = b.user(Some("sys"), "q", Some("<|im_end|>")).unwrap();
         assert_eq!((count(&pre, 0), count(&pre, 1)), (3, 2), "{:?}", pre.tokens);
         assert!(pre.text.ends_with("assistant\n<|im_end|>"));
+    }
+
+    #[test]
+    fn thinking_off_prefills_qwen3s_empty_reasoning_block_only() {
+        let tok = crate::tokenizer::tests::tiny();
+        let msgs = [ChatMessage::new("user", "q")];
+        let qwen3 = ChatTemplate::Qwen3;
+        let b = PromptBuilder::new(&tok, &qwen3, &cfg());
+        let on = b.chat_thinking(&msgs, None, None).unwrap();
+        assert!(on.text.ends_with("<|im_start|>assistant\n"), "{:?}", on.text);
+        let off = b.chat_thinking(&msgs, Some("A"), Some(false)).unwrap();
+        assert!(off.text.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\nA"), "{:?}", off.text);
+        assert_eq!(tok.decode(&off.tokens), off.text);
+        // A family that does not think: nothing changes.
+        let chatml = ChatTemplate::Chatml { default_system: None };
+        let b = PromptBuilder::new(&tok, &chatml, &cfg());
+        assert_eq!(b.chat_thinking(&msgs, None, Some(false)).unwrap(), b.chat(&msgs, None).unwrap());
     }
 
     #[test]

@@ -9,8 +9,9 @@
 //! fallback.
 //!
 //! Families: ChatML (`<|im_start|>`, with an optional default system prompt inserted when the first
-//! message is not a system message: SmolLM2, Qwen2/2.5), Llama-3 (`<|start_header_id|>`), Mistral
-//! (`[INST]`), Gemma (`<start_of_turn>`).
+//! message is not a system message: SmolLM2, Qwen2/2.5), Qwen3 (ChatML with `<think>` reasoning
+//! blocks), Llama-3 (`<|start_header_id|>`), Mistral (`[INST]`), Gemma (`<start_of_turn>`), Phi-3
+//! (`<|user|>`, `<|end|>`).
 
 use std::path::Path;
 
@@ -49,6 +50,12 @@ pub enum ChatTemplate {
     /// Phi-4-mini); the generation prompt `<|assistant|>{nl}`, else `eos` after the last message.
     /// `skip_empty_system`: a system message with empty content is left out (Phi-3.5).
     Phi3 { eos: String, newline: bool, skip_empty_system: bool },
+    /// Qwen3: ChatML with no default system prompt, and its reasoning blocks handled as its template
+    /// does. An assistant turn's `<think>…</think>` reasoning is dropped before the last user query
+    /// and kept, as `<think>\n{reasoning}\n</think>\n\n{answer}`, after it (always on the last
+    /// message). The generation prompt is `<|im_start|>assistant\n` (thinking on, the template's
+    /// default); [`ChatTemplate::NO_THINKING_PREFILL`] turns thinking off.
+    Qwen3,
     /// No chat template: a base (pretrained) model, served as a completion model (text in, text
     /// out). Rendering a conversation is an error that names the completion interfaces.
     None,
@@ -76,7 +83,18 @@ impl ChatTemplate {
         !matches!(self, ChatTemplate::None)
     }
 
-    /// Family name ("chatml", "llama3", "mistral", "gemma", "phi3"; "none" for a completion model).
+    /// Qwen3's answer prefill with thinking off: what its template adds after the generation prompt
+    /// for `enable_thinking=false`.
+    pub const NO_THINKING_PREFILL: &'static str = "<think>\n\n</think>\n\n";
+
+    /// What goes before the answer when the client turns thinking off: Qwen3's empty reasoning
+    /// block; `None` for a family that does not think.
+    pub fn thinking_off_prefill(&self) -> Option<&'static str> {
+        matches!(self, ChatTemplate::Qwen3).then_some(Self::NO_THINKING_PREFILL)
+    }
+
+    /// Family name ("chatml", "llama3", "mistral", "gemma", "phi3", "qwen3"; "none" for a
+    /// completion model).
     pub fn family(&self) -> &'static str {
         match self {
             ChatTemplate::Chatml { .. } => "chatml",
@@ -84,6 +102,7 @@ impl ChatTemplate {
             ChatTemplate::Mistral { .. } => "mistral",
             ChatTemplate::Gemma { .. } => "gemma",
             ChatTemplate::Phi3 { .. } => "phi3",
+            ChatTemplate::Qwen3 => "qwen3",
             ChatTemplate::None => "none",
         }
     }
@@ -151,6 +170,7 @@ impl ChatTemplate {
                     out.push_str("<start_of_turn>model\n");
                 }
             }
+            ChatTemplate::Qwen3 => qwen3(messages, add_generation_prompt, &mut out)?,
             ChatTemplate::Phi3 { eos, newline, skip_empty_system } => {
                 let nl = if *newline { "\n" } else { "" };
                 for m in messages {
@@ -177,6 +197,9 @@ impl ChatTemplate {
     pub fn from_jinja(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, TokenizerError> {
         let jinja = JinjaProbe::new(source, bos_token, eos_token);
         let mut candidates = Vec::new();
+        if source.contains("<|im_start|>") && source.contains("</think>") {
+            candidates.push(ChatTemplate::Qwen3);
+        }
         if source.contains("<|im_start|>") {
             // The default system prompt, if any, is what the template puts before a lone user turn.
             let first = jinja.render(&[ChatMessage::new("user", "Hello")], false);
@@ -222,6 +245,39 @@ impl ChatTemplate {
     }
 }
 
+/// Qwen3's layout (see [`ChatTemplate::Qwen3`]), step for step as its Jinja.
+fn qwen3(messages: &[ChatMessage], add_generation_prompt: bool, out: &mut String) -> Result<(), TokenizerError> {
+    // The last user message that is a query (not a tool response wrapped as one): reasoning
+    // after it is part of the turn in progress.
+    let is_query = |m: &ChatMessage| m.role == "user" && !(m.content.starts_with("<tool_response>") && m.content.ends_with("</tool_response>"));
+    let last_query = messages.iter().rposition(is_query).unwrap_or(messages.len().saturating_sub(1));
+    for (i, m) in messages.iter().enumerate() {
+        match m.role.as_str() {
+            "system" | "user" => out.push_str(&format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content)),
+            "assistant" => {
+                let (mut reasoning, mut content) = ("", m.content.as_str());
+                if let (Some(first), Some(last)) = (content.find("</think>"), content.rfind("</think>")) {
+                    let before = content[..first].trim_end_matches('\n');
+                    reasoning = before.rsplit("<think>").next().unwrap_or(before).trim_start_matches('\n');
+                    content = content[last + "</think>".len()..].trim_start_matches('\n');
+                }
+                out.push_str("<|im_start|>assistant\n");
+                if i > last_query && (i + 1 == messages.len() || !reasoning.is_empty()) {
+                    out.push_str(&format!("<think>\n{}\n</think>\n\n{}", reasoning.trim_matches('\n'), content.trim_start_matches('\n')));
+                } else {
+                    out.push_str(content);
+                }
+                out.push_str("<|im_end|>\n");
+            }
+            other => return Err(role_err(other)),
+        }
+    }
+    if add_generation_prompt {
+        out.push_str("<|im_start|>assistant\n");
+    }
+    Ok(())
+}
+
 fn check_alternation(i: usize, role: &str) -> Result<(), TokenizerError> {
     match role {
         "user" | "assistant" => {}
@@ -249,6 +305,9 @@ impl<'a> JinjaProbe<'a> {
         if let Ok(syntax) = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build() {
             env.set_syntax(syntax);
         }
+        // Python's string methods (`startswith`, `split`, `strip`, ...), as Hugging Face's
+        // renderer has them (Qwen3's template calls them).
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
             Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
         });
@@ -284,6 +343,12 @@ impl<'a> JinjaProbe<'a> {
             (vec![m("user", "  spaced out \n"), m("assistant", "\n ok ")], true),
             (vec![m("user", "ünïcödé 中文 😀")], true),
             (vec![m("system", ""), m("user", "Hi")], true),
+            // Reasoning blocks in the history (Qwen3 drops or keeps them by position).
+            (vec![m("user", "Hi"), m("assistant", "<think>\nplan\n</think>\n\nHello!"), m("user", "More")], true),
+            (vec![m("user", "Hi"), m("assistant", "<think>x</think>y")], false),
+            (vec![m("user", "Hi"), m("assistant", "plain")], false),
+            (vec![m("user", "Q"), m("assistant", "<think>a</think>\n\nA"), m("user", "<tool_response>\nr\n</tool_response>"), m("assistant", "<think>\nb\n</think>B")], false),
+            (vec![m("user", "Q"), m("assistant", "x </think> y </think>\n z"), m("user", "<tool_response>\nr\n</tool_response>"), m("assistant", "C")], true),
         ];
         for (i, (msgs, gen)) in probes.iter().enumerate() {
             let want = self.render(msgs, *gen);
@@ -344,6 +409,25 @@ mod tests {
         assert_eq!(t, ChatTemplate::Phi3 { eos: "<|endoftext|>".into(), newline: false, skip_empty_system: false });
         let r = t.render(&[ChatMessage::new("system", "S"), ChatMessage::new("user", "Hi")], true).unwrap();
         assert_eq!(r, "<|system|>S<|end|><|user|>Hi<|end|><|assistant|>");
+    }
+
+    #[test]
+    fn recognises_qwen3_and_its_reasoning_blocks() {
+        let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/templates/qwen3.jinja")).unwrap();
+        let t = ChatTemplate::from_jinja(&src, "", "<|im_end|>").unwrap();
+        assert_eq!(t, ChatTemplate::Qwen3);
+        let m = ChatMessage::new;
+        // Reasoning before the last query is dropped; the turn in progress keeps it.
+        let r = t.render(&[m("user", "Hi"), m("assistant", "<think>\nplan\n</think>\n\nHello!"), m("user", "More")], true).unwrap();
+        assert_eq!(r, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n");
+        let r = t.render(&[m("user", "Hi"), m("assistant", "<think>x</think>y")], false).unwrap();
+        assert_eq!(r, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nx\n</think>\n\ny<|im_end|>\n");
+        assert!(matches!(t.render(&[m("tool", "x")], true), Err(TokenizerError::UnknownRole(_))));
+        // A Qwen2.5-style template without the reasoning rules is plain ChatML, not Qwen3.
+        assert_eq!(ChatTemplate::from_jinja(QWEN2, "", "<|im_end|>").unwrap().family(), "chatml");
+        // The JSON form a bundle stores.
+        assert_eq!(serde_json::from_str::<ChatTemplate>(&t.to_json()).unwrap(), t);
+        assert!(t.to_json().contains("\"qwen3\""));
     }
 
     #[test]
