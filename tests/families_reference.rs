@@ -242,3 +242,114 @@ fn an_unknown_architecture_is_named() {
     let e = applianced::import::import_model(&path, &Default::default(), &tmp.path().join("m"), &mut |_| {}).unwrap_err().to_string();
     assert!(e.contains("qwen9"), "{e}");
 }
+
+/// The tiny model of `family` rewritten as a Hugging Face directory (f32 weights under Hugging
+/// Face names, `config.json` with `hf_config`'s keys, the tokenizer and chat template), imported,
+/// must give exactly what the GGUF gives (both imported at f32): so the Hugging Face path is as
+/// proved as the GGUF one is above. The GGUF rows of these families are already in Hugging Face
+/// order; Phi-3's fused tensors keep their Hugging Face names and layout.
+fn hf_directory_imports_like_the_gguf(family: TinyFamily, hf_config: serde_json::Value) {
+    use applianced::import::{quant::dequantize, ImportOptions};
+    use applianced::model::{self, ModelConfig, TensorType};
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("tiny.gguf");
+    std::fs::write(&src, tiny_family_gguf_bytes(family, SEED)).unwrap();
+    let f32_opts = ImportOptions { quantize: Some(TensorType::F32) };
+    let from_gguf = tmp.path().join("g");
+    applianced::import::import_model(&src, &f32_opts, &from_gguf, &mut |_| {}).unwrap();
+    let g = GgufFile::open(&src).unwrap();
+    let hf = tmp.path().join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for t in &g.tensors {
+        let hf_name = match t.name.as_str() {
+            "token_embd.weight" => "model.embed_tokens.weight".to_string(),
+            "output_norm.weight" => "model.norm.weight".to_string(),
+            "output.weight" => "lm_head.weight".to_string(),
+            n if n.starts_with("rope_factors_") => continue, // in config.json's rope_scaling
+            n => {
+                let (i, tail) = n.strip_prefix("blk.").unwrap().split_once('.').unwrap();
+                let m = match tail {
+                    "attn_norm.weight" => "input_layernorm.weight",
+                    "attn_q.weight" => "self_attn.q_proj.weight",
+                    "attn_k.weight" => "self_attn.k_proj.weight",
+                    "attn_v.weight" => "self_attn.v_proj.weight",
+                    "attn_qkv.weight" => "self_attn.qkv_proj.weight",
+                    "attn_q_norm.weight" => "self_attn.q_norm.weight",
+                    "attn_k_norm.weight" => "self_attn.k_norm.weight",
+                    "attn_output.weight" => "self_attn.o_proj.weight",
+                    "ffn_norm.weight" => "post_attention_layernorm.weight",
+                    "ffn_gate.weight" => "mlp.gate_proj.weight",
+                    "ffn_up.weight" if family.arch() == "phi3" => "mlp.gate_up_proj.weight",
+                    "ffn_up.weight" => "mlp.up_proj.weight",
+                    "ffn_down.weight" => "mlp.down_proj.weight",
+                    other => panic!("{other}"),
+                };
+                format!("model.layers.{i}.{m}")
+            }
+        };
+        let x = dequantize(t.ty, g.tensor_data(t)).unwrap();
+        tensors.push((hf_name, t.shape(), x.iter().flat_map(|v| v.to_le_bytes()).collect()));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> =
+        tensors.iter().map(|(n, s, d)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap())).collect();
+    safetensors::serialize_to_file(views, &None, &hf.join("model.safetensors")).unwrap();
+    std::fs::copy(from_gguf.join(model::TOKENIZER_PATH), hf.join("tokenizer.json")).unwrap();
+    let Some(Value::String(template)) = g.metadata.get("tokenizer.chat_template") else { panic!("no template") };
+    let tc = serde_json::json!({"chat_template": template, "bos_token": "<|im_start|>", "eos_token": "<|endoftext|>", "add_bos_token": false});
+    std::fs::write(hf.join("tokenizer_config.json"), tc.to_string()).unwrap();
+    let mut cfg = serde_json::json!({
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "vocab_size": g.metadata.get("tokenizer.ggml.tokens").map_or(0, |v| match v { Value::Array(a) => a.len(), _ => 0 }),
+        "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 0, "_name_or_path": format!("tiny-{}", family.name()),
+    });
+    for (k, v) in hf_config.as_object().unwrap() {
+        cfg[k] = v.clone();
+    }
+    std::fs::write(hf.join("config.json"), cfg.to_string()).unwrap();
+    let from_hf = tmp.path().join("h");
+    let mut notes = Vec::new();
+    let s = applianced::import::import_model(&hf, &f32_opts, &from_hf, &mut |m| notes.push(m.to_string())).unwrap_or_else(|e| panic!("{}: {e}", family.name()));
+    assert_eq!(s.source_format, "huggingface");
+    assert!(!notes.iter().any(|n| n.starts_with("ignoring tensor")), "{notes:?}");
+    let config = |d: &Path| -> ModelConfig { serde_json::from_str(&std::fs::read_to_string(d.join(model::CONFIG_PATH)).unwrap()).unwrap() };
+    assert_eq!(config(&from_hf), config(&from_gguf), "{}: config", family.name());
+    for f in [model::WEIGHTS_PATH, model::TOKENIZER_PATH, model::CHAT_TEMPLATE_PATH] {
+        assert!(std::fs::read(from_gguf.join(f)).unwrap() == std::fs::read(from_hf.join(f)).unwrap(), "{}: {f} differs", family.name());
+    }
+}
+
+#[test]
+fn qwen3_hf_directory_imports_like_the_gguf() {
+    hf_directory_imports_like_the_gguf(
+        TinyFamily::Qwen3,
+        serde_json::json!({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_key_value_heads": 2, "head_dim": 32,
+            "max_position_embeddings": 256, "rope_theta": 1_000_000.0, "tie_word_embeddings": true, "attention_bias": false}),
+    );
+}
+
+/// Phi-3 with LongRoPE: fused `qkv_proj` and `gate_up_proj`, and `rope_scaling` of type
+/// `longrope` with its factor lists and `attention_factor`.
+#[test]
+fn phi3_longrope_hf_directory_imports_like_the_gguf() {
+    let g = tiny_family_gguf_bytes(TinyFamily::Phi3LongRope, SEED);
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("x.gguf");
+    std::fs::write(&path, &g).unwrap();
+    let g = GgufFile::open(&path).unwrap();
+    let factors = |name: &str| {
+        let t = g.tensors.iter().find(|t| t.name == name).unwrap();
+        applianced::import::quant::dequantize(t.ty, g.tensor_data(t)).unwrap()
+    };
+    let mut cfg = serde_json::json!({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "num_key_value_heads": 4,
+        "max_position_embeddings": 1024, "original_max_position_embeddings": 256, "rope_theta": 10_000.0,
+        "tie_word_embeddings": false, "sliding_window": 262144,
+        "rope_scaling": {"type": "longrope", "short_factor": factors("rope_factors_short.weight"), "long_factor": factors("rope_factors_long.weight"),
+            "attention_factor": TinyFamily::LONGROPE_ATTN_FACTOR}});
+    hf_directory_imports_like_the_gguf(TinyFamily::Phi3LongRope, cfg.clone());
+    // Partial rotary embeddings (Phi-4-mini's 0.75) are refused by name, not run wrong.
+    cfg["partial_rotary_factor"] = serde_json::json!(0.75);
+    let e = std::panic::catch_unwind(|| hf_directory_imports_like_the_gguf(TinyFamily::Phi3LongRope, cfg)).unwrap_err();
+    let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("partial_rotary_factor"), "{msg}");
+}

@@ -471,10 +471,10 @@ fn hf_directory_imports_like_the_equivalent_gguf() {
     assert!(matches!(c.rope_scaling, model::RopeScaling::Llama3 { factor, .. } if factor == 8.0));
     // An unsupported HF architecture.
     let mut cfg4 = cfg.clone();
-    cfg4["architectures"] = serde_json::json!(["Phi3ForCausalLM"]);
+    cfg4["architectures"] = serde_json::json!(["FalconForCausalLM"]);
     std::fs::write(hf.join("config.json"), cfg4.to_string()).unwrap();
     let e = err_text(import(&hf, &ImportOptions::default(), &dir.path().join("h4")));
-    assert!(e.contains("Phi3ForCausalLM is not supported yet"), "{e}");
+    assert!(e.contains("FalconForCausalLM is not supported yet"), "{e}");
 }
 
 /// A Qwen2 GGUF (keys under `qwen2.`, Q/K/V biases, NeoX row order) is imported into the llama

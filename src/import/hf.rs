@@ -1,5 +1,6 @@
 //! Hugging Face model directory reader: `config.json`, `*.safetensors` (one or more shards),
-//! `tokenizer.json`, `tokenizer_config.json` (with `chat_template`).
+//! `tokenizer.json`, `tokenizer_config.json` (with `chat_template`). Architectures: Llama, Mistral,
+//! Qwen2, Qwen3 (QK-norm) and Phi-3 (fused `qkv_proj` and `gate_up_proj`, LongRoPE).
 //!
 //! Tensor names are mapped to GGUF llama names (as llama.cpp's `convert_hf_to_gguf.py` does) and Q/K
 //! projection rows (and biases) are permuted from rotary-halves order to adjacent-pairs order.
@@ -40,6 +41,11 @@ fn gguf_name(hf: &str) -> Option<String> {
                 "self_attn.k_proj.bias" => "attn_k.bias",
                 "self_attn.v_proj.bias" => "attn_v.bias",
                 "self_attn.o_proj.weight" => "attn_output.weight",
+                // Qwen3's QK-norm; Phi-3's fused projections (split as the GGUF ones are).
+                "self_attn.q_norm.weight" => "attn_q_norm.weight",
+                "self_attn.k_norm.weight" => "attn_k_norm.weight",
+                "self_attn.qkv_proj.weight" => "attn_qkv.weight",
+                "mlp.gate_up_proj.weight" => "ffn_up.weight",
                 "post_attention_layernorm.weight" => "ffn_norm.weight",
                 "mlp.gate_proj.weight" => "ffn_gate.weight",
                 "mlp.up_proj.weight" => "ffn_up.weight",
@@ -75,6 +81,8 @@ pub(crate) fn read(dir: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&s
         Some("LlamaForCausalLM" | "llama") => "llama",
         Some("MistralForCausalLM" | "mistral") => "mistral",
         Some("Qwen2ForCausalLM" | "qwen2") => "qwen2",
+        Some("Qwen3ForCausalLM" | "qwen3") => "qwen3",
+        Some("Phi3ForCausalLM" | "phi3") => "phi3",
         Some(other) => return Err(ImportError::UnsupportedArchitecture { arch: other.to_string() }),
         None => return Err(fmt_err(&cfg_path, "no architectures / model_type")),
     };
@@ -99,11 +107,37 @@ pub(crate) fn read(dir: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&s
                     high_freq_factor: f("high_freq_factor")? as f32,
                     original_max_position_embeddings: f("original_max_position_embeddings")? as u32,
                 },
+                Some("longrope" | "su") if arch == "phi3" => {
+                    let list = |k: &str| -> Result<Vec<f32>, ImportError> {
+                        let v = rs.get(k).and_then(Json::as_array).ok_or_else(|| key_err(&format!("rope_scaling.{k}"), "missing"))?;
+                        let f: Vec<f32> = v.iter().filter_map(Json::as_f64).map(|x| x as f32).collect();
+                        if f.len() != head_dim / 2 || f.len() != v.len() || !f.iter().all(|&x| x > 0.0 && x.is_finite()) {
+                            return Err(key_err(&format!("rope_scaling.{k}"), &format!("expected {} positive numbers", head_dim / 2)));
+                        }
+                        Ok(f)
+                    };
+                    let orig = rs.get("original_max_position_embeddings").or(cfg.get("original_max_position_embeddings")).and_then(Json::as_u64);
+                    let orig = orig.filter(|&o| o > 0 && o <= u32::MAX as u64).ok_or_else(|| key_err("original_max_position_embeddings", "missing or out of range (LongRoPE needs it)"))?;
+                    let context = opt_num("max_position_embeddings").unwrap_or(0) as f64;
+                    // Hugging Face's `attention_factor`, else its default (as the GGUF converter's).
+                    let attn_factor = match rs.get("attention_factor").and_then(Json::as_f64) {
+                        Some(a) if a > 0.0 && a.is_finite() => a as f32,
+                        Some(_) => return Err(key_err("rope_scaling.attention_factor", "must be a positive number")),
+                        None => {
+                            let s = context / orig as f64;
+                            if s <= 1.0 { 1.0 } else { (1.0 + s.ln() / (orig as f64).ln()).sqrt() as f32 }
+                        }
+                    };
+                    RopeScaling::LongRope { short_factor: list("short_factor")?, long_factor: list("long_factor")?, original_max_position_embeddings: orig as u32, attn_factor }
+                }
                 Some("default") | None => RopeScaling::None,
-                Some(other) => return Err(key_err("rope_scaling", &format!("type {other} is not supported (supported: linear, llama3)"))),
+                Some(other) => return Err(key_err("rope_scaling", &format!("type {other} is not supported (supported: linear, llama3; longrope for Phi-3)"))),
             }
         }
     };
+    if let Some(p) = cfg.get("partial_rotary_factor").and_then(Json::as_f64).filter(|&p| p != 1.0) {
+        return Err(key_err("partial_rotary_factor", &format!("{p}: RoPE over part of a head is not supported")));
+    }
 
     // Tokenizer.
     let tok_path = dir.join("tokenizer.json");
@@ -172,6 +206,8 @@ pub(crate) fn read(dir: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&s
         add_bos_token: tc.get("add_bos_token").and_then(Json::as_bool).unwrap_or(false),
         block: Default::default(),
     };
+    // Qwen3: RMSNorm over each head of Q and K before RoPE.
+    config.block.qk_norm = arch == "qwen3";
     check_config(&cfg_path, &config)?;
 
     // Weights: every *.safetensors shard, in name order.
@@ -217,9 +253,12 @@ pub(crate) fn read(dir: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&s
     }
     let mut out = Vec::new();
     for (name, shape, _) in expected_tensors(&config) {
-        let (i, hf_name) = found.get(&name).ok_or_else(|| ImportError::Tensor {
+        // Phi-3's fused tensors: this one is a run of the fused one's rows.
+        let fused = super::fused_part(arch, &name, &config);
+        let source = fused.as_ref().map_or(&name, |(f, _, _)| f);
+        let (i, hf_name) = found.get(source).ok_or_else(|| ImportError::Tensor {
             path: dir.into(),
-            tensor: name.clone(),
+            tensor: source.clone(),
             msg: "missing".into(),
         })?;
         let path = &maps[*i].0;
@@ -231,14 +270,26 @@ pub(crate) fn read(dir: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&s
             safetensors::Dtype::BF16 => TensorType::Bf16,
             d => return Err(terr(format!("dtype {d:?} is not supported (supported: F32, F16, BF16)"))),
         };
-        if view.shape() != shape.as_slice() {
-            return Err(terr(format!("shape {:?}, expected {shape:?}", view.shape())));
+        let want = match &fused {
+            Some((_, rows, _)) => vec![*rows, shape[1]],
+            None => shape.clone(),
+        };
+        if view.shape() != want.as_slice() {
+            return Err(terr(format!("shape {:?}, expected {want:?}", view.shape())));
         }
-        let mut data = view.data().to_vec();
+        let mut data = match &fused {
+            Some((_, _, r0)) => {
+                let row = ty.block_bytes() * shape[1];
+                view.data().get(r0 * row..(r0 + shape[0]) * row).ok_or_else(|| terr("shorter than its shape".into()))?.to_vec()
+            }
+            None => view.data().to_vec(),
+        };
         let heads = if name.contains(".attn_q.") {
             Some(config.n_heads)
         } else if name.contains(".attn_k.") {
             Some(config.n_kv_heads)
+        } else if name.contains(".attn_q_norm.") || name.contains(".attn_k_norm.") {
+            Some(1) // one head's weights, permuted like each head's rows
         } else {
             None
         };

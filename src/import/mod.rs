@@ -275,7 +275,7 @@ pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, bool
 /// Where a tensor of the Llama block lives in a family that fuses it with others: `(fused
 /// tensor, the fused tensor's rows, the first row of this part)`. Phi-3 stores q, k and v as one
 /// `attn_qkv` (q rows, then k, then v) and gate and up as one `ffn_up` (gate rows, then up).
-fn fused_part(arch: &str, name: &str, c: &ModelConfig) -> Option<(String, usize, usize)> {
+pub(crate) fn fused_part(arch: &str, name: &str, c: &ModelConfig) -> Option<(String, usize, usize)> {
     if arch != "phi3" {
         return None;
     }
