@@ -480,7 +480,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     rec.ttft = f.ttft;
     rec.response = Some(text.clone());
     // Tool calls: complete calls are presented as calls; output cut inside a call (max_tokens,
-    // a stop sequence) is presented as neither calls nor text.
+    // a stop sequence) is presented as the text before it only (as the stream sent it).
     let outcome = tool_mode.map(|calls_only| crate::tools::parse(&text, calls_only));
     let mut body = None;
     match &outcome {
@@ -493,8 +493,8 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
                 Err(e) => return rec.fail(flavor, e),
             }
         }
-        Some(crate::tools::Outcome::Incomplete) => {
-            body = Some(api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, "", &f, n));
+        Some(crate::tools::Outcome::Incomplete { text: said }) => {
+            body = Some(api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, said, &f, n));
         }
         _ => {}
     }

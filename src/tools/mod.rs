@@ -296,8 +296,9 @@ pub enum Outcome {
     /// Complete calls (every one closed, nothing after the last), after `text` (empty when
     /// the answer starts with the call; told without its trailing whitespace).
     Calls { text: String, calls: Vec<Call> },
-    /// The output stopped inside a call (`max_tokens`, a stop sequence): no call is presented.
-    Incomplete,
+    /// The output stopped inside a call (`max_tokens`, a stop sequence): no call is presented,
+    /// only the `text` said before it (told as for `Calls`).
+    Incomplete { text: String },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -486,7 +487,7 @@ impl StreamParser {
         let outcome = match self.phase {
             Phase::Text => Outcome::Text(self.text.clone()),
             Phase::Between if self.pending.is_empty() && !self.calls.is_empty() => Outcome::Calls { text: self.text.clone(), calls: self.calls.clone() },
-            _ => Outcome::Incomplete,
+            _ => Outcome::Incomplete { text: self.text.clone() },
         };
         (out, outcome)
     }

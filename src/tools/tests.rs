@@ -118,7 +118,7 @@ fn stream_agrees(text: &str, calls_only: bool, rng: &mut Rng) -> Outcome {
             assert_eq!(calls.iter().map(|c| c.name.clone()).collect::<Vec<_>>(), names);
             assert_eq!(calls.iter().map(|c| c.arguments.clone()).collect::<Vec<_>>(), args);
         }
-        Outcome::Incomplete => {}
+        Outcome::Incomplete { .. } => {}
     }
     outcome
 }
@@ -179,7 +179,7 @@ fn calls_are_valid_by_construction_in_every_mode() {
                     assert!(!t.contains(CALL_OPEN));
                     n_text += 1;
                 }
-                Outcome::Incomplete => panic!("{choice:?}: an accepted output {text:?} reads as incomplete"),
+                Outcome::Incomplete { .. } => panic!("{choice:?}: an accepted output {text:?} reads as incomplete"),
             }
         }
         assert!(n_calls > 10, "{choice:?}: {n_calls} calls drawn");
@@ -274,8 +274,10 @@ fn the_parser_reads_text_calls_and_cut_calls() {
             calls: vec![Call { name: "a".into(), arguments: "{\"x\": [1, {\"y\": \"}\\\"\"}]}".into() }, Call { name: "b".into(), arguments: "{}".into() }]
         }
     );
-    assert_eq!(parse(&two[..two.len() - 3], true), Outcome::Incomplete);
-    assert_eq!(parse("<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\"", true), Outcome::Incomplete);
+    assert_eq!(parse(&two[..two.len() - 3], true), Outcome::Incomplete { text: String::new() });
+    assert_eq!(parse("<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\"", true), Outcome::Incomplete { text: String::new() });
+    // Cut inside a call after some text: the text is kept (it was said, and streamed).
+    assert_eq!(parse("Let me look.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\"", false), Outcome::Incomplete { text: "Let me look.".into() });
     let mut rng = Rng(7);
     for _ in 0..50 {
         stream_agrees(&two, true, &mut rng);
@@ -370,7 +372,7 @@ fn a_thousand_calls_on_corpus_tool_sets() {
                     calls_checked += calls.len();
                 }
                 Outcome::Text(_) => assert_eq!(choice, Choice::Auto),
-                Outcome::Incomplete => panic!("an accepted output reads as incomplete: {text:?}"),
+                Outcome::Incomplete { .. } => panic!("an accepted output reads as incomplete: {text:?}"),
             }
         }
     }
