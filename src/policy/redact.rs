@@ -413,6 +413,11 @@ pub struct StreamRedactor {
 }
 
 impl StreamRedactor {
+    /// The same rules for a tool-calling answer: [`FrameRedactor`] (before any text was pushed).
+    pub fn into_frame(self, marker: &'static str) -> FrameRedactor {
+        FrameRedactor::new(&self.r, marker)
+    }
+
     /// Adds a chunk; returns the text that is now final (possibly empty).
     pub fn push(&mut self, chunk: &str) -> String {
         if self.done {
@@ -480,6 +485,132 @@ impl StreamRedactor {
     }
 }
 
+/// Redaction of a tool-calling answer that keeps every call valid JSON (issue 26): the free text
+/// before the first call is redacted as any answer is; inside the calls, only the *values* of
+/// string arguments are, each as a whole once its closing quote arrives, and written back as
+/// JSON strings. The call syntax (markers, the tool's name, keys, numbers, literals, structure)
+/// passes through byte for byte, so a pattern that matches a number or spans a quote cannot
+/// break the arguments. A string with nothing to redact is passed on exactly as written.
+///
+/// `marker` opens the first call (the tool frame's grammar admits it nowhere else); from it on,
+/// the text is the call grammar's JSON documents between markers.
+pub struct FrameRedactor {
+    r: Redactor,
+    marker: &'static str,
+    /// Free text: redacted as a stream; `None` once the first call has begun.
+    free: Option<StreamRedactor>,
+    /// Free text held back while it could be the start of the marker.
+    held: String,
+    /// Inside the calls: the open containers (`true`: an object whose next string is a key),
+    /// the open string's raw text from its opening quote, and a pending backslash in it.
+    stack: Vec<Container>,
+    string: Option<String>,
+    escaped: bool,
+}
+
+#[derive(Clone, Copy)]
+struct Container {
+    object: bool,
+    expect_key: bool,
+}
+
+impl FrameRedactor {
+    pub fn new(r: &Redactor, marker: &'static str) -> FrameRedactor {
+        FrameRedactor { r: r.clone(), marker, free: Some(r.stream()), held: String::new(), stack: Vec::new(), string: None, escaped: false }
+    }
+
+    /// Adds a chunk; returns the text that is now final.
+    pub fn push(&mut self, chunk: &str) -> String {
+        let mut out = String::new();
+        let Some(free) = self.free.as_mut() else { return self.calls(chunk) };
+        self.held.push_str(chunk);
+        if let Some(at) = self.held.find(self.marker) {
+            // The free text ends at the marker: flush it, then read the calls.
+            out.push_str(&free.push(&self.held[..at]));
+            out.push_str(&free.finish());
+            self.free = None;
+            let calls = self.held.split_off(at);
+            self.held.clear();
+            out.push_str(&self.calls(&calls));
+            return out;
+        }
+        // Keep back the longest tail that could begin the marker.
+        let h = &self.held;
+        let keep = (1..self.marker.len()).rev().find(|&n| h.len() >= n && h.is_char_boundary(h.len() - n) && self.marker.starts_with(&h[h.len() - n..])).unwrap_or(0);
+        let ready = self.held.len() - keep;
+        out.push_str(&free.push(&self.held[..ready]));
+        self.held.drain(..ready);
+        out
+    }
+
+    /// Ends the stream; returns the rest (an unclosed string as written: the answer was cut).
+    pub fn finish(&mut self) -> String {
+        let mut out = String::new();
+        if let Some(mut free) = self.free.take() {
+            out.push_str(&free.push(&std::mem::take(&mut self.held)));
+            out.push_str(&free.finish());
+        }
+        if let Some(s) = self.string.take() {
+            out.push_str(&s);
+        }
+        out
+    }
+
+    fn calls(&mut self, text: &str) -> String {
+        let mut out = String::new();
+        for c in text.chars() {
+            if let Some(s) = self.string.as_mut() {
+                s.push(c);
+                if self.escaped {
+                    self.escaped = false;
+                } else if c == '\\' {
+                    self.escaped = true;
+                } else if c == '"' {
+                    let raw = self.string.take().unwrap_or_default();
+                    let top = self.stack.last_mut();
+                    let is_key = top.as_ref().is_some_and(|t| t.object && t.expect_key);
+                    if let Some(t) = top {
+                        t.expect_key = false;
+                    }
+                    // Values inside the arguments (below the call document), never keys or the
+                    // tool's name.
+                    out.push_str(&if is_key || self.stack.len() < 2 { raw } else { self.redact_string(raw) });
+                }
+                continue;
+            }
+            match c {
+                '"' if !self.stack.is_empty() => {
+                    self.string = Some(String::from('"'));
+                    continue;
+                }
+                '{' | '[' => self.stack.push(Container { object: c == '{', expect_key: c == '{' }),
+                '}' | ']' => {
+                    self.stack.pop();
+                }
+                ',' => {
+                    if let Some(t) = self.stack.last_mut() {
+                        t.expect_key = t.object;
+                    }
+                }
+                _ => {}
+            }
+            out.push(c);
+        }
+        out
+    }
+
+    /// A JSON string token (quotes included) with its value redacted, or as written when
+    /// nothing in it matches.
+    fn redact_string(&self, raw: String) -> String {
+        let Ok(value) = serde_json::from_str::<String>(&raw) else { return raw };
+        let (red, findings) = self.r.redact(&value);
+        if findings.is_empty() {
+            return raw;
+        }
+        serde_json::to_string(&red).unwrap_or(raw)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -491,6 +622,63 @@ mod tests {
             deny_names: vec!["John Smith".into()],
         })
         .unwrap()
+    }
+
+    #[test]
+    fn tool_calls_stay_valid_json_under_redaction() {
+        // A pattern that matches bare numbers, and a name: both also occur outside string values.
+        let r = Redactor::new(&RedactionSpec {
+            kinds: vec![PiiKind::Email],
+            patterns: vec![super::super::PatternSpec { kind: "num".into(), regex: "[0-9]{4}".into() }],
+            deny_names: vec!["John Smith".into()],
+        })
+        .unwrap();
+        let marker = "<tool_call>\n";
+        let call = r#"<tool_call>
+{"name": "lookup_1234", "arguments": {"who": "John Smith", "id": 12345, "list": ["a@b.example", 1234, {"n": "ref 9876"}], "John Smith": "x\"John Smith \u00e9", "plain": "no match \u00e9"}}
+</tool_call>"#;
+        let input = format!("Looking up John Smith (id 4321).\n{call}\n{call}");
+        let want_text = r.redact("Looking up John Smith (id 4321).\n").0;
+        let whole = {
+            let mut f = r.stream().into_frame(marker);
+            let mut o = f.push(&input);
+            o.push_str(&f.finish());
+            o
+        };
+        assert!(whole.starts_with(&want_text), "{whole}");
+        let calls = &whole[want_text.len()..];
+        let docs: Vec<&str> = calls.split("<tool_call>\n").skip(1).map(|d| d.split("\n</tool_call>").next().unwrap()).collect();
+        assert_eq!(docs.len(), 2);
+        for d in &docs {
+            let v: serde_json::Value = serde_json::from_str(d).unwrap_or_else(|e| panic!("{d}: {e}"));
+            assert_eq!(v["name"], "lookup_1234", "the tool's name is never redacted");
+            let a = &v["arguments"];
+            assert_eq!(a["who"], "[REDACTED:name]");
+            assert_eq!(a["id"], 12345, "numbers pass through");
+            assert_eq!(a["list"], serde_json::json!(["[REDACTED:email]", 1234, {"n": "ref [REDACTED:num]"}]));
+            assert_eq!(a["John Smith"], "x\"[REDACTED:name] é", "keys stay, values are redacted after unescaping");
+        }
+        // A string with nothing to redact keeps its exact spelling (escapes included).
+        assert!(calls.contains(r#""plain": "no match \u00e9""#), "{calls}");
+        // Streamed in any pieces, the same text.
+        let chars: Vec<char> = input.chars().collect();
+        for step in [1usize, 2, 3, 7, 13] {
+            let mut f = r.stream().into_frame(marker);
+            let mut o = String::new();
+            for piece in chars.chunks(step) {
+                o.push_str(&f.push(&piece.iter().collect::<String>()));
+            }
+            o.push_str(&f.finish());
+            assert_eq!(o, whole, "pieces of {step}");
+        }
+        // The plain text redactor would have broken the arguments.
+        let plain = r.redact(&input).0;
+        assert!(plain.contains("\"id\": [REDACTED:num]5"), "{plain}");
+        // A cut answer: what was written comes back, nothing is lost.
+        let mut f = r.stream().into_frame(marker);
+        let mut o = f.push(&input[..input.find("ref 98").unwrap() + 5]);
+        o.push_str(&f.finish());
+        assert!(o.ends_with(r#"{"n": "ref 9"#), "{o}");
     }
 
     #[test]

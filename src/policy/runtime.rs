@@ -162,7 +162,7 @@ impl BundlePolicy {
     /// The output text pipeline for a preset.
     pub fn pipeline(&self, preset: Option<&Preset>) -> TextPipeline {
         let redactor = match (preset, &self.redactor) {
-            (Some(p), Some(r)) if p.redact_output => Some(r.stream()),
+            (Some(p), Some(r)) if p.redact_output => Some(OutputRedactor::Text(r.stream())),
             _ => None,
         };
         TextPipeline { mandatory: preset.map(|p| p.mandatory.clone()).unwrap_or_default(), redactor, started: false, tail: None }
@@ -323,9 +323,30 @@ fn budget_filter(m: &Matcher<Arc<CompiledSchema>>, left: usize, mask: &mut [u64]
 /// the mandatory suffix. Nothing a request sends can remove the prefix or suffix.
 pub struct TextPipeline {
     mandatory: MandatoryText,
-    redactor: Option<StreamRedactor>,
+    redactor: Option<OutputRedactor>,
     started: bool,
     tail: Option<char>,
+}
+
+enum OutputRedactor {
+    Text(StreamRedactor),
+    /// A tool-calling answer: calls stay valid JSON.
+    Calls(crate::policy::redact::FrameRedactor),
+}
+
+impl OutputRedactor {
+    fn push(&mut self, t: &str) -> String {
+        match self {
+            OutputRedactor::Text(r) => r.push(t),
+            OutputRedactor::Calls(r) => r.push(t),
+        }
+    }
+    fn finish(&mut self) -> String {
+        match self {
+            OutputRedactor::Text(r) => r.finish(),
+            OutputRedactor::Calls(r) => r.finish(),
+        }
+    }
 }
 
 impl TextPipeline {
@@ -336,6 +357,14 @@ impl TextPipeline {
         }
         self.started = true;
         self.mandatory.prefix.clone()
+    }
+
+    /// The answer is read back as tool calls opened by `marker`: redaction keeps each call
+    /// valid JSON ([`crate::policy::redact::FrameRedactor`]). Call before any text is pushed.
+    pub fn for_tool_calls(&mut self, marker: &'static str) {
+        if let Some(OutputRedactor::Text(r)) = self.redactor.take() {
+            self.redactor = Some(OutputRedactor::Calls(r.into_frame(marker)));
+        }
     }
 
     /// Model text in; text safe to emit now out.

@@ -435,7 +435,12 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     // How the answer is read back: text, or calls (`calls_only` when the grammar holds from
     // the first token).
     let tool_mode = creq.tools.as_ref().filter(|t| t.active()).map(|t| t.choice != crate::tools::Choice::Auto);
-    let spec = state.rt.spec(preset.as_ref(), adhoc, params, max_tokens, creq.stop.clone());
+    let mut spec = state.rt.spec(preset.as_ref(), adhoc, params, max_tokens, creq.stop.clone());
+    if tool_mode.is_some() {
+        if let Some(p) = spec.pipeline.as_mut() {
+            p.for_tool_calls(crate::tools::CALL_OPEN);
+        }
+    }
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let gr = GenRequest {
         gen: state.rt.generation(tokens, spec, max_ctx),
