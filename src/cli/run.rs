@@ -29,6 +29,10 @@ pub struct RunArgs {
     /// it. Always the case for a base model (a bundle without a chat template).
     #[arg(long)]
     pub raw: bool,
+    /// Answer without reasoning first: a reasoning model (Qwen3) gets its thinking-off prompt (its
+    /// template's `enable_thinking=false`). Models that do not think are unaffected.
+    #[arg(long, conflicts_with = "raw")]
+    pub no_thinking: bool,
     /// A preset of the bundle (sampling, safety level, redaction, mandatory text, schema).
     /// Default: the bundle's default preset. Flags below override it only where the preset allows.
     #[arg(long)]
@@ -140,7 +144,16 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
     if raw && system.is_some() {
         return Err(CliError::Usage("--system needs a chat template: a raw prompt (--raw, or a base model) has no system message".into()));
     }
-    let prompt = if raw { rt.prompts().raw(&user) } else { rt.prompts().user(system.as_deref(), &user, None) };
+    let prompt = if raw {
+        rt.prompts().raw(&user)
+    } else {
+        let mut msgs = Vec::with_capacity(2);
+        if let Some(s) = system.as_deref() {
+            msgs.push(crate::tokenizer::ChatMessage::new("system", s));
+        }
+        msgs.push(crate::tokenizer::ChatMessage::new("user", &user));
+        rt.prompts().chat_thinking(&msgs, None, a.no_thinking.then_some(false))
+    };
     let ids = prompt.map_err(|e| CliError::Usage(e.to_string()))?.tokens;
     let ctx = engine.max_context();
     if ids.len() + 1 > ctx {

@@ -216,7 +216,12 @@ fn build_prompt(state: &State, creq: &ChatRequest, flavor: Flavor) -> Result<(St
     let prefill = flavor == Flavor::Anthropic && creq.ends_with_prefill();
     let msgs = if prefill { &creq.messages[..creq.messages.len() - 1] } else { &creq.messages[..] };
     let prefill_text = if prefill { creq.messages.last().map(|m| m.content.as_str()) } else { None };
-    match state.rt.prompts().chat_thinking(msgs, prefill_text, creq.thinking) {
+    // A grammar that holds from the first token (a request schema, tools the model must call)
+    // leaves no room for reasoning: a reasoning model is then given its thinking-off prompt, the
+    // form it was trained to answer directly from.
+    let from_first_token = creq.schema.is_some() || creq.tools.as_ref().is_some_and(|t| t.active() && t.choice != crate::tools::Choice::Auto);
+    let thinking = creq.thinking.or(from_first_token.then_some(false));
+    match state.rt.prompts().chat_thinking(msgs, prefill_text, thinking) {
         Ok(p) => Ok((p.text, p.tokens)),
         Err(e @ PromptError::Template(_)) => Err(ApiError::unsupported("messages", e.to_string())),
         Err(e @ PromptError::Tokenize(_)) => Err(ApiError::new(400, e.to_string())),
