@@ -118,15 +118,11 @@ pub(crate) fn read(dir: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&s
                     };
                     let orig = rs.get("original_max_position_embeddings").or(cfg.get("original_max_position_embeddings")).and_then(Json::as_u64);
                     let orig = orig.filter(|&o| o > 0 && o <= u32::MAX as u64).ok_or_else(|| key_err("original_max_position_embeddings", "missing or out of range (LongRoPE needs it)"))?;
-                    let context = opt_num("max_position_embeddings").unwrap_or(0) as f64;
                     // Hugging Face's `attention_factor`, else its default (as the GGUF converter's).
                     let attn_factor = match rs.get("attention_factor").and_then(Json::as_f64) {
                         Some(a) if a > 0.0 && a.is_finite() => a as f32,
                         Some(_) => return Err(key_err("rope_scaling.attention_factor", "must be a positive number")),
-                        None => {
-                            let s = context / orig as f64;
-                            if s <= 1.0 { 1.0 } else { (1.0 + s.ln() / (orig as f64).ln()).sqrt() as f32 }
-                        }
+                        None => super::longrope_default_attn_factor(opt_num("max_position_embeddings").unwrap_or(0), orig),
                     };
                     RopeScaling::LongRope { short_factor: list("short_factor")?, long_factor: list("long_factor")?, original_max_position_embeddings: orig as u32, attn_factor }
                 }

@@ -353,6 +353,14 @@ pub(crate) fn llama3_rope_factors(head_dim: usize, theta: f32, s: &RopeScaling) 
     )
 }
 
+/// LongRoPE's attention factor when the model does not give one, as Hugging Face and llama.cpp's
+/// converter compute it: `sqrt(1 + ln(s) / ln(original))` with `s = context / original`, 1 when
+/// `s <= 1` (Phi-3-mini-128k: 131 072 over 4 096 gives 1.190 238).
+pub(crate) fn longrope_default_attn_factor(context: usize, original: u64) -> f32 {
+    let s = context as f64 / original as f64;
+    if s <= 1.0 { 1.0 } else { (1.0 + s.ln() / (original as f64).ln()).sqrt() as f32 }
+}
+
 /// Whether the importer turned a RoPE tensor (`rope_freqs`, `rope_factors_*`) into the config.
 fn rope_scaling_read(s: &RopeScaling) -> bool {
     matches!(s, RopeScaling::Llama3 { .. } | RopeScaling::LongRope { .. })
@@ -396,10 +404,7 @@ fn longrope(
     let attn_factor = match g.opt_f64(&k("rope.scaling.attn_factor"))? {
         Some(a) if a > 0.0 && a.is_finite() => a as f32,
         Some(a) => return Err(meta_err(&k("rope.scaling.attn_factor"), format!("{a} must be a positive number"))),
-        None => {
-            let s = context as f64 / orig as f64;
-            if s <= 1.0 { 1.0 } else { (1.0 + s.ln() / (orig as f64).ln()).sqrt() as f32 }
-        }
+        None => longrope_default_attn_factor(context, orig),
     };
     let long_factor = lists.pop().unwrap_or_default();
     let short_factor = lists.pop().unwrap_or_default();
@@ -552,10 +557,9 @@ fn read_gguf(path: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&str)) 
         // per-pair factors when the GGUF has them (the 128k models); Phi-3's sliding window is
         // ignored, as llama.cpp ignores it ("Phi SWA is currently disabled").
         if let Some(s) = longrope(&g, path, &k, head_dim, config.context_length)? {
-            progress(&format!(
-                "LongRoPE: short factors up to {} tokens of context, long factors beyond",
-                match s { RopeScaling::LongRope { original_max_position_embeddings: o, .. } => o, _ => 0 }
-            ));
+            if let RopeScaling::LongRope { original_max_position_embeddings: o, .. } = &s {
+                progress(&format!("LongRoPE: short factors up to {o} tokens of context, long factors beyond"));
+            }
             rope_scaling = s;
         }
         if let Some(w) = g.opt_u64(&k("attention.sliding_window"))? {
@@ -683,6 +687,14 @@ mod tests {
         // 2 heads, hd = 4.
         let data: Vec<u8> = (0..8).collect();
         assert_eq!(permute_rows(&data, 1, 2).unwrap(), vec![0, 2, 1, 3, 4, 6, 5, 7]);
+    }
+
+    #[test]
+    fn longrope_default_attention_factor() {
+        // Phi-3-mini-128k-instruct's figure (131 072 over 4 096), and no scaling within the original.
+        assert!((longrope_default_attn_factor(131_072, 4096) - 1.190_238_1).abs() < 1e-6);
+        assert_eq!(longrope_default_attn_factor(4096, 4096), 1.0);
+        assert_eq!(longrope_default_attn_factor(2048, 4096), 1.0);
     }
 
     #[test]
