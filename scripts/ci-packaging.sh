@@ -67,8 +67,8 @@ step_end
 
 part_musl() {
   step_start "musl x86_64 static build"
-  # Without debug info (CI's time budget: the release profile keeps line tables for the host
-  # build's backtraces; this binary is only checked, and a release strips it anyway).
+  # Without debug info (CI's time and disk budget; this binary is only checked, and a release
+  # strips it anyway).
   CARGO_PROFILE_RELEASE_DEBUG=0 CC_x86_64_unknown_linux_musl=musl-gcc cargo build --release --quiet --target $MUSL --no-default-features --bin applianced
   step_end
   S=target/$MUSL/release/applianced

@@ -6,12 +6,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Where the time goes (CI's budget): each phase's end, in seconds since the start, on stderr.
 T0=$(date +%s)
-mark() { echo "test.sh: $1 done at $(($(date +%s) - T0)) s" >&2; }
+# CI's disk is not ours to size (a run once failed with "No space left on device" in its last
+# step), so each mark also prints the space left, and the suite frees what a later phase no
+# longer needs.
+mark() { echo "test.sh: $1 done at $(($(date +%s) - T0)) s ($(df -h --output=avail . | tail -1 | tr -d ' ') free)" >&2; }
 # The suite's release builds without cross-crate LTO: with `lto = "thin"` every one of the ~30
 # test binaries re-ran LTO over all its dependencies (wgpu, naga, minijinja, …), about two minutes
 # of CPU each, most of CI's build time. LTO changes no result; release builds
 # (scripts/release.sh, `cargo deb`) keep the profile's LTO.
 export CARGO_PROFILE_RELEASE_LTO=false
+# Nor with debug info: the profile's `debug = 1` (for perf profiles of `bench`) made each of
+# the ~30 release test binaries about 150 MB, of which 130 MB debug info (5 GB in all). A
+# failing test still names its file and line (the panic's location is compiled in).
+export CARGO_PROFILE_RELEASE_DEBUG=0
 GGUF=$(scripts/fetch-model.sh)
 export APPLIANCED_TEST_GGUF="$GGUF"
 # The second default model (issue 25): Gemma 3 270M, a base model with K-quants, sliding-window
@@ -54,6 +61,9 @@ if grep -qw avx512_vnni /proc/cpuinfo 2>/dev/null && grep -qw avx2 /proc/cpuinfo
   APPLIANCED_CPU_KERNELS=avx2 cargo test --release --lib backend::cpu -- --test-threads 2
   mark "AVX2 re-run"
 fi
+# The tests' scratch (bundles, stores, sockets under target/tmp: about 1.5 GB) is kept only
+# while a failure may need it: every test has passed here.
+rm -rf target/tmp
 # The second default bundle builds, verifies, answers with `run` (raw: a base model) and serves a
 # completion (scripts/check-gemma3-bundle.sh).
 scripts/check-gemma3-bundle.sh "$APPLIANCED_TEST_GEMMA3_GGUF"
@@ -64,6 +74,9 @@ mark "gemma3 bundle check"
 # The seed is pinned (the same mutations on every clean clone); before a commit lands, the same
 # seed runs longer locally: `FUZZ_SEED=1 scripts/fuzz.sh 30`.
 FUZZ_SEED=1 scripts/fuzz.sh "${APPLIANCED_FUZZ_SECS:-10}"
+# The fuzz build (its own target directory, about 2.5 GB) is not used again by this run; a crash
+# has already failed it above, with its input kept under fuzz/artifacts/.
+rm -rf fuzz/target
 mark "fuzz smoke"
 # Packaging (issue 9): static musl build, aarch64 test subset under qemu, the .deb installed and
 # checked in a clean Debian 12 chroot. Installs its own tools; needs root (as CI runs).
