@@ -19,6 +19,10 @@ pub(crate) fn byte_vocab() -> Vec<Vec<u8>> {
     for s in ["{\"", "\":", "\": ", "\",", "\", \"", "true", "false", "null", "12", "00", "ab", "\"}", "}}", "]}", "\"]}", "\\\"", "é"] {
         v.push(s.as_bytes().to_vec());
     }
+    // Multi-byte text: whole characters, one cut off by the token's end, and around quotes.
+    for s in [&b"\xe6\x97\xa5\xe6\x9c\xac"[..], b"\xe8\xaa\x9e\"", b"\"\xc3\xbc", b"\xe6\x97", b"\xc3\xa9\"}"] {
+        v.push(s.to_vec());
+    }
     v.push(Vec::new()); // EOS
     v
 }
@@ -481,11 +485,22 @@ mod mask_tests {
         for e in extra {
             v.insert(v.len() - 1, e.as_bytes().to_vec());
         }
-        let eos = eos + extra.len() as u32;
+        // Multi-byte text (string bodies read by characters): whole characters of every length,
+        // characters cut off by the token's end, orphan continuation bytes, broken sequences,
+        // each alone, after ASCII and before a quote.
+        let bytes: [&[u8]; 22] = [b"\xc3\xa9t\xc3\xa9", "日本語".as_bytes(), "日本\"}".as_bytes(), b"\"\xe6\x97\xa5", b"\xe6\x97", b"a\xe6\x97", b"\xe6\x97\xa5\xe6", b"\x97\xa5x",
+            b"\xe6a", b"\xe6\x97\"", "😀!".as_bytes(), b"\xf0\x9f\x98", b"\xed\xa0\x80", b"\xc0\xaf", b"x\xf4\x90\x80\x80", "\"é\":".as_bytes(), b"\xe0\x80\x80", "é\\n".as_bytes(),
+            b"\xc3", b"ab\xc3", b"\xc3\xa9\xc3", "ü\"]".as_bytes()];
+        for e in bytes {
+            v.insert(v.len() - 1, e.to_vec());
+        }
+        let eos = eos + (extra.len() + bytes.len()) as u32;
         for s in [
             json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string", "maxLength": 3}, "c": {"type": "number"}, "d": {}}}),
             json!({"type": "array", "items": {"type": "string", "minLength": 1}}),
             json!({"type": "object", "properties": {"k": {"type": "string", "minLength": 2}, "p": {"type": "string", "pattern": "^[^x]*x"}}, "required": ["k"]}),
+            // A string body that loops on ASCII but not on every character (table by bytes).
+            json!({"type": "array", "items": {"type": "string", "pattern": "^[^é]*$"}}),
         ] {
             let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
             for st in 1..c.dfa.n_states() as u32 {
@@ -518,7 +533,7 @@ mod calls_tests {
     fn schemas() -> Vec<Value> {
         vec![
             json!({"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 3}}, "required": ["v"], "additionalProperties": false}}, "$ref": "#/$defs/node"}),
-            json!({"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}, "b": {"enum": [1, 2]}}, "required": ["a"], "additionalProperties": false}, "minItems": 1, "maxItems": 5}),
+            json!({"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}, "b": {"enum": [1, 2]}, "c": {"type": "string"}}, "required": ["a"], "additionalProperties": false}, "minItems": 1, "maxItems": 5}),
             json!({"anyOf": [{"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"], "additionalProperties": false},
                              {"type": "array", "items": {"type": "object", "properties": {"y": {"type": "null"}}, "additionalProperties": false}},
                              {"type": "string", "maxLength": 2}]}),

@@ -12,10 +12,21 @@ use crate::tokenmask::Trie;
 /// keeps every C-token in itself, so its mask is the bitset, one walk of that trie (tokens with
 /// the same rest share it, and a rest the state refuses at its first byte is refused once for all
 /// of them), and a walk of the vocabulary's trie below the bytes outside C.
+///
+/// With `utf8` (a string body: the state also comes back to itself after every well-formed
+/// multi-byte UTF-8 character, see [`loops_on_utf8`]) the units are characters, not bytes: a
+/// token's bytes inside a well-formed character count as in C, as do those of a well-formed
+/// character cut off by the token's end (the state reads it and stays alive). Without that, on a
+/// multilingual vocabulary (Gemma's 262k: 112k tokens hold non-ASCII text) every such token was
+/// stepped byte by byte from every string state.
 #[derive(Debug)]
 pub(crate) struct LoopTable {
-    /// The loop set C.
+    /// The loop set C (bytes; with `utf8`, ASCII only).
     set: [u64; 4],
+    utf8: bool,
+    /// First bytes below the root whose every token is in `full` or `suffixes` (C, and with
+    /// `utf8` the lead bytes no token starts with a broken character from).
+    root_done: [u64; 4],
     full: Vec<u64>,
     suffixes: Trie,
     /// Per position in the trie's token order: index of the token's last byte outside C, or -1.
@@ -67,7 +78,95 @@ fn in_set(set: &[u64; 4], b: u8) -> bool {
     set[b as usize / 64] >> (b % 64) & 1 == 1
 }
 
+/// Whether `q` reads every well-formed multi-byte UTF-8 character back to itself, staying alive
+/// after each of its bytes (the characters by byte class, so a few steps per state).
+fn loops_on_utf8(dfa: &Dfa, q: u32) -> bool {
+    super::UTF8_SEQS.iter().all(|&(lo, hi, rest)| {
+        let mut cur = vec![q];
+        for &(a, b) in std::iter::once(&(lo, hi)).chain(rest) {
+            let mut next: Vec<u32> = Vec::new();
+            for &s in &cur {
+                for byte in a..=b {
+                    let t = dfa.next(s, byte);
+                    if t == DEAD {
+                        return false;
+                    }
+                    if !next.contains(&t) {
+                        next.push(t);
+                    }
+                }
+            }
+            if next.len() > 16 {
+                return false;
+            }
+            cur = next;
+        }
+        cur == [q]
+    })
+}
+
+/// Per byte of `t`: whether it counts as in the loop set. Bytes of C; with `utf8`, also the bytes
+/// of each well-formed multi-byte character and of one cut off by the token's end. Orphan
+/// continuation bytes and broken sequences count as outside.
+fn good_bytes(t: &[u8], set: &[u64; 4], utf8: bool, out: &mut Vec<bool>) {
+    out.clear();
+    out.resize(t.len(), false);
+    let mut i = 0;
+    while i < t.len() {
+        let b = t[i];
+        if b < 0x80 || !utf8 {
+            out[i] = in_set(set, b);
+            i += 1;
+            continue;
+        }
+        let n = super::UTF8_SEQS.iter().find(|&&(lo, hi, _)| (lo..=hi).contains(&b)).and_then(|&(_, _, rest)| {
+            let k = rest.iter().zip(&t[i + 1..]).take_while(|(&(a, z), &c)| (a..=z).contains(&c)).count();
+            // Whole, or cut off by the token's end.
+            (k == rest.len() || i + 1 + k == t.len()).then_some(1 + k)
+        });
+        match n {
+            Some(n) => {
+                out[i..i + n].iter_mut().for_each(|g| *g = true);
+                i += n;
+            }
+            None => i += 1,
+        }
+    }
+}
+
+/// Whether `prefix` (a trie node's spelling) ends inside a multi-byte character: the walk then
+/// entered a state in the middle of a character, where a table by characters does not apply.
+fn ends_mid_char(prefix: &[u8]) -> bool {
+    let n = prefix.len();
+    // The last lead byte within reach, and how many continuation bytes follow it.
+    for back in 1..=4.min(n) {
+        let b = prefix[n - back];
+        if b & 0xC0 == 0x80 {
+            continue;
+        }
+        let need = match b {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => return false,
+        };
+        return back < need;
+    }
+    false
+}
+
 impl Vocabulary {
+    /// Whether the walk reached `node` of the vocabulary's trie inside a multi-byte character
+    /// (only a table by characters cares; a well-formed automaton never loops there).
+    fn mid_char(&self, table: &LoopTable, trie: &Trie, node: u32) -> bool {
+        if !table.utf8 {
+            return false;
+        }
+        let d = trie.node_depth[node as usize] as usize;
+        let first = trie.tok_ids[trie.node_tok[node as usize].0 as usize];
+        ends_mid_char(&self.tokens[first as usize][..d])
+    }
+
     /// `out |= m ∩ {tokens starting with b}`.
     fn or_first_byte(&self, out: &mut [u64], m: &[u64], b: u8) {
         let w = self.words();
@@ -109,7 +208,7 @@ pub struct Vocabulary {
     first_byte: std::sync::OnceLock<Vec<u64>>,
     /// Loop tables by loop set, kept across compilations (at most 64; a few hundred KiB each,
     /// rebuilt in milliseconds when dropped).
-    loop_tables: Mutex<HashMap<[u64; 4], Arc<LoopTable>>>,
+    loop_tables: Mutex<HashMap<([u64; 4], bool), Arc<LoopTable>>>,
     /// Ids of the maskable tokens longer than [`SHORT_TOKEN`] bytes.
     long: Vec<u32>,
 }
@@ -195,14 +294,18 @@ impl Vocabulary {
                         n_loop += 1;
                     }
                 }
-                (n_loop >= 32).then(|| self.loop_table(set))
+                if n_loop < 32 {
+                    return None;
+                }
+                let ascii_only = set[2] == 0 && set[3] == 0;
+                Some(self.loop_table(set, ascii_only && loops_on_utf8(dfa, state)))
             })
             .collect()
     }
 
-    fn loop_table(&self, set: [u64; 4]) -> Arc<LoopTable> {
+    fn loop_table(&self, set: [u64; 4], utf8: bool) -> Arc<LoopTable> {
         if let Ok(m) = self.loop_tables.lock() {
-            if let Some(t) = m.get(&set) {
+            if let Some(t) = m.get(&(set, utf8)) {
                 return t.clone();
             }
         }
@@ -212,10 +315,13 @@ impl Vocabulary {
         let (mut first_bad, mut last_bad) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let mut full = vec![0u64; self.words()];
         let mut partial: Vec<(u32, &[u8])> = Vec::new();
+        let mut root_done = if utf8 { [set[0], set[1], !0, !0] } else { set };
+        let mut good = Vec::new();
         for &id in &self.trie.tok_ids {
             let t = &self.tokens[id as usize];
             let clamp = |p: usize| p.min(i16::MAX as usize) as i16;
-            match t.iter().position(|&b| !in_set(&set, b)) {
+            good_bytes(t, &set, utf8, &mut good);
+            match good.iter().position(|&g| !g) {
                 None => {
                     set_bit(&mut full, id);
                     first_bad.push(i16::MAX);
@@ -225,18 +331,20 @@ impl Vocabulary {
                     // (Tokens starting outside C are walked in the vocabulary's own trie.)
                     if off > 0 {
                         partial.push((id, &t[off..]));
+                    } else {
+                        root_done[t[0] as usize / 64] &= !(1u64 << (t[0] % 64));
                     }
                     first_bad.push(clamp(off));
-                    last_bad.push(clamp(t.iter().rposition(|&b| !in_set(&set, b)).unwrap_or(off)));
+                    last_bad.push(clamp(good.iter().rposition(|&g| !g).unwrap_or(off)));
                 }
             }
         }
-        let t = Arc::new(LoopTable { set, full, suffixes: Trie::new(partial.into_iter()), last_bad, first_bad });
+        let t = Arc::new(LoopTable { set, utf8, root_done, full, suffixes: Trie::new(partial.into_iter()), last_bad, first_bad });
         if let Ok(mut m) = self.loop_tables.lock() {
             if m.len() > 64 {
                 m.clear();
             }
-            m.insert(set, t.clone());
+            m.insert((set, utf8), t.clone());
         }
         t
     }
@@ -262,7 +370,7 @@ impl Vocabulary {
                 *o |= f;
             }
             self.walk_plain(&table.suffixes, dfa, state, None, None, None, out, stack);
-            self.walk_plain(&self.trie, dfa, state, Some(loops), known, Some(&table.set), out, stack);
+            self.walk_plain(&self.trie, dfa, state, Some(loops), known, Some(&table.root_done), out, stack);
             return;
         }
         self.walk_plain(&self.trie, dfa, state, Some(loops), known, None, out, stack);
@@ -298,7 +406,7 @@ impl Vocabulary {
                 }
                 let child = trie.edge_child[e];
                 let (ft, nt) = trie.node_tok[child as usize];
-                if let Some(table) = loops.and_then(|l| l[t as usize].as_ref()) {
+                if let Some(table) = loops.and_then(|l| l[t as usize].as_ref()).filter(|tb| !self.mid_char(tb, trie, child)) {
                     // The walk entered a looping state: decide the whole subtree from each
                     // token's last byte outside the loop set.
                     let d = trie.node_depth[child as usize] as i16;
@@ -361,7 +469,7 @@ impl Vocabulary {
                     *o |= f;
                 }
                 self.walk_calls(&table.suffixes, dfa, calls, state, None, None, None, out, unc);
-                self.walk_calls(&self.trie, dfa, calls, state, Some(loops), known, Some(&table.set), out, unc);
+                self.walk_calls(&self.trie, dfa, calls, state, Some(loops), known, Some(&table.root_done), out, unc);
             }
             _ => self.walk_calls(&self.trie, dfa, calls, state, Some(loops), known, None, out, unc),
         }
@@ -404,7 +512,7 @@ impl Vocabulary {
                     let child = trie.edge_child[e];
                     let (ft, nt) = trie.node_tok[child as usize];
                     match loops.and_then(|l| l[t as usize].as_ref()) {
-                        Some(table) if calls.plain(t) => {
+                        Some(table) if calls.plain(t) && !self.mid_char(table, trie, child) => {
                             let d = trie.node_depth[child as usize] as i16;
                             let end = trie.sub_end[child as usize] as usize;
                             // With no local calls below, `t`'s own mask and list decide.
@@ -501,5 +609,57 @@ impl Vocabulary {
             }
         }
         unc.sort_unstable();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mid_character_prefixes_are_told_apart() {
+        for (p, mid) in [
+            (&b""[..], false),
+            (b"ab", false),
+            ("é".as_bytes(), false),
+            (b"\xc3", true),
+            (b"a\xe6\x97", true),
+            ("日".as_bytes(), false),
+            (b"\xf0\x9f\x98", true),
+            ("😀".as_bytes(), false),
+            (b"\x97", false),
+            (b"\xe6\x97\xa5\xe6", true),
+        ] {
+            assert_eq!(ends_mid_char(p), mid, "{p:?}");
+        }
+    }
+
+    /// By characters: whole ones and one cut off by the token's end count as in the set; orphan
+    /// continuation bytes, broken and overlong sequences and surrogates do not.
+    #[test]
+    fn good_bytes_read_by_characters() {
+        let mut set = [0u64; 4];
+        for b in 0x20u8..0x7f {
+            if b != b'"' && b != b'\\' {
+                set[b as usize / 64] |= 1 << (b % 64);
+            }
+        }
+        let mut g = Vec::new();
+        for (t, want, by_bytes) in [
+            (&b"a\xc3\xa9\""[..], "1110", "1000"),
+            (b"\xe6\x97\xa5\xe6\x97", "11111", "00000"),
+            (b"\x97a", "01", "01"),
+            (b"\xe6a", "01", "01"),
+            (b"\xe6\x97\"", "000", "000"),
+            (b"\xed\xa0\x80", "000", "000"),
+            (b"\xc0\xaf", "00", "00"),
+            (b"\xf0\x9f\x98\x80!", "11111", "00001"),
+        ] {
+            let bits = |g: &[bool]| g.iter().map(|&x| if x { '1' } else { '0' }).collect::<String>();
+            good_bytes(t, &set, true, &mut g);
+            assert_eq!(bits(&g), want, "{t:?}");
+            good_bytes(t, &set, false, &mut g);
+            assert_eq!(bits(&g), by_bytes, "{t:?} by bytes");
+        }
     }
 }
