@@ -433,11 +433,16 @@ impl CompiledSchema {
         let mut state_mask = vec![0u32; n];
         // Distinct masks by content hash (computed on the worker threads) → mask ids; equal
         // hashes are compared word for word against `masks`.
-        use std::hash::{Hash, Hasher};
+        // Eight independent lanes: a 262k-token mask is 4 096 words, hashed once per state.
         let mask_hash = |m: &[u64]| {
-            let mut h = automata::FxHasher::default();
-            m.hash(&mut h);
-            h.finish()
+            const K: u64 = 0x517c_c1b7_2722_0a95;
+            let mut lanes = [0u64; 8];
+            for c in m.chunks(8) {
+                for (l, &w) in lanes.iter_mut().zip(c) {
+                    *l = (l.rotate_left(5) ^ w).wrapping_mul(K);
+                }
+            }
+            lanes.iter().fold(m.len() as u64, |h, &l| (h.rotate_left(5) ^ l).wrapping_mul(K))
         };
         let mut seen: automata::HashMap<u64, Vec<u32>> = automata::HashMap::default();
         seen.insert(mask_hash(&vec![0; words]), vec![0]);

@@ -134,37 +134,91 @@ fn good_bytes(t: &[u8], set: &[u64; 4], utf8: bool, out: &mut Vec<bool>) {
     }
 }
 
-/// Whether `prefix` (a trie node's spelling) ends inside a multi-byte character: the walk then
-/// entered a state in the middle of a character, where a table by characters does not apply.
-fn ends_mid_char(prefix: &[u8]) -> bool {
-    let n = prefix.len();
-    // The last lead byte within reach, and how many continuation bytes follow it.
-    for back in 1..=4.min(n) {
-        let b = prefix[n - back];
-        if b & 0xC0 == 0x80 {
-            continue;
+/// Token signature flags: a byte ≥ 0x80; every such byte inside a well-formed character (or one
+/// cut off by the token's end).
+const HIGH: u8 = 1;
+const CLEAN: u8 = 2;
+
+fn signature(t: &[u8]) -> ([u64; 2], u8) {
+    let mut ascii = [0u64; 2];
+    let mut high = false;
+    for &b in t {
+        if b < 0x80 {
+            ascii[b as usize / 64] |= 1u64 << (b % 64);
+        } else {
+            high = true;
         }
-        let need = match b {
-            0xC0..=0xDF => 2,
-            0xE0..=0xEF => 3,
-            0xF0..=0xF7 => 4,
-            _ => return false,
-        };
-        return back < need;
     }
-    false
+    if !high {
+        return (ascii, 0);
+    }
+    // Clean: with every ASCII byte counted good, the character reading leaves no byte out.
+    let mut g = Vec::new();
+    good_bytes(t, &[!0, !0, 0, 0], true, &mut g);
+    (ascii, HIGH | if g.iter().all(|&x| x) { CLEAN } else { 0 })
 }
 
+
 impl Vocabulary {
-    /// Whether the walk reached `node` of the vocabulary's trie inside a multi-byte character
-    /// (only a table by characters cares; a well-formed automaton never loops there).
-    fn mid_char(&self, table: &LoopTable, trie: &Trie, node: u32) -> bool {
-        if !table.utf8 {
+    /// Whether the walk reached `node` of the vocabulary's trie, by an edge reading `b`, inside
+    /// a multi-byte character (only a table by characters cares; a well-formed automaton never
+    /// loops there).
+    #[inline]
+    fn mid_char(&self, table: &LoopTable, trie: &Trie, node: u32, b: u8) -> bool {
+        // After an ASCII byte no character is open (and the spelling is not read).
+        if !table.utf8 || b < 0x80 {
             return false;
         }
-        let d = trie.node_depth[node as usize] as usize;
-        let first = trie.tok_ids[trie.node_tok[node as usize].0 as usize];
-        ends_mid_char(&self.tokens[first as usize][..d])
+        let mid = self.mid_nodes.get_or_init(|| {
+            // In preorder a node's parent comes first: (the open character's length, its bytes
+            // read) from the parent's and the edge's byte.
+            let nn = trie.node_edges.len();
+            let mut open = vec![(0u8, 0u8); nn];
+            let mut bits = vec![0u64; nn.div_ceil(64)];
+            for n in 0..nn {
+                let (need, have) = open[n];
+                if need != 0 && have < need {
+                    bits[n / 64] |= 1u64 << (n % 64);
+                }
+                let (fe, ne) = trie.node_edges[n];
+                for e in fe as usize..(fe + ne) as usize {
+                    let c = trie.edge_child[e] as usize;
+                    open[c] = match trie.edge_byte[e] {
+                        0x80..=0xBF if need != 0 => (need, have.saturating_add(1)),
+                        0xC0..=0xDF => (2, 1),
+                        0xE0..=0xEF => (3, 1),
+                        0xF0..=0xF7 => (4, 1),
+                        _ => (0, 0),
+                    };
+                }
+            }
+            bits
+        });
+        debug_assert!(std::ptr::eq(trie, &self.trie), "only the vocabulary's own trie has loop tables");
+        mid[node as usize / 64] >> (node % 64) & 1 == 1
+    }
+
+    /// `out |= m ∩ {tokens starting with a byte of bytes}` (the union of first-byte sets
+    /// cached by set: a walk meets the same few again and again).
+    fn or_first_bytes(&self, out: &mut [u64], m: &[u64], bytes: &[u64; 4]) {
+        let cached = self.first_unions.lock().ok().and_then(|u| u.get(bytes).cloned());
+        let u = cached.unwrap_or_else(|| {
+            let mut u = vec![0u64; self.words()];
+            for b in (0..=255u8).filter(|&b| in_set(bytes, b)) {
+                self.or_first_byte(&mut u, &vec![!0u64; self.words()], b);
+            }
+            let u = Arc::new(u);
+            if let Ok(mut c) = self.first_unions.lock() {
+                if c.len() >= 64 {
+                    c.clear();
+                }
+                c.insert(*bytes, u.clone());
+            }
+            u
+        });
+        for ((o, &x), &y) in out.iter_mut().zip(m).zip(u.iter()) {
+            *o |= x & y;
+        }
     }
 
     /// `out |= m ∩ {tokens starting with b}`.
@@ -206,6 +260,14 @@ pub struct Vocabulary {
     /// Per byte b: the bitset of the maskable tokens whose first byte is b (`words()` words each),
     /// built on the first compilation (a server that compiles no schema never holds it).
     first_byte: std::sync::OnceLock<Vec<u64>>,
+    /// Per position in the trie's token order: the ASCII bytes the token holds, and whether it
+    /// holds others ([`HIGH`]) and all of those in well-formed characters ([`CLEAN`]). A loop
+    /// table keeps most tokens whole from this alone (built on the first table).
+    sigs: std::sync::OnceLock<Vec<([u64; 2], u8)>>,
+    /// Per trie node (a bitset): its spelling ends inside a multi-byte character.
+    mid_nodes: std::sync::OnceLock<Vec<u64>>,
+    /// Per set of first bytes (at most 64): the maskable tokens starting with one of them.
+    first_unions: Mutex<HashMap<[u64; 4], Arc<Vec<u64>>>>,
     /// Loop tables by loop set, kept across compilations (at most 64; a few hundred KiB each,
     /// rebuilt in milliseconds when dropped).
     loop_tables: Mutex<HashMap<([u64; 4], bool), Arc<LoopTable>>>,
@@ -230,6 +292,9 @@ impl Vocabulary {
             long,
             trie,
             first_byte: std::sync::OnceLock::new(),
+            sigs: std::sync::OnceLock::new(),
+            mid_nodes: std::sync::OnceLock::new(),
+            first_unions: Mutex::new(HashMap::new()),
             loop_tables: Mutex::new(HashMap::new()),
             tokens: tokens.to_vec(),
             eos: eos_ids.to_vec(),
@@ -317,9 +382,19 @@ impl Vocabulary {
         let mut partial: Vec<(u32, &[u8])> = Vec::new();
         let mut root_done = if utf8 { [set[0], set[1], !0, !0] } else { set };
         let mut good = Vec::new();
-        for &id in &self.trie.tok_ids {
+        let sigs = self.sigs.get_or_init(|| self.trie.tok_ids.iter().map(|&id| signature(&self.tokens[id as usize])).collect());
+        for (&id, &(ascii, flags)) in self.trie.tok_ids.iter().zip(sigs) {
             let t = &self.tokens[id as usize];
             let clamp = |p: usize| p.min(i16::MAX as usize) as i16;
+            // Whole from the signature: its ASCII bytes in C, and no other byte, or (by
+            // characters) only well-formed ones.
+            let high_ok = flags & HIGH == 0 || (utf8 && flags & CLEAN != 0);
+            if ascii[0] & !set[0] == 0 && ascii[1] & !set[1] == 0 && high_ok {
+                set_bit(&mut full, id);
+                first_bad.push(i16::MAX);
+                last_bad.push(-1);
+                continue;
+            }
             good_bytes(t, &set, utf8, &mut good);
             match good.iter().position(|&g| !g) {
                 None => {
@@ -395,6 +470,9 @@ impl Vocabulary {
         stack.clear();
         stack.push((0, q0));
         let ncls = dfa.ncls;
+        // Looping states entered from the root whose masks decide every token of some first
+        // bytes.
+        let mut root_known: Vec<(u32, [u64; 4])> = Vec::new();
         while let Some((node, q)) = stack.pop() {
             let (fe, ne) = trie.node_edges[node as usize];
             let row = q as usize * ncls;
@@ -406,16 +484,20 @@ impl Vocabulary {
                 }
                 let child = trie.edge_child[e];
                 let (ft, nt) = trie.node_tok[child as usize];
-                if let Some(table) = loops.and_then(|l| l[t as usize].as_ref()).filter(|tb| !self.mid_char(tb, trie, child)) {
+                if let Some(table) = loops.and_then(|l| l[t as usize].as_ref()).filter(|tb| !self.mid_char(tb, trie, child, b)) {
                     // The walk entered a looping state: decide the whole subtree from each
                     // token's last byte outside the loop set.
                     let d = trie.node_depth[child as usize] as i16;
                     let end = trie.sub_end[child as usize] as usize;
                     let tm = known.and_then(|k| k.mask(t));
-                    if let (Some(m), 0, true) = (tm, node, in_set(&table.set, b)) {
+                    if let (Some(_), 0, true) = (tm, node, in_set(&table.set, b)) {
                         // Every token starting with b: b keeps `t` in itself, so `t`'s mask
-                        // decides, word by word.
-                        self.or_first_byte(out, m, b);
+                        // decides, word by word (after the walk, once per state).
+                        let i = root_known.iter().position(|(q, _)| *q == t).unwrap_or_else(|| {
+                            root_known.push((t, [0u64; 4]));
+                            root_known.len() - 1
+                        });
+                        set_bit(&mut root_known[i].1, b as u32);
                         continue;
                     }
                     for pos in ft as usize..end {
@@ -438,6 +520,13 @@ impl Vocabulary {
                 }
                 if trie.node_edges[child as usize].1 > 0 {
                     stack.push((child, t));
+                }
+            }
+        }
+        if let Some(k) = known {
+            for (t, bytes) in &root_known {
+                if let Some(m) = k.mask(*t) {
+                    self.or_first_bytes(out, m, bytes);
                 }
             }
         }
@@ -512,15 +601,14 @@ impl Vocabulary {
                     let child = trie.edge_child[e];
                     let (ft, nt) = trie.node_tok[child as usize];
                     match loops.and_then(|l| l[t as usize].as_ref()) {
-                        Some(table) if calls.plain(t) && !self.mid_char(table, trie, child) => {
+                        Some(table) if calls.plain(t) && !self.mid_char(table, trie, child, b) => {
                             let d = trie.node_depth[child as usize] as i16;
                             let end = trie.sub_end[child as usize] as usize;
                             // With no local calls below, `t`'s own mask and list decide.
                             let tm = if c.stack.is_empty() { known.and_then(|k| k.mask(t).map(|m| (m, k.unc(t)))) } else { None };
-                            if let (Some((m, _)), 0, true) = (tm, node, in_set(&table.set, b)) {
-                                // Every token starting with b: `t`'s mask decides, word by word
-                                // (its run-time list after the walk, once per state).
-                                self.or_first_byte(out, m, b);
+                            if let (Some(_), 0, true) = (tm, node, in_set(&table.set, b)) {
+                                // Every token starting with b: `t`'s mask decides, word by word,
+                                // and its run-time list (after the walk, once per state).
                                 let i = root_unc.iter().position(|(q, _)| *q == t).unwrap_or_else(|| {
                                     root_unc.push((t, [0u64; 4]));
                                     root_unc.len() - 1
@@ -563,6 +651,9 @@ impl Vocabulary {
         }
         if let Some(k) = known {
             for (t, bytes) in root_unc {
+                if let Some(m) = k.mask(t) {
+                    self.or_first_bytes(out, m, &bytes);
+                }
                 unc.extend(k.unc(t).iter().copied().filter(|&id| self.tokens[id as usize].first().is_some_and(|&b| in_set(&bytes, b))));
             }
         }
@@ -616,6 +707,27 @@ impl Vocabulary {
 mod tests {
     use super::*;
 
+    /// Whether `prefix` (a trie node's spelling) ends inside a multi-byte character: the walk then
+    /// entered a state in the middle of a character, where a table by characters does not apply.
+    fn ends_mid_char(prefix: &[u8]) -> bool {
+        let n = prefix.len();
+        // The last lead byte within reach, and how many continuation bytes follow it.
+        for back in 1..=4.min(n) {
+            let b = prefix[n - back];
+            if b & 0xC0 == 0x80 {
+                continue;
+            }
+            let need = match b {
+                0xC0..=0xDF => 2,
+                0xE0..=0xEF => 3,
+                0xF0..=0xF7 => 4,
+                _ => return false,
+            };
+            return back < need;
+        }
+        false
+    }
+
     #[test]
     fn mid_character_prefixes_are_told_apart() {
         for (p, mid) in [
@@ -632,6 +744,23 @@ mod tests {
         ] {
             assert_eq!(ends_mid_char(p), mid, "{p:?}");
         }
+        // The vocabulary's per-node bitset says the same of every trie node.
+        let toks: Vec<Vec<u8>> = [&b"\xe6\x97\xa5\xe6\x9c"[..], "日本語".as_bytes(), b"a\xc3\xa9b", b"\x97\x97\x97\x97\x97x", "😀".as_bytes(), b"\xf0\x9f", b"\xc3", b"ab", b"\"\xc3\xbc\""]
+            .iter().map(|t| t.to_vec()).chain(std::iter::once(Vec::new())).collect();
+        let v = Vocabulary::new(&toks, &[toks.len() as u32 - 1]);
+        let table = LoopTable { set: [0; 4], utf8: true, root_done: [0; 4], full: Vec::new(), suffixes: Trie::new(std::iter::empty()), last_bad: Vec::new(), first_bad: Vec::new() };
+        let mut spell: Vec<Vec<u8>> = vec![Vec::new(); v.trie.node_edges.len()];
+        let mut checked = 0;
+        for n in 0..v.trie.node_edges.len() {
+            let (fe, ne) = v.trie.node_edges[n];
+            for e in fe as usize..(fe + ne) as usize {
+                let (c, b) = (v.trie.edge_child[e], v.trie.edge_byte[e]);
+                spell[c as usize] = [spell[n].as_slice(), &[b]].concat();
+                assert_eq!(v.mid_char(&table, &v.trie, c, b), ends_mid_char(&spell[c as usize]), "{:?}", spell[c as usize]);
+                checked += 1;
+            }
+        }
+        assert!(checked >= 25, "{checked} edges");
     }
 
     /// By characters: whole ones and one cut off by the token's end count as in the set; orphan
