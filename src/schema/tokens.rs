@@ -205,7 +205,9 @@ impl Vocabulary {
         let u = cached.unwrap_or_else(|| {
             let mut u = vec![0u64; self.words()];
             for b in (0..=255u8).filter(|&b| in_set(bytes, b)) {
-                self.or_first_byte(&mut u, &vec![!0u64; self.words()], b);
+                for (o, &f) in u.iter_mut().zip(self.first_byte_set(b)) {
+                    *o |= f;
+                }
             }
             let u = Arc::new(u);
             if let Ok(mut c) = self.first_unions.lock() {
@@ -221,8 +223,8 @@ impl Vocabulary {
         }
     }
 
-    /// `out |= m ∩ {tokens starting with b}`.
-    fn or_first_byte(&self, out: &mut [u64], m: &[u64], b: u8) {
+    /// The maskable tokens whose first byte is `b` (a bitset).
+    fn first_byte_set(&self, b: u8) -> &[u64] {
         let w = self.words();
         let all = self.first_byte.get_or_init(|| {
             let mut fb = vec![0u64; 256 * w];
@@ -233,10 +235,7 @@ impl Vocabulary {
             }
             fb
         });
-        let fb = &all[b as usize * w..(b as usize + 1) * w];
-        for ((o, &x), &y) in out.iter_mut().zip(m).zip(fb) {
-            *o |= x & y;
-        }
+        &all[b as usize * w..(b as usize + 1) * w]
     }
 }
 
