@@ -79,7 +79,8 @@ fn in_set(set: &[u64; 4], b: u8) -> bool {
 }
 
 /// Whether `q` reads every well-formed multi-byte UTF-8 character back to itself, staying alive
-/// after each of its bytes (the characters by byte class, so a few steps per state).
+/// after each of its bytes (each range byte by byte, over the set of states reached so far:
+/// one or two states per step for a string body).
 fn loops_on_utf8(dfa: &Dfa, q: u32) -> bool {
     super::UTF8_SEQS.iter().all(|&(lo, hi, rest)| {
         let mut cur = vec![q];
