@@ -177,4 +177,65 @@ fn disclaimer_and_structured_output_on_both_apis() {
     let o = curl("/v1/chat/completions", &serde_json::json!({"max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
         "response_format": {"type": "json_schema", "json_schema": {"name": "u", "schema": {"type": "array", "contains": {"type": "integer"}, "maxContains": 9}}}}).to_string());
     assert!(o.contains("maxContains") && o.contains("invalid_request_error"), "{o}");
+    // Tool calls under the preset (issue 26): the disclaimer frames the answer's text part,
+    // outside the call frame, and the calls stay whole — whole and streamed, on both APIs, in
+    // a calls-only mode and in `auto`.
+    let weather = serde_json::json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"], "additionalProperties": false});
+    let city = |args: &str| {
+        let v: serde_json::Value = serde_json::from_str(args).unwrap_or_else(|e| panic!("arguments not JSON ({e}): {args}"));
+        assert!(v["city"].as_str().is_some(), "{args}");
+    };
+    let sse = |body: &str| -> Vec<serde_json::Value> {
+        body.lines().filter_map(|l| l.strip_prefix("data: ")).filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok()).collect()
+    };
+    let oa_tools = serde_json::json!({"type": "function", "function": {"name": "get_weather", "parameters": weather}});
+    let an_tools = serde_json::json!({"name": "get_weather", "input_schema": weather});
+    let ask = "Weather in Oslo? Use the tool.";
+    for stream in [false, true] {
+        let o = curl("/v1/chat/completions", &serde_json::json!({"model": model, "max_tokens": 80, "stream": stream, "messages": [{"role": "user", "content": ask}],
+            "tools": [oa_tools], "tool_choice": "required", "parallel_tool_calls": false}).to_string());
+        let (content, args, finish) = if stream {
+            let ev = sse(&o);
+            let content: String = ev.iter().filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(String::from)).collect();
+            let args: String = ev.iter().filter_map(|v| v["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str().map(String::from)).collect();
+            let finish = ev.iter().filter_map(|v| v["choices"][0]["finish_reason"].as_str().map(String::from)).last().unwrap_or_default();
+            (content, args, finish)
+        } else {
+            let v: serde_json::Value = serde_json::from_str(&o).unwrap_or_else(|_| panic!("{o}"));
+            let m = &v["choices"][0]["message"];
+            (m["content"].as_str().unwrap_or_default().to_string(), m["tool_calls"][0]["function"]["arguments"].as_str().unwrap_or_default().to_string(), v["choices"][0]["finish_reason"].as_str().unwrap_or_default().to_string())
+        };
+        assert_eq!(finish, "tool_calls", "{o}");
+        assert_eq!(content, DISCLAIMER, "{o}");
+        city(&args);
+        let a = curl("/v1/messages", &serde_json::json!({"model": model, "max_tokens": 80, "stream": stream, "messages": [{"role": "user", "content": ask}],
+            "tools": [an_tools], "tool_choice": {"type": "any"}}).to_string());
+        let (blocks, text, input, stop) = if stream {
+            let ev = sse(&a);
+            let blocks: Vec<String> = ev.iter().filter(|v| v["type"] == "content_block_start").map(|v| format!("{} {}", v["index"], v["content_block"]["type"].as_str().unwrap())).collect();
+            let text: String = ev.iter().filter_map(|v| v["delta"]["text"].as_str().map(String::from)).collect();
+            let input: String = ev.iter().filter_map(|v| v["delta"]["partial_json"].as_str().map(String::from)).collect();
+            let stop = ev.iter().filter_map(|v| v["delta"]["stop_reason"].as_str().map(String::from)).last().unwrap_or_default();
+            (blocks, text, input, stop)
+        } else {
+            let v: serde_json::Value = serde_json::from_str(&a).unwrap_or_else(|_| panic!("{a}"));
+            let c = v["content"].as_array().unwrap_or_else(|| panic!("{a}"));
+            let blocks = c.iter().enumerate().map(|(i, b)| format!("{i} {}", b["type"].as_str().unwrap())).collect();
+            (blocks, c[0]["text"].as_str().unwrap_or_default().to_string(), c.get(1).map(|b| b["input"].to_string()).unwrap_or_default(), v["stop_reason"].as_str().unwrap_or_default().to_string())
+        };
+        assert_eq!(blocks, ["0 text", "1 tool_use"], "{a}");
+        assert_eq!(text, DISCLAIMER, "{a}");
+        assert_eq!(stop, "tool_use", "{a}");
+        city(&input);
+        // `auto`: text or a call, the disclaimer closes the text either way.
+        let o = curl("/v1/chat/completions", &serde_json::json!({"model": model, "max_tokens": 80, "stream": stream, "messages": [{"role": "user", "content": ask}],
+            "tools": [oa_tools]}).to_string());
+        let content: String = if stream {
+            sse(&o).iter().filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(String::from)).collect()
+        } else {
+            let v: serde_json::Value = serde_json::from_str(&o).unwrap_or_else(|_| panic!("{o}"));
+            v["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("{o}")).to_string()
+        };
+        assert!(content.ends_with(DISCLAIMER), "{o}");
+    }
 }

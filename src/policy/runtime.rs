@@ -360,11 +360,14 @@ impl TextPipeline {
     }
 
     /// The answer is read back as tool calls opened by `marker`: redaction keeps each call
-    /// valid JSON ([`crate::policy::redact::FrameRedactor`]). Call before any text is pushed.
-    pub fn for_tool_calls(&mut self, marker: &'static str) {
+    /// valid JSON ([`crate::policy::redact::FrameRedactor`]), and the mandatory text is taken
+    /// out and returned: the reader puts it around the answer's text part, outside the call
+    /// frame ([`crate::tools::Framed`]). Call before any text is pushed.
+    pub fn for_tool_calls(&mut self, marker: &'static str) -> MandatoryText {
         if let Some(OutputRedactor::Text(r)) = self.redactor.take() {
             self.redactor = Some(OutputRedactor::Calls(r.into_frame(marker)));
         }
+        std::mem::take(&mut self.mandatory)
     }
 
     /// Model text in; text safe to emit now out.

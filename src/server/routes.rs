@@ -441,9 +441,12 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     // the first token).
     let tool_mode = creq.tools.as_ref().filter(|t| t.active()).map(|t| t.choice != crate::tools::Choice::Auto);
     let mut spec = state.rt.spec(preset.as_ref(), adhoc, params, max_tokens, creq.stop.clone());
+    // A tools answer: the preset's mandatory text frames the answer's text part, outside the
+    // call frame (`tools::Framed`), so it is taken out of the generation's pipeline.
+    let mut mandatory = crate::policy::MandatoryText::default();
     if tool_mode.is_some() {
         if let Some(p) = spec.pipeline.as_mut() {
-            p.for_tool_calls(crate::tools::CALL_OPEN);
+            mandatory = p.for_tool_calls(crate::tools::CALL_OPEN);
         }
     }
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -463,7 +466,8 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     }
     let model = state.bundle.name.clone();
     if creq.stream {
-        let s = Streamer::new(rx, rec, flavor, kind == Kind::Completion, model, n, creq.include_usage, tool_mode, guard);
+        let tools = tool_mode.map(|calls_only| crate::tools::Framed::new(calls_only, mandatory));
+        let s = Streamer::new(rx, rec, flavor, kind == Kind::Completion, model, n, creq.include_usage, tools, guard);
         let body = Body::from_stream(futures::stream::unfold(s, |mut s| async move { s.next().await.map(|b| (Ok::<Bytes, Infallible>(b), s)) }));
         let mut r = response(200, "text/event-stream; charset=utf-8", body);
         r.headers_mut().insert(hyper::header::CACHE_CONTROL, hyper::header::HeaderValue::from_static("no-cache"));
@@ -491,7 +495,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     rec.response = Some(text.clone());
     // Tool calls: complete calls are presented as calls; output cut inside a call (max_tokens,
     // a stop sequence) is presented as the text before it only (as the stream sent it).
-    let outcome = tool_mode.map(|calls_only| crate::tools::parse(&text, calls_only));
+    let outcome = tool_mode.map(|calls_only| crate::tools::parse_framed(&text, calls_only, &mandatory));
     let mut body = None;
     match &outcome {
         Some(crate::tools::Outcome::Calls { text: said, calls }) => {
@@ -503,10 +507,10 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
                 Err(e) => return rec.fail(flavor, e),
             }
         }
-        Some(crate::tools::Outcome::Incomplete { text: said }) => {
+        Some(crate::tools::Outcome::Incomplete { text: said } | crate::tools::Outcome::Text(said)) => {
             body = Some(api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, said, &f, n));
         }
-        _ => {}
+        None => {}
     }
     rec.status = 200;
     if let Err(e) = rec.finish() {

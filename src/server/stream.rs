@@ -37,9 +37,9 @@ pub(super) struct Streamer {
     _guard: InflightGuard,
 }
 
-/// A tools request's stream state (see `crate::tools::StreamParser`).
+/// A tools request's stream state (see `crate::tools::Framed`).
 struct ToolStream {
-    parser: crate::tools::StreamParser,
+    parser: crate::tools::Framed,
     /// Call ids, by call index.
     ids: Vec<String>,
     /// Anthropic: the text block (index 0) is open.
@@ -54,7 +54,7 @@ struct ToolStream {
 
 impl Streamer {
     #[allow(clippy::too_many_arguments)]
-    /// `tools`: `Some(calls_only)` for a request whose answer may be tool calls.
+    /// `tools`: the reader of a request whose answer may be tool calls.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         rx: UnboundedReceiver<Event>,
@@ -64,7 +64,7 @@ impl Streamer {
         model: String,
         input_tokens: usize,
         include_usage: bool,
-        tools: Option<bool>,
+        tools: Option<crate::tools::Framed>,
         guard: InflightGuard,
     ) -> Streamer {
         let t0 = thread_cpu();
@@ -82,8 +82,8 @@ impl Streamer {
             buf: BytesMut::new(),
             queue: VecDeque::with_capacity(8),
             done: false,
-            tools: tools.map(|calls_only| ToolStream {
-                parser: crate::tools::StreamParser::new(calls_only),
+            tools: tools.map(|parser| ToolStream {
+                parser,
                 ids: Vec::new(),
                 text_open: false,
                 call_open: None,

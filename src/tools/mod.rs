@@ -577,5 +577,99 @@ pub fn parse(text: &str, calls_only: bool) -> Outcome {
     p.finish().1
 }
 
+/// A tools answer read back with a preset's mandatory text around its text part.
+///
+/// The prefix and suffix frame what the answer *says*, never the call syntax: the call frame
+/// stays exactly the grammar's language, so calls parse whatever the preset adds. The prefix
+/// is the first text piece; the suffix (after the separator, as for a plain answer, see
+/// [`MandatoryText::suffix_after`]) is the last text piece, told when the text ends: before the
+/// first call starts, or at the end of an answer that is text only (or stopped inside a call).
+/// A calls-only answer (`required`, `any`, a named tool) thus says the prefix and the suffix
+/// and nothing else. Nothing a request sends can remove either.
+///
+/// [`MandatoryText::suffix_after`]: crate::policy::MandatoryText::suffix_after
+#[derive(Debug, Clone)]
+pub struct Framed {
+    parser: StreamParser,
+    mandatory: crate::policy::MandatoryText,
+    started: bool,
+    closed: bool,
+    /// The last char of the model's text part.
+    tail: Option<char>,
+}
+
+impl Framed {
+    pub fn new(calls_only: bool, mandatory: crate::policy::MandatoryText) -> Framed {
+        Framed { parser: StreamParser::new(calls_only), mandatory, started: false, closed: false, tail: None }
+    }
+
+    /// Feeds generated text (the model's, without mandatory text); returns what can be told now.
+    pub fn feed(&mut self, t: &str) -> Vec<Piece> {
+        let mut out = Vec::new();
+        self.start(&mut out);
+        for p in self.parser.feed(t) {
+            self.pass(p, &mut out);
+        }
+        out
+    }
+
+    /// The end of the output: the last pieces, and the outcome with its text framed.
+    pub fn finish(&mut self) -> (Vec<Piece>, Outcome) {
+        let mut out = Vec::new();
+        self.start(&mut out);
+        let (pieces, outcome) = self.parser.finish();
+        for p in pieces {
+            self.pass(p, &mut out);
+        }
+        self.close(&mut out);
+        let frame = |t: String| self.mandatory.apply(&t);
+        let outcome = match outcome {
+            Outcome::Text(t) => Outcome::Text(frame(t)),
+            Outcome::Calls { text, calls } => Outcome::Calls { text: frame(text), calls },
+            Outcome::Incomplete { text } => Outcome::Incomplete { text: frame(text) },
+        };
+        (out, outcome)
+    }
+
+    fn start(&mut self, out: &mut Vec<Piece>) {
+        if !self.started {
+            self.started = true;
+            if !self.mandatory.prefix.is_empty() {
+                out.push(Piece::Text(self.mandatory.prefix.clone()));
+            }
+        }
+    }
+
+    fn close(&mut self, out: &mut Vec<Piece>) {
+        if !self.closed {
+            self.closed = true;
+            let s = self.mandatory.suffix_after(self.tail);
+            if !s.is_empty() {
+                out.push(Piece::Text(s));
+            }
+        }
+    }
+
+    fn pass(&mut self, p: Piece, out: &mut Vec<Piece>) {
+        match &p {
+            Piece::Text(t) => {
+                if let Some(c) = t.chars().last() {
+                    self.tail = Some(c);
+                }
+            }
+            Piece::CallStart { .. } => self.close(out),
+            Piece::Args { .. } | Piece::CallEnd { .. } => {}
+        }
+        out.push(p);
+    }
+}
+
+/// Reads a whole output with a preset's mandatory text around its text part (see [`Framed`]).
+pub fn parse_framed(text: &str, calls_only: bool, mandatory: &crate::policy::MandatoryText) -> Outcome {
+    let mut p = Framed::new(calls_only, mandatory.clone());
+    p.feed(text);
+    p.finish().1
+}
+
 #[cfg(test)]
 mod tests;

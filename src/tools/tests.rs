@@ -380,3 +380,91 @@ fn a_thousand_calls_on_corpus_tool_sets() {
     assert!(refused * 4 < sets, "{refused} of {sets} tool sets refused");
 }
 
+
+/// Streams `text` through [`Framed`] in random pieces: the pieces agree with the whole-answer
+/// reading, the calls are those of the unframed reading, and the text part is the unframed
+/// text with the mandatory text around it, all of it told before the first call starts.
+fn framed_agrees(text: &str, calls_only: bool, m: &crate::policy::MandatoryText, rng: &mut Rng) -> Outcome {
+    let whole = parse_framed(text, calls_only, m);
+    let mut p = Framed::new(calls_only, m.clone());
+    let mut pieces = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let mut n = 1 + rng.below(6).min(rest.len() - 1);
+        while !rest.is_char_boundary(n) {
+            n += 1;
+        }
+        pieces.extend(p.feed(&rest[..n]));
+        rest = &rest[n..];
+    }
+    let (tail, outcome) = p.finish();
+    pieces.extend(tail);
+    assert_eq!(outcome, whole, "{text:?}");
+    let mut texts = String::new();
+    let mut args: Vec<String> = Vec::new();
+    let mut text_after_call = false;
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => {
+                text_after_call |= !args.is_empty();
+                texts.push_str(&t);
+            }
+            Piece::CallStart { .. } => args.push(String::new()),
+            Piece::Args { index, text } => args[index].push_str(&text),
+            Piece::CallEnd { .. } => {}
+        }
+    }
+    assert!(!text_after_call, "text told after a call started: {text:?}");
+    match (&outcome, parse(text, calls_only)) {
+        (Outcome::Text(t), Outcome::Text(plain)) => {
+            assert_eq!(t, &m.apply(&plain));
+            assert_eq!(&texts, t);
+        }
+        (Outcome::Calls { text: t, calls }, Outcome::Calls { text: plain, calls: plain_calls }) => {
+            assert_eq!(t, &m.apply(&plain));
+            assert_eq!(&texts, t);
+            assert_eq!(calls, &plain_calls);
+            assert_eq!(calls.iter().map(|c| c.arguments.clone()).collect::<Vec<_>>(), args);
+        }
+        (Outcome::Incomplete { text: t }, Outcome::Incomplete { text: plain }) => {
+            assert_eq!(t, &m.apply(&plain));
+            assert_eq!(&texts, t);
+        }
+        (framed, plain) => panic!("framed {framed:?} but plain {plain:?}"),
+    }
+    outcome
+}
+
+/// Issue 26: a preset's mandatory prefix and suffix frame the answer's text part and never
+/// break the call frame, in every mode, whole and streamed.
+#[test]
+fn mandatory_text_frames_the_text_part() {
+    let m = crate::policy::MandatoryText::new("Note: ", "Not advice.");
+    let call = render_call("b", "{\"q\": \"x\"}");
+    let b = Call { name: "b".into(), arguments: "{\"q\": \"x\"}".into() };
+    // Calls only: the answer says the prefix and the suffix, then calls.
+    assert_eq!(parse_framed(&call, true, &m), Outcome::Calls { text: "Note: Not advice.".into(), calls: vec![b.clone()] });
+    // Text, then a call: the suffix closes the text, before the call.
+    let said = format!("Let me look. \n{call}");
+    assert_eq!(parse_framed(&said, false, &m), Outcome::Calls { text: "Note: Let me look.\n\nNot advice.".into(), calls: vec![b.clone()] });
+    // A plain answer, and one cut inside a call: framed as a plain answer is.
+    assert_eq!(parse_framed("Hi", false, &m), Outcome::Text("Note: Hi\n\nNot advice.".into()));
+    assert_eq!(parse_framed(&said[..said.len() - 4], false, &m), Outcome::Incomplete { text: "Note: Let me look.\n\nNot advice.".into() });
+    // Piece by piece: the suffix is told as the call starts, not after it.
+    let mut p = Framed::new(false, m.clone());
+    assert_eq!(p.feed("Sure."), vec![Piece::Text("Note: ".into()), Piece::Text("Sure.".into())]);
+    assert_eq!(
+        p.feed("\n<tool_call>\n{\"name\": \"b\", \"arguments\": "),
+        vec![Piece::Text("\n\nNot advice.".into()), Piece::CallStart { index: 0, name: "b".into() }]
+    );
+    let mut rng = Rng(11);
+    let suffix_only = crate::policy::MandatoryText::new("", "Not advice.");
+    let two = format!("{call}\n{}", render_call("a", "{}"));
+    for m in [&m, &suffix_only, &crate::policy::MandatoryText::new("Dr. bot: ", ""), &crate::policy::MandatoryText::default()] {
+        for (t, calls_only) in [(call.as_str(), true), (two.as_str(), true), (said.as_str(), false), ("Hi\n", false), ("é <tool", false), ("", false), (&two[..two.len() - 2], true)] {
+            for _ in 0..20 {
+                framed_agrees(t, calls_only, m, &mut rng);
+            }
+        }
+    }
+}
