@@ -712,3 +712,57 @@ fn systemd_unit_is_hardened() {
         assert!(expected, "systemd-analyze verify: {l}");
     }
 }
+
+/// The prefix cache lends sequences instead of copying them: the request after a prompt takes
+/// the cached sequence itself, requests that arrive while it is lent copy from it, and a lent
+/// sequence comes back to the cache when its request ends. Every greedy answer is the one the
+/// first request computed without the cache.
+#[test]
+fn e2e_prefix_cache_lends_and_copies() {
+    let b = need_model!();
+    let s = start(b, "[limits]\nprefix_cache_tokens = 1024\nmax_concurrent = 4\n");
+    let sys = "You are a careful assistant at a bank branch. Answer in one short sentence. ".repeat(3);
+    let body = |q: &str| format!(r#"{{"messages":[{{"role":"system","content":"{sys}"}},{{"role":"user","content":"{q}"}}],"max_tokens":12,"temperature":0}}"#);
+    let answer = |r: &Resp| -> (String, u64, u64) {
+        assert_eq!(r.status, 200, "{}", r.body);
+        let c = r.json();
+        let u = &c["usage"];
+        (c["choices"][0]["message"]["content"].as_str().unwrap().to_string(), u["prompt_tokens"].as_u64().unwrap(), u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap())
+    };
+    let (bond, prompt, cached) = answer(&s.post("/v1/chat/completions", &body("What is a bond?")));
+    assert_eq!(cached, 0, "the first request computes everything");
+    // The same prompt again, one at a time: each takes the cache's sequence (all but two tokens).
+    for _ in 0..2 {
+        let (t, _, cached) = answer(&s.post("/v1/chat/completions", &body("What is a bond?")));
+        assert_eq!((t.as_str(), cached), (bond.as_str(), prompt - 2));
+    }
+    // Four at once: one takes the cache, the others copy from the lent sequence (or, admitted
+    // after it ended, take it back in turn). Each answer is the same.
+    let sock = s.sock.clone();
+    let req = body("What is a bond?");
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (sock, req) = (sock.clone(), req.clone());
+            std::thread::spawn(move || common::request(&sock, "POST", "/v1/chat/completions", Some(&req)).unwrap())
+        })
+        .collect();
+    for t in threads {
+        let (status, body) = t.join().unwrap();
+        assert_eq!(status, 200, "{body}");
+        let c: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(c["choices"][0]["message"]["content"].as_str().unwrap(), bond);
+        assert_eq!(c["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), prompt - 2, "{body}");
+    }
+    // Another question after the same system prompt: its shared start comes from the cache, and
+    // its answer is the one a server with no cache gives.
+    let (loan, _, cached) = answer(&s.post("/v1/chat/completions", &body("What is a loan?")));
+    assert!(cached >= 40 && cached < prompt - 2, "cached {cached} of {prompt}");
+    let fresh = start(b, "[limits]\nprefix_cache_tokens = 0\n");
+    let (loan0, _, cached0) = answer(&fresh.post("/v1/chat/completions", &body("What is a loan?")));
+    assert_eq!((loan.as_str(), cached0), (loan0.as_str(), 0));
+    // Back to the first question: the cache now holds the second prompt, and only the system
+    // prompt is shared.
+    let (t, _, cached) = answer(&s.post("/v1/chat/completions", &body("What is a bond?")));
+    assert!(cached >= 40 && cached < prompt - 2, "cached {cached}");
+    assert_eq!(t, bond);
+}

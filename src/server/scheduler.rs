@@ -94,11 +94,22 @@ pub struct SchedulerOptions {
 /// Prompts shorter than this are not worth a cache entry or a copy.
 const MIN_PREFIX: usize = 8;
 
-/// The prefix cache: one engine sequence holding the KV of the last prompt's first tokens.
+/// The prefix cache: one engine sequence whose KV holds `tokens` at positions `0..tokens.len()`
+/// (the last completed prompt's first tokens).
+///
+/// The sequence is either idle (the cache's own) or **lent**: it is an active request's own
+/// sequence. Nothing is copied to fill the cache: the sequence that has just computed a prompt
+/// becomes the cache while it goes on generating, since it only writes after its prompt. A new
+/// request whose prompt shares the cached start takes an idle cache's sequence as its own,
+/// truncated to the shared part, again without a copy (an agent's next turn sends the same tools
+/// and history). Only a request that arrives while the cache is lent copies the shared part. A
+/// lent sequence comes back as the idle cache when its request ends, truncated to `tokens`.
 struct Prefix {
     seq: SeqId,
     tokens: Vec<u32>,
     steering: Option<Arc<crate::engine::Steering>>,
+    /// `seq` is an active request's (see above).
+    lent: bool,
 }
 
 /// Prompt tokens of one sequence to feed in a step with `budget` left, `rest` still to feed.
@@ -306,6 +317,10 @@ impl Loop {
                 ))));
                 continue;
             }
+            if let Some((id, start)) = self.take_prefix(&r) {
+                self.active.push(Seq { id, req: r, phase: Phase::Prefill(start), last_token_at: None, ttft: None, cached: start });
+                continue;
+            }
             let seq = self.engine.new_seq().and_then(|id| match self.engine.set_steering(id, r.steering.clone()) {
                 Ok(()) => Ok(id),
                 Err(e) => {
@@ -333,15 +348,58 @@ impl Loop {
         true
     }
 
-    /// Copy the cached prefix a new sequence's prompt shares (at least two prompt tokens are
-    /// left to compute); returns the first position to prefill.
+    /// Positions of the cached prefix a prompt can reuse (at least two prompt tokens are left
+    /// to compute, see `prompt_chunk`); 0 when too few to be worth it.
+    fn shared(p: &Prefix, prompt: &[u32]) -> usize {
+        let n = common_prefix(&p.tokens, prompt).min(prompt.len().saturating_sub(2));
+        if n < MIN_PREFIX {
+            0
+        } else {
+            n
+        }
+    }
+
+    /// Take an idle cache's sequence for a new request whose prompt shares its start (no copy):
+    /// the sequence is truncated to the shared part and lent. Returns it and the first position
+    /// to prefill.
+    fn take_prefix(&mut self, r: &GenRequest) -> Option<(SeqId, usize)> {
+        let p = self.prefix.as_mut().filter(|p| !p.lent && same_steering(&p.steering, &r.steering))?;
+        let n = Self::shared(p, r.gen.prompt());
+        if n == 0 {
+            return None;
+        }
+        if self.engine.truncate_seq(p.seq, n).is_err() {
+            // A sliding-window layer no longer holds what position `n` sees: the cache is spent.
+            self.engine.free_seq(p.seq);
+            self.prefix = None;
+            return None;
+        }
+        p.tokens.truncate(n);
+        p.lent = true;
+        self.metrics.prompt_cached(n);
+        Some((p.seq, n))
+    }
+
+    /// The end of an active request's sequence: back to the idle cache if it is lent, freed
+    /// otherwise.
+    fn release(&mut self, id: SeqId) {
+        if let Some(p) = self.prefix.as_mut().filter(|p| p.lent && p.seq == id) {
+            if self.engine.truncate_seq(id, p.tokens.len()).is_ok() {
+                p.lent = false;
+                return;
+            }
+            self.prefix = None;
+        }
+        self.engine.free_seq(id);
+    }
+
+    /// Copy the cached prefix a new sequence's prompt shares (the cache is lent, or has other
+    /// control vectors); returns the first position to prefill.
     fn reuse_prefix(&mut self, id: SeqId, r: &GenRequest) -> usize {
         // `copy_prefix` itself refuses (Ok(false)) a cache with other control vectors than `id`'s.
         let Some(p) = self.prefix.as_ref() else { return 0 };
-        // At least two prompt tokens are left to compute (see `prompt_chunk`).
-        let prompt = r.gen.prompt();
-        let n = common_prefix(&p.tokens, prompt).min(prompt.len().saturating_sub(2));
-        if n < MIN_PREFIX {
+        let n = Self::shared(p, r.gen.prompt());
+        if n == 0 {
             return 0;
         }
         match self.engine.copy_prefix(p.seq, id, n) {
@@ -353,8 +411,8 @@ impl Loop {
         }
     }
 
-    /// After a step: keep the first prompt that completed in it as the cached prefix (unless
-    /// the cache already holds all of it).
+    /// After a step: the first prompt that completed in it becomes the cached prefix (unless
+    /// the cache already holds all of it). Its sequence is lent to the cache as it is: no copy.
     fn keep_prefix(&mut self, prompt_done: Option<usize>) {
         let Some(i) = prompt_done else { return };
         let s = &self.active[i];
@@ -363,39 +421,34 @@ impl Loop {
         if n < MIN_PREFIX {
             return;
         }
-        if let Some(p) = &self.prefix {
+        if let Some(p) = self.prefix.as_mut() {
+            if p.lent && p.seq == s.id {
+                // The cache was lent to this request at its shared start: it now holds the rest.
+                p.tokens = prompt[..n].to_vec();
+                return;
+            }
             if same_steering(&p.steering, &s.req.steering) && common_prefix(&p.tokens, &prompt[..n]) == n {
                 return;
             }
         }
-        let seq = match self.prefix.take() {
-            Some(p) => p.seq,
-            None => match self.engine.new_seq() {
-                Ok(seq) => seq,
-                Err(_) => return,
-            },
-        };
-        let s = &self.active[i];
-        let ok = self.engine.set_steering(seq, s.req.steering.clone()).is_ok() && matches!(self.engine.copy_prefix(s.id, seq, n), Ok(true));
-        if ok {
-            self.prefix = Some(Prefix { seq, tokens: s.req.gen.prompt()[..n].to_vec(), steering: s.req.steering.clone() });
-        } else {
-            // No KV copy on this backend: stop trying.
-            self.engine.free_seq(seq);
-            self.prefix_on = false;
+        // An idle cache's sequence is freed; a lent one stays its request's.
+        if let Some(p) = self.prefix.take().filter(|p| !p.lent) {
+            self.engine.free_seq(p.seq);
         }
+        let s = &self.active[i];
+        self.prefix = Some(Prefix { seq: s.id, tokens: prompt[..n].to_vec(), steering: s.req.steering.clone(), lent: true });
     }
 
     fn drop_cancelled(&mut self) {
-        let engine = &mut self.engine;
-        self.active.retain(|s| {
-            if s.req.events.is_closed() {
-                engine.free_seq(s.id);
-                false
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].req.events.is_closed() {
+                let s = self.active.remove(i);
+                self.release(s.id);
             } else {
-                true
+                i += 1;
             }
-        });
+        }
     }
 
     fn step(&mut self) {
@@ -430,7 +483,7 @@ impl Loop {
             for i in failed.into_iter().rev() {
                 let s = self.active.remove(i);
                 let _ = s.req.events.send(Event::Error(GenError::Engine(msg.clone())));
-                self.engine.free_seq(s.id);
+                self.release(s.id);
             }
             return;
         }
@@ -451,7 +504,7 @@ impl Loop {
         finished.dedup();
         for i in finished.into_iter().rev() {
             let s = self.active.remove(i);
-            self.engine.free_seq(s.id);
+            self.release(s.id);
         }
     }
 }

@@ -569,14 +569,20 @@ impl Backend for CpuBackend {
         }
         let (hd, nkv) = (src.head_dim, src.n_kv_heads);
         dst.dropped.copy_from_slice(&src.dropped);
+        // Room for the positions `dst` goes on to write (as `grow_kv` would leave), so its next
+        // token does not move the whole copy again.
+        let room = 32 * hd;
         for (slot, (d, s)) in dst.k.iter_mut().zip(&src.k).enumerate() {
             let n = ((len.div_ceil(16) * 16 - src.dropped[slot / nkv]) * hd).min(s.len());
             d.clear();
+            d.reserve(n + room);
             d.extend_from_slice(&s[..n]);
         }
         for (slot, (d, s)) in dst.v.iter_mut().zip(&src.v).enumerate() {
+            let n = (len - src.dropped[slot / nkv]) * hd;
             d.clear();
-            d.extend_from_slice(&s[..(len - src.dropped[slot / nkv]) * hd]);
+            d.reserve(n + room);
+            d.extend_from_slice(&s[..n]);
         }
         true
     }
