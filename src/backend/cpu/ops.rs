@@ -153,11 +153,19 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
             }
             continue;
         }
-        for h in 0..n_heads {
-            for i0 in (0..s.n_rows).step_by(QBLOCK) {
-                let i1 = (i0 + QBLOCK).min(s.n_rows);
-                let dst = (i0..i1).filter_map(|i| pieces.get_mut((s.row0 + i) * n_heads + h).and_then(Option::take)).collect();
-                tasks.push(Task::Rows { si, h, i0, i1, dst });
+        // One task per key head and block of rows: the heads that share the key head read each
+        // key row once (the grouped kernels give each head the bits a call per head gives). A
+        // few rows (a prompt's last tokens after the prefix cache) go one per task, so that the
+        // team's threads share them.
+        let qblock = if s.n_rows <= 8 { 1 } else { QBLOCK };
+        for kvh in 0..n_kv_heads {
+            for i0 in (0..s.n_rows).step_by(qblock) {
+                let i1 = (i0 + qblock).min(s.n_rows);
+                let dst = (i0..i1)
+                    .flat_map(|i| (0..group).map(move |j| (s.row0 + i) * n_heads + kvh * group + j))
+                    .filter_map(|k| pieces.get_mut(k).and_then(Option::take))
+                    .collect();
+                tasks.push(Task::Rows { si, kvh, i0, i1, dst });
             }
         }
     }
@@ -167,34 +175,43 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
             let mut scr = scr.borrow_mut();
             let [qh, scores, acc] = &mut *scr;
             match task {
-                Task::Rows { si, h, i0, i1, mut dst } => {
+                Task::Rows { si, kvh, i0, i1, mut dst } => {
                     let s = &segs[si];
-                    let slot = layer * n_kv_heads + h / group;
+                    let slot = layer * n_kv_heads + kvh;
                     let (kt, vc) = (&s.kv.k[slot], &s.kv.v[slot]); // (tiles, hd, 16), (positions, hd)
                     let d = s.kv.dropped(layer); // positions before the cache's first (window layers)
-                    qh.resize(hd, 0.0);
-                    let need = (s.pos0 + i1).div_ceil(16) * 16; // keys rounded to tiles
-                    if scores.len() < need {
-                        scores.resize(need, 0.0);
+                    qh.resize(group * hd, 0.0);
+                    let stride = (s.pos0 + i1).div_ceil(16) * 16; // keys rounded to tiles: one head's scores
+                    // Row i's scores start `lo % 16` into each head's stride (its first tile).
+                    if scores.len() < group * stride + 16 {
+                        scores.resize(group * stride + 16, 0.0);
                     }
-                    for (i, o) in (i0..i1).zip(dst.iter_mut()) {
+                    acc.resize(group * hd, 0.0);
+                    let h0 = kvh * group;
+                    for (i, o) in (i0..i1).zip(dst.chunks_mut(group)) {
                         let row = s.row0 + i;
-                        qh.copy_from_slice(&q[row * q_dim + h * hd..row * q_dim + (h + 1) * hd]);
+                        qh.copy_from_slice(&q[row * q_dim + h0 * hd..row * q_dim + (h0 + group) * hd]);
                         (k.round_f16)(qh);
                         let n_keys = s.pos0 + i + 1; // causal: keys 0..=pos
                         let lo = first_key(s.pos0 + i); // the window's first key
                         debug_assert!(lo >= d, "a window's key was dropped");
                         let (t0, tiles) = (lo / 16, n_keys.div_ceil(16));
-                        (k.scores)(qh, &kt[(t0 * 16 - d) * hd..(tiles * 16 - d) * hd], &mut scores[..(tiles - t0) * 16]);
-                        let sc = &mut scores[lo - t0 * 16..n_keys - t0 * 16];
-                        let max = scale_max(sc, scale);
-                        let inv = 1.0 / (k.exp_sum)(sc, max);
-                        for v in sc.iter_mut() {
-                            *v *= inv;
+                        k.scores_heads(qh, group, &kt[(t0 * 16 - d) * hd..(tiles * 16 - d) * hd], &mut scores[..group * stride], stride);
+                        let (a, b) = (lo - t0 * 16, n_keys - t0 * 16);
+                        for h in 0..group {
+                            let sc = &mut scores[h * stride + a..h * stride + b];
+                            let max = scale_max(sc, scale);
+                            let inv = 1.0 / (k.exp_sum)(sc, max);
+                            for v in sc.iter_mut() {
+                                *v *= inv;
+                            }
+                            (k.round_f16)(sc);
                         }
-                        (k.round_f16)(sc);
-                        o.fill(0.0); // pv accumulates
-                        (k.pv)(sc, &vc[(lo - d) * hd..(n_keys - d) * hd], o);
+                        acc.fill(0.0); // pv accumulates
+                        k.pv_heads(&scores[a..a + group * stride], stride, b - a, &vc[(lo - d) * hd..(n_keys - d) * hd], acc);
+                        for (oh, ah) in o.iter_mut().zip(acc.chunks_exact(hd)) {
+                            oh.copy_from_slice(ah);
+                        }
                     }
                 }
                 Task::Chunk { gi, c } => {
@@ -290,8 +307,9 @@ fn scale_max(x: &mut [f32], scale: f32) -> f32 {
 
 /// One attention work item.
 enum Task<'a> {
-    /// Prompt rows `i0..i1` of segment `si`, query head `h`, with their output slices.
-    Rows { si: usize, h: usize, i0: usize, i1: usize, dst: Vec<&'a mut [f32]> },
+    /// Prompt rows `i0..i1` of segment `si`, the query heads of key head `kvh`, with their
+    /// output slices (by row, then head).
+    Rows { si: usize, kvh: usize, i0: usize, i1: usize, dst: Vec<&'a mut [f32]> },
     /// Keys `tile0 + c·KEY_CHUNK ..` of decode group `gi`.
     Chunk { gi: usize, c: usize },
 }
