@@ -1001,31 +1001,55 @@ pub(crate) fn call_id(flavor: Flavor) -> String {
     }
 }
 
-/// A call's arguments as a JSON value (Anthropic's `input`). The grammar makes them a JSON
-/// object; a number past f64's range (`1e999`) is the one thing serde_json refuses.
-pub(crate) fn call_input(arguments: &str) -> Result<Value, ApiError> {
-    serde_json::from_str(arguments).map_err(|e| ApiError::new(500, format!("tool call arguments could not be read: {e}")))
+/// A call's arguments as Anthropic's `input`: the parsed object, or `None` where the text is
+/// JSON that serde_json cannot hold as a value (a number past f64's range, such as `1e999`,
+/// which JSON and the schema allow). Then the text itself goes into the body
+/// ([`tool_calls_body`]). Text that is not JSON at all (only a defect could make it) is a 500.
+pub(crate) fn call_input(arguments: &str) -> Result<Option<Value>, ApiError> {
+    match serde_json::from_str(arguments) {
+        Ok(v) => Ok(Some(v)),
+        // The syntax alone, without converting numbers.
+        Err(_) if serde_json::from_str::<serde::de::IgnoredAny>(arguments).is_ok() => Ok(None),
+        Err(e) => Err(ApiError::new(500, format!("tool call arguments could not be read: {e}"))),
+    }
 }
 
 /// The body of a whole answer that is tool calls (after `text`, when the model said something
 /// first): OpenAI `tool_calls` with `finish_reason: "tool_calls"` and the text as `content`,
-/// Anthropic a text block, then `tool_use` blocks, with `stop_reason: "tool_use"`.
+/// Anthropic a text block, then `tool_use` blocks, with `stop_reason: "tool_use"`. Returns
+/// the body's text: an `input` serde_json cannot hold ([`call_input`]) is written as the model
+/// wrote it, in place of a placeholder no other string can equal.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn tool_calls_body(flavor: Flavor, id: &str, model: &str, fingerprint: &str, text: &str, calls: &[(String, tools::Call)], f: &Finish, n: usize) -> Result<Value, ApiError> {
+pub(crate) fn tool_calls_body(flavor: Flavor, id: &str, model: &str, fingerprint: &str, text: &str, calls: &[(String, tools::Call)], f: &Finish, n: usize) -> Result<String, ApiError> {
     Ok(match flavor {
         Flavor::Anthropic => {
             let mut content = Vec::new();
             if !text.is_empty() {
                 content.push(json!({"type": "text", "text": text}));
             }
+            let mut raw: Vec<(String, &str)> = Vec::new();
             for (cid, c) in calls {
-                content.push(json!({"type": "tool_use", "id": cid, "name": c.name, "input": call_input(&c.arguments)?}));
+                let input = match call_input(&c.arguments)? {
+                    Some(v) => v,
+                    None => {
+                        // The call id is random: no text the model wrote can equal the mark.
+                        let mark = format!("\u{0}applianced-raw-input-{cid}");
+                        raw.push((serde_json::to_string(&mark).unwrap_or_default(), &c.arguments));
+                        Value::String(mark)
+                    }
+                };
+                content.push(json!({"type": "tool_use", "id": cid, "name": c.name, "input": input}));
             }
-            json!({
+            let mut body = json!({
                 "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
                 "stop_reason": "tool_use", "stop_sequence": Value::Null,
                 "usage": {"input_tokens": n, "output_tokens": f.output_tokens},
             })
+            .to_string();
+            for (mark, text) in raw {
+                body = body.replacen(&mark, text, 1);
+            }
+            body
         }
         Flavor::OpenAi => {
             let tc: Vec<Value> = calls.iter().map(|(cid, c)| json!({"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})).collect();
@@ -1036,6 +1060,7 @@ pub(crate) fn tool_calls_body(flavor: Flavor, id: &str, model: &str, fingerprint
                 "usage": {"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens,
                           "prompt_tokens_details": {"cached_tokens": f.cached_tokens}},
             })
+            .to_string()
         }
     })
 }
@@ -1234,5 +1259,37 @@ mod tests {
         let e = ApiError::new(429, "full");
         assert_eq!(e.body(Flavor::Anthropic)["error"]["type"], "rate_limit_error");
         assert_eq!(e.body(Flavor::OpenAi)["error"]["message"], "full");
+    }
+}
+
+#[cfg(test)]
+mod tool_body_tests {
+    use super::*;
+    use crate::server::scheduler::StopReason;
+
+    /// A number past f64's range in a call's arguments (valid JSON, allowed by the schema) is
+    /// written into Anthropic's `input` as the model wrote it, not a 500; other calls and the
+    /// text are as usual, and a text that spells the mark cannot be replaced.
+    #[test]
+    fn out_of_range_numbers_reach_the_anthropic_body() {
+        let f = Finish { reason: StopReason::EndTurn, stop_sequence: None, output_tokens: 9, cached_tokens: 0, ttft: None };
+        let big = tools::Call { name: "f".into(), arguments: r#"{"x": 1e999, "y": [-1E+400, "\u0000"]}"#.into() };
+        let ok = tools::Call { name: "g".into(), arguments: r#"{"z": 2}"#.into() };
+        // The ids are random and drawn after the output is complete: a text can only spell
+        // another id's mark.
+        let text = "\u{0}applianced-raw-input-toolu_z";
+        let calls = vec![("toolu_a".to_string(), big.clone()), ("toolu_b".to_string(), ok.clone())];
+        let body = tool_calls_body(Flavor::Anthropic, "msg_1", "m", "fp", text, &calls, &f, 3).unwrap();
+        assert!(serde_json::from_str::<serde::de::IgnoredAny>(&body).is_ok(), "not JSON: {body}");
+        assert!(body.contains(&format!(r#""input":{}"#, big.arguments)), "{body}");
+        assert!(body.contains(r#""input":{"z":2}"#), "{body}");
+        assert_eq!(body.matches("applianced-raw-input").count(), 1, "only the text's own spelling is left: {body}");
+        assert!(body.contains(r#""text":"\u0000applianced-raw-input-toolu_z""#), "{body}");
+        // The same body for parseable arguments is an ordinary value.
+        let v: Value = serde_json::from_str(&tool_calls_body(Flavor::Anthropic, "msg_1", "m", "fp", "", &calls[1..], &f, 3).unwrap()).unwrap();
+        assert_eq!(v["content"][0]["input"], json!({"z": 2}));
+        // Text that is not JSON at all stays an error.
+        let bad = vec![("toolu_c".to_string(), tools::Call { name: "f".into(), arguments: "{\"x\": }".into() })];
+        assert_eq!(tool_calls_body(Flavor::Anthropic, "msg_1", "m", "fp", "", &bad, &f, 3).unwrap_err().status, 500);
     }
 }

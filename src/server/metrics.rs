@@ -224,7 +224,7 @@ impl Metrics {
         m.audit_write.render(&mut o, "applianced_audit_write_seconds");
         head(&mut o, "applianced_prompt_tokens_total", "counter", "Prompt tokens processed.");
         let _ = writeln!(o, "applianced_prompt_tokens_total {}", m.tokens_in);
-        head(&mut o, "applianced_prompt_tokens_cached_total", "counter", "Prompt tokens whose KV cache was copied from the prefix cache (limits.prefix_cache_tokens) instead of computed; included in applianced_prompt_tokens_total.");
+        head(&mut o, "applianced_prompt_tokens_cached_total", "counter", "Prompt tokens whose KV cache was taken or copied from the prefix cache (limits.prefix_cache_tokens) instead of computed; included in applianced_prompt_tokens_total.");
         let _ = writeln!(o, "applianced_prompt_tokens_cached_total {}", m.tokens_cached);
         head(&mut o, "applianced_generated_tokens_total", "counter", "Tokens generated.");
         let _ = writeln!(o, "applianced_generated_tokens_total {}", m.tokens_out);

@@ -508,7 +508,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
             }
         }
         Some(crate::tools::Outcome::Incomplete { text: said } | crate::tools::Outcome::Text(said)) => {
-            body = Some(api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, said, &f, n));
+            body = Some(api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, said, &f, n).to_string());
         }
         None => {}
     }
@@ -518,10 +518,10 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     }
     let body = match (body, kind) {
         (Some(b), _) => b,
-        (None, Kind::Completion) => api::completion_body(&rec.id, &model, &state.bundle.identity, &text, &f, n),
-        (None, _) => api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, &text, &f, n),
+        (None, Kind::Completion) => api::completion_body(&rec.id, &model, &state.bundle.identity, &text, &f, n).to_string(),
+        (None, _) => api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, &text, &f, n).to_string(),
     };
-    let r = json_response(200, &body);
+    let r = response(200, "application/json", body);
     rec.report_overhead(cpu_since(t_out));
     r
 }
