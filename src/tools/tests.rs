@@ -76,6 +76,19 @@ fn draw(c: &CompiledSchema, eos: u32, rng: &mut Rng, budget: u32) -> Option<Stri
     None
 }
 
+/// Hands `text` to `feed` in random pieces of 1 to 6 bytes (whole characters).
+fn in_random_pieces(text: &str, rng: &mut Rng, mut feed: impl FnMut(&str)) {
+    let mut rest = text;
+    while !rest.is_empty() {
+        let mut n = 1 + rng.below(6).min(rest.len() - 1);
+        while !rest.is_char_boundary(n) {
+            n += 1;
+        }
+        feed(&rest[..n]);
+        rest = &rest[n..];
+    }
+}
+
 /// Every piece split of `text` streams to the same outcome, and argument pieces concatenate
 /// byte for byte to the final arguments.
 fn stream_agrees(text: &str, calls_only: bool, rng: &mut Rng) -> Outcome {
@@ -84,16 +97,8 @@ fn stream_agrees(text: &str, calls_only: bool, rng: &mut Rng) -> Outcome {
     let mut args: Vec<String> = Vec::new();
     let mut names: Vec<String> = Vec::new();
     let mut texts = String::new();
-    let mut rest = text;
     let mut pieces = Vec::new();
-    while !rest.is_empty() {
-        let mut n = 1 + rng.below(6).min(rest.len() - 1);
-        while !rest.is_char_boundary(n) {
-            n += 1;
-        }
-        pieces.extend(p.feed(&rest[..n]));
-        rest = &rest[n..];
-    }
+    in_random_pieces(text, rng, |t| pieces.extend(p.feed(t)));
     let (tail, outcome) = p.finish();
     pieces.extend(tail);
     for piece in pieces {
@@ -388,15 +393,7 @@ fn framed_agrees(text: &str, calls_only: bool, m: &crate::policy::MandatoryText,
     let whole = parse_framed(text, calls_only, m);
     let mut p = Framed::new(calls_only, m.clone());
     let mut pieces = Vec::new();
-    let mut rest = text;
-    while !rest.is_empty() {
-        let mut n = 1 + rng.below(6).min(rest.len() - 1);
-        while !rest.is_char_boundary(n) {
-            n += 1;
-        }
-        pieces.extend(p.feed(&rest[..n]));
-        rest = &rest[n..];
-    }
+    in_random_pieces(text, rng, |t| pieces.extend(p.feed(t)));
     let (tail, outcome) = p.finish();
     pieces.extend(tail);
     assert_eq!(outcome, whole, "{text:?}");
