@@ -339,6 +339,10 @@ fn wrong_shapes_and_bad_token_ids_are_rejected() {
     assert!(e.contains("kv heads"), "{e}");
     let e = err_text(import_bytes(&tiny_with("tokenizer.ggml.pre", Value::String("mystery".into()))));
     assert!(e.contains("mystery"), "{e}");
+    // A layer count no model has is refused before the tensor list is sized from it (the fuzz
+    // smoke's `gguf` target found one of millions asking for gigabytes).
+    let e = err_text(import_bytes(&tiny_with("llama.block_count", Value::U32(9_000_000))));
+    assert!(e.contains("n_layers") && e.contains("9000000 layers"), "{e}");
 }
 
 // ---- the default model --------------------------------------------------------------------------

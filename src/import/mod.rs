@@ -293,6 +293,9 @@ pub(crate) fn fused_part(arch: &str, name: &str, c: &ModelConfig) -> Option<(Str
     }
 }
 
+/// The most transformer layers a model may declare.
+pub const MAX_LAYERS: usize = 1024;
+
 /// Check the config's numbers are sane before anything is sized from them.
 pub(crate) fn check_config(path: &Path, c: &ModelConfig) -> Result<(), ImportError> {
     let bad = |key: &str, msg: String| ImportError::Metadata { path: path.into(), key: key.into(), msg };
@@ -310,6 +313,12 @@ pub(crate) fn check_config(path: &Path, c: &ModelConfig) -> Result<(), ImportErr
         if v == 0 || v > lim * 16 {
             return Err(bad(k, format!("{v} is out of range")));
         }
+    }
+    // The tensor list is sized by the layer count before any tensor is looked up: a count no
+    // model has (the deepest published ones have about 130 layers) is refused here, not
+    // allocated (a fuzzed `block_count` of millions asked for gigabytes).
+    if c.n_layers > MAX_LAYERS {
+        return Err(bad("n_layers", format!("{} layers is more than the {MAX_LAYERS} the importer accepts", c.n_layers)));
     }
     if c.n_heads % c.n_kv_heads != 0 {
         return Err(bad("n_kv_heads", format!("{} heads are not a multiple of {} kv heads", c.n_heads, c.n_kv_heads)));

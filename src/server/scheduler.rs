@@ -130,6 +130,21 @@ fn prompt_chunk(budget: usize, rest: usize) -> usize {
     n
 }
 
+/// Whether the engine's backend copies KV prefixes (probed on two empty sequences).
+fn can_copy_prefix(engine: &mut Engine) -> bool {
+    let Ok(a) = engine.new_seq() else { return false };
+    let ok = match engine.new_seq() {
+        Ok(b) => {
+            let ok = matches!(engine.copy_prefix(a, b, 0), Ok(true));
+            engine.free_seq(b);
+            ok
+        }
+        Err(_) => false,
+    };
+    engine.free_seq(a);
+    ok
+}
+
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
@@ -243,9 +258,13 @@ struct Loop {
 }
 
 impl Loop {
-    fn new(engine: Engine, opts: SchedulerOptions, metrics: Arc<Metrics>, cancel_all: Arc<AtomicBool>, rx: Receiver<GenRequest>) -> Loop {
+    fn new(mut engine: Engine, opts: SchedulerOptions, metrics: Arc<Metrics>, cancel_all: Arc<AtomicBool>, rx: Receiver<GenRequest>) -> Loop {
         let max_context = engine.max_context();
-        let prefix_on = opts.prefix_cache_tokens >= MIN_PREFIX;
+        // The cache only runs on a backend that can also copy a prefix (the CPU's): there a
+        // reused prefix is the same numbers as a recomputed one (batch-invariant kernels, test
+        // `copied_prefix_equals_recomputed`). CUDA and WebGPU have no copy, and that sameness
+        // is not established there: no cache, as before the cache lent its sequences.
+        let prefix_on = opts.prefix_cache_tokens >= MIN_PREFIX && can_copy_prefix(&mut engine);
         Loop { engine, opts, metrics, cancel_all, rx, max_context, active: Vec::new(), reported_active: 0, logits: Logits::default(), prefix: None, prefix_on }
     }
 
