@@ -317,6 +317,13 @@ fn bench(a: BenchArgs) -> Result<(), CliError> {
     println!("  invalid rejected    {}/{} ({:.1}%)", r.invalid_rejected, r.invalid_total, pc(r.invalid_rejected, r.invalid_total));
     println!("  compile time        median {:.1} ms, p90 {:.1} ms, max {:.0} ms", r.compile_ms.median, r.compile_ms.p90, r.compile_ms.max);
     println!("  mask per token      median {:.3} µs, p99 {:.3} µs ({} lookups)", r.mask_us.median, r.mask_us.p99, r.mask_lookups);
+    let mut slow: Vec<(usize, f64, &str)> = r.per_schema.iter().filter(|o| o.masks_over_50us > 0).map(|o| (o.masks_over_50us, o.mask_max_us.unwrap_or(0.0), o.id.as_str())).collect();
+    slow.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)));
+    if !slow.is_empty() {
+        let total: usize = slow.iter().map(|s| s.0).sum();
+        let list: Vec<String> = slow.iter().take(8).map(|(n, us, id)| format!("{id} ({n}, max {us:.0} µs)")).collect();
+        println!("  masks over 50 µs    {total} in {} schemas; most: {}", slow.len(), list.join(", "));
+    }
     if r.mask_advance_disagreements > 0 {
         for d in &r.disagreement_examples {
             println!("MASK/AUTOMATON DISAGREE: {d}");

@@ -257,14 +257,7 @@ impl Calls {
             }
         }
         for &b in &bytes[i..] {
-            let mut next = Vec::new();
-            for c in self.closure(&cur) {
-                let t = dfa.next(c.q, b);
-                if t != DEAD {
-                    next.push(Config { q: t, stack: c.stack });
-                }
-            }
-            dedup(&mut next);
+            let next = step_closed(dfa, &self.closure(&cur), b);
             if next.is_empty() {
                 return next;
             }
@@ -274,9 +267,22 @@ impl Calls {
         cur
     }
 
+    /// [`Calls::advance`] by one byte from a closure already taken (`closure(cfgs)`): the same
+    /// configurations, for callers that try many bytes from one run.
+    pub fn advance_closed(&self, dfa: &Dfa, closed: &[Config], b: u8) -> Vec<Config> {
+        let mut next = step_closed(dfa, closed, b);
+        self.settle(&mut next);
+        next
+    }
+
+    /// Whether a closure holds an accepting root configuration ([`Calls::accepting`] of the run).
+    pub fn closed_accepting(dfa: &Dfa, closed: &[Config]) -> bool {
+        closed.iter().any(|c| c.stack.is_empty() && dfa.accept[c.q as usize])
+    }
+
     /// Whether the document may end here (a root accepting state with nothing left to return to).
     pub fn accepting(&self, dfa: &Dfa, cfgs: &[Config]) -> bool {
-        self.closure(cfgs).iter().any(|c| c.stack.is_empty() && dfa.accept[c.q as usize])
+        Calls::closed_accepting(dfa, &self.closure(cfgs))
     }
 
     /// Mask-time walk of `bytes` from `q` with the local return stack `ls` (the run's own stack
@@ -409,6 +415,13 @@ impl Calls {
         let max = need(self, dfa, &dist, dfa.start, &mut worst, 0);
         (dist, max)
     }
+}
+
+/// One byte from a closure: the configurations that read it (deduplicated, not settled).
+fn step_closed(dfa: &Dfa, closed: &[Config], b: u8) -> Vec<Config> {
+    let mut next: Vec<Config> = closed.iter().filter(|c| dfa.next(c.q, b) != DEAD).map(|c| Config { q: dfa.next(c.q, b), stack: c.stack.clone() }).collect();
+    dedup(&mut next);
+    next
 }
 
 fn dedup(cfgs: &mut Vec<Config>) {

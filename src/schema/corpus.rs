@@ -67,6 +67,10 @@ pub struct SchemaOutcome {
     pub lower_ms: Option<f64>,
     pub mask_ms: Option<f64>,
     pub states: Option<usize>,
+    /// The slowest mask lookup of its instances' walks, µs.
+    pub mask_max_us: Option<f64>,
+    /// How many of its mask lookups took over 50 µs (the issue-25 bound for the 99th percentile).
+    pub masks_over_50us: usize,
     /// Valid instances accepted, of the total.
     pub valid: [usize; 2],
     /// Invalid instances rejected, of the total.
@@ -228,6 +232,8 @@ pub fn run(
             lower_ms: None,
             mask_ms: None,
             states: None,
+            mask_max_us: None,
+            masks_over_50us: 0,
             valid: [0, case.valid.len()],
             invalid: [0, case.invalid.len()],
             rejected_valid: Vec::new(),
@@ -247,6 +253,7 @@ pub fn run(
         o.lower_ms = Some(dur_ms(c.stats().lower_time));
         o.mask_ms = Some(dur_ms(c.stats().mask_time));
         compile_ms.push(dur_ms(dt));
+        let first_lookup = lookups.len();
         for inst in &case.valid {
             let toks = tokenize(inst);
             if every_token {
@@ -275,6 +282,8 @@ pub fn run(
                 o.invalid[0] += 1;
             }
         }
+        o.mask_max_us = lookups[first_lookup..].iter().copied().reduce(f64::max);
+        o.masks_over_50us = lookups[first_lookup..].iter().filter(|&&us| us > 50.0).count();
         per.push(o);
     }
     let compiled: Vec<&SchemaOutcome> = per.iter().filter(|o| o.compiled).collect();

@@ -26,6 +26,9 @@ use super::{CompiledSchema, StateId};
 /// one token.
 const LOOK_BUDGET: u32 = 8_192;
 const LOOK_TOKEN_BUDGET: u32 = 1_024;
+
+/// Shortest completions already walked during one mask, by the run they start from.
+type Completions = std::collections::HashMap<Vec<Config>, Option<std::rc::Rc<Vec<u8>>>>;
 /// Allowed tokens above which a mask is a free string's: tokens that stay inside it are not
 /// searched where items are containers.
 const WIDE_MASK: u32 = 512;
@@ -38,10 +41,11 @@ struct Frame {
     /// Absolute position where the current item starts (arrays).
     item_start: usize,
     /// (pattern index, steps matched) for the patterns this container's path still follows.
-    live: Vec<(u16, u16)>,
+    live: Rc<[(u16, u16)]>,
     unique: bool,
     items: Rc<HashSet<Vec<u8>>>,
-    key: Vec<u8>,
+    /// The last key read (objects); shared, as look-aheads clone the tracker per token.
+    key: Rc<[u8]>,
     expect_key: bool,
 }
 
@@ -143,7 +147,7 @@ impl Tracker {
                     let p = &patterns[i as usize];
                     let step = p.get(pos as usize)?;
                     let ok = match step {
-                        PStep::Key(k) => !parent.is_arr && *k == parent.key,
+                        PStep::Key(k) => !parent.is_arr && k[..] == parent.key[..],
                         PStep::AnyKey => !parent.is_arr,
                         PStep::AnyIndex => parent.is_arr,
                     };
@@ -152,7 +156,7 @@ impl Tracker {
                 .collect(),
         };
         let unique = is_arr && live.iter().any(|&(i, pos)| patterns[i as usize].len() == pos as usize);
-        Frame { is_arr, item_start: self.pos + 1, live, unique, items: Rc::new(HashSet::new()), key: Vec::new(), expect_key: !is_arr }
+        Frame { is_arr, item_start: self.pos + 1, live: live.into(), unique, items: Rc::new(HashSet::new()), key: Rc::from(&[][..]), expect_key: !is_arr }
     }
 
     pub(crate) fn step(&mut self, b: u8, patterns: &[Vec<PStep>]) -> Result<(), Dup> {
@@ -179,7 +183,7 @@ impl Tracker {
                 let text = std::mem::take(&mut self.buf);
                 if self.buf_is_key {
                     if let Some(top) = self.stack.last_mut() {
-                        top.key = text;
+                        top.key = text.into();
                         top.expect_key = false;
                     }
                 } else {
@@ -377,7 +381,20 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
             }
         }
         let wide = out[..n].iter().map(|w| w.count_ones()).sum::<u32>() > WIDE_MASK;
+        // Inside a string item (or a free string in a wide mask) only a token holding a quote
+        // can complete anything: those are read from the vocabulary's quote set, word by word,
+        // not token by token (a 262k vocabulary allows most of its tokens there).
+        let quote_only = if simple { in_item_str } else { t.in_str && wide };
+        let quoted = vocab.quoted();
         for w in 0..n {
+            if quote_only {
+                let mut bits = out[w] & quoted.get(w).copied().unwrap_or(0);
+                while bits != 0 {
+                    candidates.push((w * 64) as u32 + bits.trailing_zeros());
+                    bits &= bits - 1;
+                }
+                continue;
+            }
             let mut bits = out[w];
             while bits != 0 {
                 let id = (w * 64) as u32 + bits.trailing_zeros();
@@ -386,12 +403,10 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
                 if bytes.is_empty() {
                     continue; // EOS
                 }
+                // (Not `quote_only`: inside a string of a wide mask a token without a quote
+                // leaves the rest free, and it was not read here.)
                 let searched = if !simple {
-                    // Inside a free string (a wide mask) a token that does not end the string
-                    // leaves the rest free.
-                    !(t.in_str && wide) || bytes.contains(&b'"')
-                } else if in_item_str {
-                    bytes.contains(&b'"')
+                    true
                 } else if !t.in_str && bytes[0] == b'"' && !bytes[1..].iter().any(|b| matches!(b, b'"' | b'\\')) {
                     top.items.iter().any(|p| p.len() > bytes.len() && p.starts_with(bytes))
                 } else {
@@ -405,9 +420,10 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         candidates.sort_unstable();
         candidates.dedup();
         let mut budget = LOOK_BUDGET;
+        let mut completions = Completions::default();
         for id in candidates {
             let allowed = out.get(id as usize / 64).is_some_and(|w| w >> (id % 64) & 1 == 1);
-            if allowed && self.dead_end(id, d, &mut budget) {
+            if allowed && self.dead_end(id, d, &mut budget, &mut completions) {
                 out[id as usize / 64] &= !(1u64 << (id % 64));
             }
         }
@@ -417,7 +433,7 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
     /// duplicate item: `true` when shown, `false` when a way is found; when the search runs out
     /// of `budget` (automaton steps, shared by one mask), whether the token completes a
     /// duplicate through the only continuation the automaton leaves.
-    fn dead_end(&self, token: u32, d: usize, budget: &mut u32) -> bool {
+    fn dead_end(&self, token: u32, d: usize, budget: &mut u32, completions: &mut Completions) -> bool {
         let bytes = self.schema.vocabulary().token_bytes(token);
         let q = self.schema.cfgs_advance(&self.cfgs, bytes);
         if q.is_empty() {
@@ -427,21 +443,34 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         // an item of the array that is a container, or the array itself inside another unique
         // array.
         let containers = self.tracker.stack.len() > d || self.tracker.stack[..d - 1].iter().any(|f| f.unique);
-        let mut t = if containers { self.tracker.clone() } else { self.tracker.without_text() };
-        if bytes.iter().any(|&b| t.step(b, &self.schema.unique).is_err()) {
-            return true;
-        }
+        let after_token = || {
+            let mut t = if containers { self.tracker.clone() } else { self.tracker.without_text() };
+            bytes.iter().all(|&b| t.step(b, &self.schema.unique).is_ok()).then_some(t)
+        };
+        let Some(mut t) = after_token() else { return true };
         // Most tokens leave a way out along the automaton's shortest completion.
-        if let Some(rest) = self.schema.cfgs_completion_walk(&q) {
-            let mut u = t.clone();
-            for &b in &rest {
-                if u.step(b, &self.schema.unique).is_err() {
+        // (Candidates mostly reach a few runs: their completions are walked once per mask.)
+        let rest = match completions.get(&q) {
+            Some(r) => r.clone(),
+            None => {
+                let r = self.schema.cfgs_completion_walk(&q).map(std::rc::Rc::new);
+                completions.insert(q.clone(), r.clone());
+                r
+            }
+        };
+        if let Some(rest) = rest {
+            // Walked on the tracker itself (one copy per token); the rare search below starts
+            // from a fresh one.
+            for &b in rest.iter() {
+                if t.step(b, &self.schema.unique).is_err() {
                     break;
                 }
-                if u.stack.len() < d {
+                if t.stack.len() < d {
                     return false;
                 }
             }
+            let Some(fresh) = after_token() else { return true };
+            t = fresh;
         }
         let last_ws = bytes.last().is_some_and(|b| b.is_ascii_whitespace());
         let mut mine = (*budget).min(LOOK_TOKEN_BUDGET);

@@ -921,10 +921,18 @@ impl CompiledSchema {
         let mut cur = cfgs.to_vec();
         let mut out = Vec::new();
         let mut need = self.cfgs_need(&cur)?;
-        while !calls.accepting(&self.dfa, &cur) {
+        loop {
+            // One closure per byte of the completion; each byte is tried from it.
+            let closed = calls.closure(&cur);
+            if Calls::closed_accepting(&self.dfa, &closed) {
+                break;
+            }
             let mut best: Option<(u32, u8, Vec<Config>)> = None;
             for b in 0..=255u8 {
-                let next = calls.advance(&self.dfa, &cur, &[b]);
+                if closed.iter().all(|c| self.dfa.next(c.q, b) == DEAD) {
+                    continue;
+                }
+                let next = calls.advance_closed(&self.dfa, &closed, b);
                 if let Some(nd) = self.cfgs_need(&next) {
                     if nd < need && best.as_ref().is_none_or(|x| nd < x.0) {
                         best = Some((nd, b, next));

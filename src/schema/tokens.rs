@@ -266,6 +266,9 @@ pub struct Vocabulary {
     sigs: std::sync::OnceLock<Vec<([u64; 2], u8)>>,
     /// Per trie node (a bitset): its spelling ends inside a multi-byte character.
     mid_nodes: std::sync::OnceLock<Vec<u64>>,
+    /// The maskable tokens holding a `"` (a bitset), for the run-time `uniqueItems` check: inside
+    /// a string only these can complete an item (built on first use).
+    quoted: std::sync::OnceLock<Vec<u64>>,
     /// Per set of first bytes (at most 64): the maskable tokens starting with one of them.
     first_unions: Mutex<HashMap<[u64; 4], Arc<Vec<u64>>>>,
     /// Loop tables by loop set, kept across compilations (at most 64; a few hundred KiB each,
@@ -294,6 +297,7 @@ impl Vocabulary {
             first_byte: std::sync::OnceLock::new(),
             sigs: std::sync::OnceLock::new(),
             mid_nodes: std::sync::OnceLock::new(),
+            quoted: std::sync::OnceLock::new(),
             first_unions: Mutex::new(HashMap::new()),
             loop_tables: Mutex::new(HashMap::new()),
             tokens: tokens.to_vec(),
@@ -308,6 +312,19 @@ impl Vocabulary {
 
     pub fn is_empty(&self) -> bool {
         self.n_bits == 0
+    }
+
+    /// The maskable tokens holding a `"` byte, as a bitset of [`Vocabulary::words`] words.
+    pub(crate) fn quoted(&self) -> &[u64] {
+        self.quoted.get_or_init(|| {
+            let mut set = vec![0u64; self.words()];
+            for (id, t) in self.tokens.iter().enumerate() {
+                if t.contains(&b'"') && !self.eos.contains(&(id as u32)) {
+                    set[id / 64] |= 1u64 << (id % 64);
+                }
+            }
+            set
+        })
     }
 
     /// The trie node spelling `bytes`, if any token starts with them.
