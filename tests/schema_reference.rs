@@ -108,6 +108,16 @@ fn run_corpus(cases: &[Case], vocab: &Arc<Vocabulary>, tokens: &[Vec<u8>], eos: 
         }
     });
     assert_eq!(r.mask_advance_disagreements, 0, "mask, advance and the two tokenizations must agree:\n{}", r.disagreement_examples.join("\n"));
+    // Per schema: the slowest lookup is one of the lookups timed (a schema that did not compile
+    // has none), and the slow count adds up.
+    assert!(r.mask_lookups == 0 || r.per_schema.iter().any(|s| s.mask_max_us == Some(r.mask_us.max)));
+    for s in &r.per_schema {
+        let walked = s.compiled && s.valid[1] + s.invalid[1] > 0;
+        assert!(walked || s.mask_max_us.is_none(), "{}: slowest mask {:?} without a walk", s.id, s.mask_max_us);
+        assert!(s.mask_max_us.is_none_or(|m| m <= r.mask_us.max), "{}: slowest mask above the corpus maximum", s.id);
+        assert_eq!(s.masks_over_50us > 0, s.mask_max_us.is_some_and(|m| m > 50.0), "{}", s.id);
+    }
+    assert!(r.per_schema.iter().map(|s| s.masks_over_50us).sum::<usize>() <= r.mask_lookups);
     r
 }
 
