@@ -495,7 +495,11 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         *budget -= 1;
         let set = self.schema.cfgs_bytes(q);
         let has = |b: u8| set[b as usize / 64] >> (b % 64) & 1 == 1;
-        let order = [b']', b'"', b','].into_iter().chain((0..=255u8).filter(|b| !matches!(b, b']' | b'"' | b',')));
+        // The bytes that end things first: inside a string its closing quote (a bracket there
+        // is text, and trying it first dives 160 bytes deep into the string); outside, the
+        // closing brackets, then a string or the next item.
+        let head: &[u8] = if t.in_str { b"\"" } else { b"]}\"," };
+        let order = head.iter().copied().chain((0..=255u8).filter(|b| !head.contains(b)));
         let mut undecided = false;
         for b in order {
             if !has(b) {
