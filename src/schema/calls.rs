@@ -419,7 +419,13 @@ impl Calls {
 
 /// One byte from a closure: the configurations that read it (deduplicated, not settled).
 fn step_closed(dfa: &Dfa, closed: &[Config], b: u8) -> Vec<Config> {
-    let mut next: Vec<Config> = closed.iter().filter(|c| dfa.next(c.q, b) != DEAD).map(|c| Config { q: dfa.next(c.q, b), stack: c.stack.clone() }).collect();
+    let mut next: Vec<Config> = closed
+        .iter()
+        .filter_map(|c| {
+            let t = dfa.next(c.q, b);
+            (t != DEAD).then(|| Config { q: t, stack: c.stack.clone() })
+        })
+        .collect();
     dedup(&mut next);
     next
 }

@@ -28,7 +28,7 @@ const LOOK_BUDGET: u32 = 8_192;
 const LOOK_TOKEN_BUDGET: u32 = 1_024;
 
 /// Shortest completions already walked during one mask, by the run they start from.
-type Completions = std::collections::HashMap<Vec<Config>, Option<std::rc::Rc<Vec<u8>>>>;
+type Completions = std::collections::HashMap<Vec<Config>, Option<Vec<u8>>>;
 /// Allowed tokens above which a mask is a free string's: tokens that stay inside it are not
 /// searched where items are containers.
 const WIDE_MASK: u32 = 512;
@@ -450,15 +450,10 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         let Some(mut t) = after_token() else { return true };
         // Most tokens leave a way out along the automaton's shortest completion.
         // (Candidates mostly reach a few runs: their completions are walked once per mask.)
-        let rest = match completions.get(&q) {
-            Some(r) => r.clone(),
-            None => {
-                let r = self.schema.cfgs_completion_walk(&q).map(std::rc::Rc::new);
-                completions.insert(q.clone(), r.clone());
-                r
-            }
-        };
-        if let Some(rest) = rest {
+        if !completions.contains_key(&q) {
+            completions.insert(q.clone(), self.schema.cfgs_completion_walk(&q));
+        }
+        if let Some(rest) = &completions[&q] {
             // Walked on the tracker itself (one copy per token); the rare search below starts
             // from a fresh one.
             for &b in rest.iter() {
