@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use applianced::schema::{CompiledSchema, Matcher};
 use applianced::server::api::{parse_anthropic, parse_object, parse_openai, Flavor};
+use applianced::tools::ToolFormat;
 use applianced::tokenizer::template::{ChatMessage, ChatTemplate};
 use applianced::tokenizer::Tokenizer;
 
@@ -113,14 +114,19 @@ fn schema_decode() {
     });
 }
 
+/// Both ways a bundle takes tools: Hermes in the prompt's text, Llama 3's template-native form.
+fn formats() -> [ToolFormat; 2] {
+    [ToolFormat::default(), ToolFormat { syntax: applianced::tools::ToolSyntax::Llama3Json, native: true }]
+}
+
 /// fuzz/fuzz_targets/api_anthropic.rs: a request body.
 #[test]
 fn api_anthropic() {
     replay("api_anthropic", |data| match parse_object(data) {
         Err(e) => assert!((400..500).contains(&e.status)),
         Ok(m) => {
-            for counting in [false, true] {
-                if let Err(e) = parse_anthropic(&m, counting) {
+            for (counting, format) in [false, true].into_iter().flat_map(|c| formats().map(|f| (c, f))) {
+                if let Err(e) = parse_anthropic(&m, counting, format) {
                     assert!((400..500).contains(&e.status));
                     let _ = e.body(Flavor::Anthropic);
                 }
@@ -135,9 +141,11 @@ fn api_openai() {
     replay("api_openai", |data| match parse_object(data) {
         Err(e) => assert!((400..500).contains(&e.status)),
         Ok(m) => {
-            if let Err(e) = parse_openai(&m) {
-                assert!((400..500).contains(&e.status));
-                let _ = e.body(Flavor::OpenAi);
+            for format in formats() {
+                if let Err(e) = parse_openai(&m, format) {
+                    assert!((400..500).contains(&e.status));
+                    let _ = e.body(Flavor::OpenAi);
+                }
             }
         }
     });
@@ -167,19 +175,19 @@ fn chat_template() {
 /// fuzz/fuzz_targets/tool_stream.rs: `<split step byte> <model output>`; read whole and in pieces.
 #[test]
 fn tool_stream() {
-    use applianced::tools::{parse, StreamParser};
+    use applianced::tools::{parse, StreamParser, ToolSyntax};
     replay("tool_stream", |data| {
         let Some((&step, rest)) = data.split_first() else { return };
         let Ok(text) = std::str::from_utf8(rest) else { return };
-        for calls_only in [false, true] {
-            let mut p = StreamParser::new(calls_only);
+        for (calls_only, syntax) in [(false, ToolSyntax::Hermes), (true, ToolSyntax::Hermes), (false, ToolSyntax::Llama3Json), (true, ToolSyntax::Llama3Json)] {
+            let mut p = StreamParser::new(calls_only, syntax);
             let mut last = 0;
             for (i, _) in text.char_indices().step_by(1 + step as usize % 8) {
                 p.feed(&text[last..i]);
                 last = i;
             }
             p.feed(&text[last..]);
-            assert_eq!(p.finish().1, parse(text, calls_only));
+            assert_eq!(p.finish().1, parse(text, calls_only, syntax));
         }
     });
 }

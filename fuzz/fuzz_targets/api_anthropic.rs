@@ -5,6 +5,7 @@
 #![no_main]
 
 use applianced::server::api::{parse_anthropic, parse_object, Flavor};
+use applianced::tools::{ToolFormat, ToolSyntax};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -16,8 +17,10 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     };
-    for counting in [false, true] {
-        match parse_anthropic(&m, counting) {
+    // Both ways a bundle takes tools: Hermes in the prompt's text, Llama 3's template-native form.
+    let formats = [ToolFormat::default(), ToolFormat { syntax: ToolSyntax::Llama3Json, native: true }];
+    for (counting, format) in [false, true].into_iter().flat_map(|c| formats.map(|f| (c, f))) {
+        match parse_anthropic(&m, counting, format) {
             Ok(r) => {
                 let _ = r.ends_with_prefill();
             }

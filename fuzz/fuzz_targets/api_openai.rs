@@ -5,6 +5,7 @@
 #![no_main]
 
 use applianced::server::api::{parse_object, parse_openai, Flavor};
+use applianced::tools::{ToolFormat, ToolSyntax};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -16,13 +17,16 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     };
-    match parse_openai(&m) {
-        Ok(r) => {
-            let _ = r.ends_with_prefill();
-        }
-        Err(e) => {
-            assert!((400..500).contains(&e.status), "status {} for {:?}", e.status, e.message);
-            let _ = e.body(Flavor::OpenAi);
+    // Both ways a bundle takes tools: Hermes in the prompt's text, Llama 3's template-native form.
+    for format in [ToolFormat::default(), ToolFormat { syntax: ToolSyntax::Llama3Json, native: true }] {
+        match parse_openai(&m, format) {
+            Ok(r) => {
+                let _ = r.ends_with_prefill();
+            }
+            Err(e) => {
+                assert!((400..500).contains(&e.status), "status {} for {:?}", e.status, e.message);
+                let _ = e.body(Flavor::OpenAi);
+            }
         }
     }
 });

@@ -152,7 +152,7 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
             msgs.push(crate::tokenizer::ChatMessage::new("system", s));
         }
         msgs.push(crate::tokenizer::ChatMessage::new("user", &user));
-        rt.prompts().chat_thinking(&msgs, None, a.no_thinking.then_some(false))
+        rt.prompts().chat_thinking(&msgs, None, a.no_thinking.then_some(false), None)
     };
     let ids = prompt.map_err(|e| CliError::Usage(e.to_string()))?.tokens;
     let ctx = engine.max_context();

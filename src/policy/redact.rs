@@ -493,7 +493,9 @@ impl StreamRedactor {
 /// break the arguments. A string with nothing to redact is passed on exactly as written.
 ///
 /// `marker` opens the first call (the tool frame's grammar admits it nowhere else); from it on,
-/// the text is the call grammar's JSON documents between markers.
+/// the text is the call grammar's JSON documents between markers. An empty `marker` is a syntax
+/// whose call is the answer itself (Llama 3's JSON form): the answer's first character after
+/// leading whitespace tells them apart, `{` for calls, anything else for text to the end.
 pub struct FrameRedactor {
     r: Redactor,
     marker: &'static str,
@@ -501,6 +503,8 @@ pub struct FrameRedactor {
     free: Option<StreamRedactor>,
     /// Free text held back while it could be the start of the marker.
     held: String,
+    /// No marker (`marker` empty), and the answer began as text: text to its end.
+    plain: bool,
     /// Inside the calls: the open containers (`true`: an object whose next string is a key),
     /// the open string's raw text from its opening quote, and a pending backslash in it.
     stack: Vec<Container>,
@@ -516,7 +520,7 @@ struct Container {
 
 impl FrameRedactor {
     pub fn new(r: &Redactor, marker: &'static str) -> FrameRedactor {
-        FrameRedactor { r: r.clone(), marker, free: Some(r.stream()), held: String::new(), stack: Vec::new(), string: None, escaped: false }
+        FrameRedactor { r: r.clone(), marker, free: Some(r.stream()), held: String::new(), plain: false, stack: Vec::new(), string: None, escaped: false }
     }
 
     /// Adds a chunk; returns the text that is now final.
@@ -524,6 +528,26 @@ impl FrameRedactor {
         let mut out = String::new();
         let Some(free) = self.free.as_mut() else { return self.calls(chunk) };
         self.held.push_str(chunk);
+        if self.plain {
+            return free.push(&std::mem::take(&mut self.held));
+        }
+        if self.marker.is_empty() {
+            match self.held.trim_start().chars().next() {
+                // Only whitespace so far: undecided.
+                None => {}
+                Some('{') => {
+                    self.free = None;
+                    let calls = std::mem::take(&mut self.held);
+                    out.push_str(&self.calls(&calls));
+                }
+                // Text: it stays text to the end (no marker can start calls later).
+                Some(_) => {
+                    self.plain = true;
+                    out.push_str(&free.push(&std::mem::take(&mut self.held)));
+                }
+            }
+            return out;
+        }
         if let Some(at) = self.held.find(self.marker) {
             // The free text ends at the marker: flush it, then read the calls.
             out.push_str(&free.push(&self.held[..at]));
@@ -679,6 +703,34 @@ mod tests {
         let mut o = f.push(&input[..input.find("ref 98").unwrap() + 5]);
         o.push_str(&f.finish());
         assert!(o.ends_with(r#"{"n": "ref 9"#), "{o}");
+    }
+
+    #[test]
+    fn json_form_calls_and_text_are_told_apart_by_the_first_character() {
+        // Llama 3's JSON form has no marker: `{` first is a call, anything else text to the end.
+        let r = all();
+        let run = |input: &str, step: usize| {
+            let chars: Vec<char> = input.chars().collect();
+            let mut f = r.stream().into_frame("");
+            let mut o = String::new();
+            for piece in chars.chunks(step) {
+                o.push_str(&f.push(&piece.iter().collect::<String>()));
+            }
+            o.push_str(&f.finish());
+            o
+        };
+        let call = r#"{"name": "lookup", "parameters": {"who": "John Smith", "id": 1234567}}"#;
+        let text = "  John Smith wrote {\"who\": \"John Smith\"} and MRN-1234567.";
+        for step in [1usize, 2, 5, 100] {
+            let o = run(call, step);
+            let v: serde_json::Value = serde_json::from_str(&o).unwrap_or_else(|e| panic!("{o}: {e}"));
+            assert_eq!(v["parameters"]["who"], "[REDACTED:name]");
+            assert_eq!(v["parameters"]["id"], 1234567);
+            assert_eq!(run(&format!("\n {call}"), step), format!("\n {o}"), "leading whitespace, then a call");
+            // Text is redacted as any answer, braces and quotes included.
+            assert_eq!(run(text, step), r.redact(text).0, "pieces of {step}");
+            assert_eq!(run("  \n", step), "  \n", "whitespace alone stays");
+        }
     }
 
     #[test]

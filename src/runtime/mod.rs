@@ -77,6 +77,15 @@ impl LoadedBundle {
         &self.bundle
     }
 
+    /// How this model writes tool calls and reads results: its template's own syntax where it
+    /// has one (Llama 3.1–3.3), else the Hermes form declared in the system message.
+    pub fn tool_format(&self) -> crate::tools::ToolFormat {
+        match self.template.native_tools() {
+            Some(syntax) => crate::tools::ToolFormat { syntax, native: true },
+            None => crate::tools::ToolFormat::default(),
+        }
+    }
+
     /// The injection-safe prompt builder for this model.
     pub fn prompts(&self) -> PromptBuilder<'_> {
         PromptBuilder::new(&self.tokenizer, &self.template, &self.config)

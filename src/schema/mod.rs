@@ -162,7 +162,9 @@ pub struct CompileOptions {
 /// suffix`; with `free_text`, also any UTF-8 text in which `prefix` does not occur (a plain
 /// answer, the empty text included), alone or followed by the calls (text, then calls: the
 /// prefix's first occurrence starts them, so once it is written the call is held to the end).
-/// `free_text` needs an ASCII `prefix`.
+/// `free_text` needs an ASCII `prefix`, or none: with an empty `prefix` a call can only be the
+/// answer itself (Llama 3's JSON form), and the free text is the empty text or any text whose
+/// first character after leading whitespace is not `{`, the first byte of every call.
 /// The `uniqueItems` check of [`Matcher`] reads the output as one JSON document: a schema that
 /// needs it is refused under a frame.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
@@ -297,6 +299,34 @@ fn framed(doc: &Dfa, f: &Frame, cap: usize) -> Result<Dfa, SchemaError> {
     // Free text: any UTF-8 text in which the prefix does not occur, then either the end or the
     // calls (the prefix's first occurrence starts them). A matcher over the prefix (KMP): state
     // `i` has matched its first `i` bytes; the prefix is ASCII, so any other character resets.
+    if f.free_text && prefix.is_empty() {
+        let (ws, text) = (n.state(), n.state());
+        n.eps(start, ws);
+        n.eps(ws, accept);
+        n.eps(text, accept);
+        let mut lo = 0u8;
+        while lo < 0x80 {
+            let class = |b: u8| match b {
+                b' ' | b'\t' | b'\n' | b'\r' => 0,
+                b'{' => 1,
+                _ => 2,
+            };
+            let c = class(lo);
+            let mut hi = lo;
+            while hi < 0x7F && class(hi + 1) == c {
+                hi += 1;
+            }
+            match c {
+                0 => n.range(ws, lo, hi, ws),
+                1 => {}
+                _ => n.range(ws, lo, hi, text),
+            }
+            lo = hi + 1;
+        }
+        utf8_multibyte(&mut n, ws, text);
+        n.range(text, 0, 0x7F, text);
+        utf8_multibyte(&mut n, text, text);
+    }
     if f.free_text && !prefix.is_empty() {
         if !prefix.is_ascii() {
             return Err(SchemaError::Invalid { keyword: "frame".into(), pointer: String::new(), reason: "a frame with free text needs an ASCII prefix".into() });

@@ -23,7 +23,7 @@ use super::scheduler::{Finish, GenError};
 use super::State;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::ChatMessage;
-use crate::tools::{self, Choice, Tool, ToolSpec};
+use crate::tools::{self, Choice, Tool, ToolFormat, ToolSpec};
 
 /// Which API a request speaks (decides error and response shapes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -399,11 +399,19 @@ fn tool_spec(decl: Vec<Tool>, choice: Choice, parallel: bool) -> Result<Option<T
 }
 
 /// Puts the tools' declaration into the system message (first message; one is added when the
-/// conversation has none). Tools and a response schema do not combine.
-fn declare_tools(messages: &mut Vec<ChatMessage>, spec: Option<&ToolSpec>, has_schema: bool, schema_param: &str) -> Result<(), ApiError> {
-    let Some(spec) = spec.filter(|t| t.active()) else { return Ok(()) };
+/// conversation has none), unless the chat template declares them itself (`format.native`: the
+/// prompt builder is given them). Tools and a response schema do not combine.
+fn declare_tools(messages: &mut Vec<ChatMessage>, spec: Option<&mut ToolSpec>, format: ToolFormat, has_schema: bool, schema_param: &str) -> Result<(), ApiError> {
+    let Some(spec) = spec else { return Ok(()) };
+    spec.syntax = format.syntax;
+    if !spec.active() {
+        return Ok(());
+    }
     if has_schema {
         return Err(ApiError::unsupported(schema_param, "a response schema cannot be combined with tools (tool calls are held to the tools' own schemas); drop one of the two"));
+    }
+    if format.native {
+        return Ok(());
     }
     let block = spec.system_block();
     match messages.first_mut() {
@@ -418,10 +426,88 @@ fn declare_tools(messages: &mut Vec<ChatMessage>, spec: Option<&ToolSpec>, has_s
     Ok(())
 }
 
-/// An Anthropic message's `content` as the model sees it: text blocks as they are, `tool_use`
+/// One assistant message's calls as the model sees them. A syntax with one call per answer takes
+/// one (its template refuses more), and the call alone is the message, as its template writes it.
+fn history_calls(format: ToolFormat, text: String, calls: Vec<String>, path: &str) -> Result<String, ApiError> {
+    if calls.is_empty() {
+        return Ok(text);
+    }
+    if !format.syntax.parallel() {
+        if calls.len() > 1 {
+            return Err(ApiError::unsupported(path, format!("this model's tool syntax ({}) has one tool call per assistant message; got {}", format.syntax.name(), calls.len())));
+        }
+        return Ok(calls.concat());
+    }
+    let mut out = text;
+    for c in calls {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&c);
+    }
+    Ok(out)
+}
+
+/// An Anthropic message as the model sees it: text blocks as they are, `tool_use` blocks
+/// (assistant) in the call syntax, `tool_result` blocks (user) as tool responses: in the user
+/// turn, or (`format.native`) as `tool` messages before the turn's text.
+fn anthropic_message(v: &Value, path: &str, role: &str, format: ToolFormat) -> Result<Vec<ChatMessage>, ApiError> {
+    let Value::Array(blocks) = v.get("content").ok_or_else(|| ApiError::bad(path, "required field is missing"))? else {
+        return Ok(vec![ChatMessage::new(role, &text_content(&v["content"], path, false)?)]);
+    };
+    if !format.native && format.syntax.parallel() {
+        return Ok(vec![ChatMessage::new(role, &anthropic_content(blocks, path, role, format)?)]);
+    }
+    // One call per message, or results as messages of their own. (Checked whole first, so
+    // that an error names the block's own path.)
+    anthropic_content(blocks, path, role, format)?;
+    let (mut text, mut calls, mut results) = (String::new(), Vec::new(), Vec::new());
+    for (i, b) in blocks.iter().enumerate() {
+        let bp = format!("{path}[{i}]");
+        let piece = anthropic_content(std::slice::from_ref(b), &bp, role, format)?;
+        match b.get("type").and_then(Value::as_str) {
+            Some("tool_use") => calls.push(piece),
+            Some("tool_result") if format.native => results.push(ChatMessage::new("tool", &tool_result_text(b, &bp)?)),
+            Some("tool_result") => calls.push(piece),
+            _ => {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(&piece);
+            }
+        }
+    }
+    if role == "assistant" {
+        return Ok(vec![ChatMessage::new(role, &history_calls(format, text, calls, path)?)]);
+    }
+    // A user turn: results (in the user turn when not native), then its text.
+    for c in calls {
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&c);
+    }
+    if !text.is_empty() || results.is_empty() {
+        results.push(ChatMessage::new(role, &text));
+    }
+    Ok(results)
+}
+
+/// A `tool_result` block's text (`Error: ` first when `is_error`).
+fn tool_result_text(b: &Value, path: &str) -> Result<String, ApiError> {
+    let Some(m) = b.as_object() else { return Err(ApiError::bad(path, format!("expected a content block object, got {}", kind(b)))) };
+    let o = Obj::new(m, path);
+    o.req_str("tool_use_id")?;
+    let text = match o.get("content") {
+        None => String::new(),
+        Some(c) => text_content(c, &o.p("content"), true)?,
+    };
+    Ok(if o.bool("is_error")? == Some(true) { format!("Error: {text}") } else { text })
+}
+
+/// An Anthropic message's content blocks as one text: text blocks as they are, `tool_use`
 /// blocks (assistant) in the call syntax, `tool_result` blocks (user) as tool responses.
-fn anthropic_content(v: &Value, path: &str, role: &str) -> Result<String, ApiError> {
-    let Value::Array(blocks) = v else { return text_content(v, path, false) };
+fn anthropic_content(blocks: &[Value], path: &str, role: &str, format: ToolFormat) -> Result<String, ApiError> {
     if blocks.is_empty() {
         return Err(ApiError::bad(path, "must not be an empty array"));
     }
@@ -444,17 +530,9 @@ fn anthropic_content(v: &Value, path: &str, role: &str) -> Result<String, ApiErr
             ("tool_use", "assistant") => {
                 o.req_str("id")?;
                 let input = o.get("input").ok_or_else(|| ApiError::bad(&o.p("input"), "required field is missing"))?;
-                tools::render_call(o.req_str("name")?, &input.to_string())
+                format.syntax.render_call(o.req_str("name")?, &input.to_string())
             }
-            ("tool_result", "user") => {
-                o.req_str("tool_use_id")?;
-                let text = match o.get("content") {
-                    None => String::new(),
-                    Some(c) => text_content(c, &o.p("content"), true)?,
-                };
-                let text = if o.bool("is_error")? == Some(true) { format!("Error: {text}") } else { text };
-                tools::render_result(&text)
-            }
+            ("tool_result", "user") => tools::render_result(&tool_result_text(b, &bp)?),
             ("tool_use" | "tool_result", _) => {
                 return Err(ApiError::bad(&format!("{bp}.type"), format!("a {ty:?} block belongs in {} message", if ty == "tool_use" { "an assistant" } else { "a user" })))
             }
@@ -470,7 +548,10 @@ fn anthropic_content(v: &Value, path: &str, role: &str) -> Result<String, ApiErr
 }
 
 /// `POST /v1/messages` (and `count_tokens`, with `counting` = true: no `max_tokens` needed).
-pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatRequest, ApiError> {
+///
+/// `format`: how the bundle's model writes tool calls and reads results (the server's
+/// [`crate::runtime::Runtime::tool_format`]).
+pub fn parse_anthropic(m: &Map<String, Value>, counting: bool, format: ToolFormat) -> Result<ChatRequest, ApiError> {
     let o = Obj::new(m, "");
     // Accepted and ignored: routing and caching hints that do not change the answer here.
     const HINTS: &[&str] = &["service_tier", "cache_control", "inference_geo", "speed", "user_profile_id", "workspace_id", "diagnostics"];
@@ -482,7 +563,7 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
     known.extend(["output_config", "output_format", "tools", "tool_choice"]);
     known.push("thinking");
     o.reject_unknown(&known, &["mcp_servers", "container"])?;
-    let tools = anthropic_tools(&o)?;
+    let mut tools = anthropic_tools(&o)?;
     let fmt = match (o.get("output_config"), o.get("output_format")) {
         (Some(c), _) => match c.get("format") {
             Some(f) => Some(("output_config.format", f)),
@@ -522,13 +603,14 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
         if !matches!(role, "user" | "assistant") {
             return Err(ApiError::bad(&format!("{p}.role"), format!("expected \"user\" or \"assistant\", got {role:?} (use the top-level \"system\" field for system prompts)")));
         }
-        let content = mo.get("content").ok_or_else(|| ApiError::bad(&format!("{p}.content"), "required field is missing"))?;
-        let mut text = anthropic_content(content, &format!("{p}.content"), role)?;
+        let mut turn = anthropic_message(v, &format!("{p}.content"), role, format)?;
         if i + 1 == arr.len() && role == "assistant" {
             // Anthropic: a final assistant turn may not end with whitespace.
-            text = text.trim_end().to_string();
+            for m in &mut turn {
+                m.content = m.content.trim_end().to_string();
+            }
         }
-        messages.push(ChatMessage::new(role, &text));
+        messages.extend(turn);
     }
     if arr.first().and_then(|v| v.get("role")).and_then(Value::as_str) != Some("user") {
         return Err(ApiError::bad("messages[0].role", "the first message must be a \"user\" message"));
@@ -573,7 +655,7 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool) -> Result<ChatReq
         stream = o.bool("stream")?.unwrap_or(false);
     }
     let preset = o.str("preset")?.map(str::to_owned);
-    declare_tools(&mut messages, tools.as_ref(), schema.is_some(), "output_config")?;
+    declare_tools(&mut messages, tools.as_mut(), format, schema.is_some(), "output_config")?;
     let thinking = anthropic_thinking(&o)?;
     Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false, overrides, schema, preset, prompt: None, tools, thinking })
 }
@@ -601,7 +683,9 @@ fn anthropic_thinking(o: &Obj) -> Result<Option<bool>, ApiError> {
 }
 
 /// `POST /v1/chat/completions`.
-pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
+///
+/// `format`: as for [`parse_anthropic`].
+pub fn parse_openai(m: &Map<String, Value>, format: ToolFormat) -> Result<ChatRequest, ApiError> {
     let o = Obj::new(m, "");
     o.reject_unknown(
         &[
@@ -639,6 +723,11 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         };
         if role == "tool" {
             mo.req_str("tool_call_id")?;
+            if format.native {
+                // The template takes results as messages of their own.
+                messages.push(ChatMessage::new("tool", &content));
+                continue;
+            }
             // Tool results go back to the model in a user turn; consecutive results share one.
             let r = tools::render_result(&content);
             match messages.last_mut() {
@@ -659,6 +748,7 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
             let Value::Array(calls) = calls else {
                 return Err(ApiError::bad(&format!("{p}.tool_calls"), format!("expected an array, got {}", kind(calls))));
             };
+            let mut rendered = Vec::new();
             for (j, c) in calls.iter().enumerate() {
                 let cp = format!("{p}.tool_calls[{j}]");
                 let Value::Object(cm) = c else { return Err(ApiError::bad(&cp, format!("expected an object, got {}", kind(c)))) };
@@ -671,12 +761,9 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
                 let Some(Value::Object(fm)) = co.get("function") else { return Err(ApiError::bad(&co.p("function"), "required object is missing")) };
                 let fo = Obj::new(fm, &co.p("function"));
                 fo.reject_unknown(&["name", "arguments"], &[])?;
-                let call = tools::render_call(fo.req_str("name")?, fo.req_str("arguments")?);
-                if !content.is_empty() {
-                    content.push('\n');
-                }
-                content.push_str(&call);
+                rendered.push(format.syntax.render_call(fo.req_str("name")?, fo.req_str("arguments")?));
             }
+            content = history_calls(format, content, rendered, &format!("{p}.tool_calls"))?;
         }
         messages.push(ChatMessage::new(role, &content));
     }
@@ -696,7 +783,7 @@ pub fn parse_openai(m: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
             ))
         }
     };
-    declare_tools(&mut messages, r.tools.as_ref(), r.schema.is_some(), "response_format")?;
+    declare_tools(&mut messages, r.tools.as_mut(), format, r.schema.is_some(), "response_format")?;
     r.messages = messages;
     Ok(r)
 }
@@ -1114,7 +1201,7 @@ mod tests {
         }
         let ok = parse_object(br#"{"a":{"b":[1,-2,3.5,"x",null,true,{"b":1}]},"b":2}"#).unwrap();
         assert_eq!(Value::Object(ok), serde_json::json!({"a":{"b":[1,-2,3.5,"x",null,true,{"b":1}]},"b":2}));
-        let seed = |s: &str| parse_openai(&parse_object(format!(r#"{{"messages":[{{"role":"user","content":"hi"}}],"seed":{s}}}"#).as_bytes()).unwrap()).map(|r| r.seed);
+        let seed = |s: &str| parse_openai(&parse_object(format!(r#"{{"messages":[{{"role":"user","content":"hi"}}],"seed":{s}}}"#).as_bytes()).unwrap(), ToolFormat::default()).map(|r| r.seed);
         assert_eq!(seed("-1").unwrap(), Some(u64::MAX));
         assert_eq!(seed("18446744073709551615").unwrap(), Some(u64::MAX));
         assert_eq!(seed("0").unwrap(), Some(0));
@@ -1168,7 +1255,7 @@ mod tests {
 
     #[test]
     fn thinking_can_be_turned_off_on_both_apis_and_budgets_are_refused() {
-        let a = |extra: &str| parse_anthropic(&obj(&format!(r#"{{"model":"m","max_tokens":5,"messages":[{{"role":"user","content":"a"}}]{extra}}}"#)), false);
+        let a = |extra: &str| parse_anthropic(&obj(&format!(r#"{{"model":"m","max_tokens":5,"messages":[{{"role":"user","content":"a"}}]{extra}}}"#)), false, ToolFormat::default());
         assert_eq!(a("").unwrap().thinking, None);
         assert_eq!(a(r#","thinking":{"type":"disabled"}"#).unwrap().thinking, Some(false));
         let e = a(r#","thinking":{"type":"enabled","budget_tokens":1024}"#).unwrap_err();
@@ -1176,9 +1263,9 @@ mod tests {
         assert_eq!(a(r#","thinking":{"type":"sometimes"}"#).unwrap_err().status, 400);
         assert_eq!(a(r#","thinking":"off""#).unwrap_err().status, 400);
         // count_tokens takes it too (the prompt it counts is the one the answer would get).
-        let c = parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}],"thinking":{"type":"disabled"}}"#), true).unwrap();
+        let c = parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}],"thinking":{"type":"disabled"}}"#), true, ToolFormat::default()).unwrap();
         assert_eq!(c.thinking, Some(false));
-        let o = |extra: &str| parse_openai(&obj(&format!(r#"{{"model":"m","messages":[{{"role":"user","content":"a"}}]{extra}}}"#)));
+        let o = |extra: &str| parse_openai(&obj(&format!(r#"{{"model":"m","messages":[{{"role":"user","content":"a"}}]{extra}}}"#)), ToolFormat::default());
         assert_eq!(o("").unwrap().thinking, None);
         assert_eq!(o(r#","reasoning_effort":"none""#).unwrap().thinking, Some(false));
         let e = o(r#","reasoning_effort":"high""#).unwrap_err();
@@ -1187,54 +1274,54 @@ mod tests {
 
     #[test]
     fn anthropic_ok_and_errors() {
-        let r = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"system":[{"type":"text","text":"S"}],"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"stop_sequences":["x"],"stream":true}"#), false).unwrap();
+        let r = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"system":[{"type":"text","text":"S"}],"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"stop_sequences":["x"],"stream":true}"#), false, ToolFormat::default()).unwrap();
         assert_eq!(r.messages, vec![ChatMessage::new("system", "S"), ChatMessage::new("user", "ab")]);
         assert!(r.stream);
         assert_eq!(r.sampling.temperature, 1.0);
-        let e = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"tool","content":"a"}]}"#), false).unwrap_err();
+        let e = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"tool","content":"a"}]}"#), false, ToolFormat::default()).unwrap_err();
         assert_eq!(e.status, 400);
         assert!(e.message.contains("messages[0].role"), "{}", e.message);
-        let e = parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}]}"#), false).unwrap_err();
+        let e = parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}]}"#), false, ToolFormat::default()).unwrap_err();
         assert!(e.message.starts_with("max_tokens"));
-        let e = parse_anthropic(&obj(r#"{"model":"m","max_tokens":"5","messages":[{"role":"user","content":"a"}]}"#), false).unwrap_err();
+        let e = parse_anthropic(&obj(r#"{"model":"m","max_tokens":"5","messages":[{"role":"user","content":"a"}]}"#), false, ToolFormat::default()).unwrap_err();
         assert!(e.message.contains("expected an integer"));
-        let e = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[]}"#), false).unwrap_err();
+        let e = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[]}"#), false, ToolFormat::default()).unwrap_err();
         assert!(e.message.contains("at least one"));
-        assert!(parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}]}"#), true).is_ok());
+        assert!(parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}]}"#), true, ToolFormat::default()).is_ok());
         assert_eq!(parse_object(b"{").unwrap_err().status, 400);
         assert_eq!(parse_object(b"[1]").unwrap_err().status, 400);
     }
 
     #[test]
     fn openai_ok_and_errors() {
-        let r = parse_openai(&obj(r#"{"model":"m","messages":[{"role":"developer","content":"s"},{"role":"user","content":"hi"}],"stop":"\n","seed":3,"max_completion_tokens":7,"stream":true,"stream_options":{"include_usage":true}}"#)).unwrap();
+        let r = parse_openai(&obj(r#"{"model":"m","messages":[{"role":"developer","content":"s"},{"role":"user","content":"hi"}],"stop":"\n","seed":3,"max_completion_tokens":7,"stream":true,"stream_options":{"include_usage":true}}"#), ToolFormat::default()).unwrap();
         assert_eq!(r.messages[0].role, "system");
         assert_eq!(r.stop, vec!["\n".to_string()]);
         assert_eq!((r.seed, r.max_tokens, r.include_usage), (Some(3), Some(7), true));
-        assert_eq!(parse_openai(&obj(r#"{"messages":[{"role":"user","content":"a"}],"n":2}"#)).unwrap_err().status, 422);
-        assert_eq!(parse_openai(&obj(r#"{"messages":[{"role":"user","content":"a"}],"temperature":3}"#)).unwrap_err().status, 400);
-        assert_eq!(parse_openai(&obj(r#"{"messages":[{"role":"user"}]}"#)).unwrap_err().status, 400);
-        assert_eq!(parse_openai(&obj(r#"{"messages":[{"role":"user","content":"a"}],"bogus":1}"#)).unwrap_err().status, 400);
+        assert_eq!(parse_openai(&obj(r#"{"messages":[{"role":"user","content":"a"}],"n":2}"#), ToolFormat::default()).unwrap_err().status, 422);
+        assert_eq!(parse_openai(&obj(r#"{"messages":[{"role":"user","content":"a"}],"temperature":3}"#), ToolFormat::default()).unwrap_err().status, 400);
+        assert_eq!(parse_openai(&obj(r#"{"messages":[{"role":"user"}]}"#), ToolFormat::default()).unwrap_err().status, 400);
+        assert_eq!(parse_openai(&obj(r#"{"messages":[{"role":"user","content":"a"}],"bogus":1}"#), ToolFormat::default()).unwrap_err().status, 400);
     }
 
     /// Issue 26: tools parse on both APIs; history is written in the call syntax; tools go into
     /// the system message; bad tool sets are named 4xx.
     #[test]
     fn tools_parse_and_render_history() {
-        let r = parse_openai(&obj(r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"u"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"R1"},{"role":"tool","tool_call_id":"c2","content":"R2"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"required","parallel_tool_calls":false}"#)).unwrap();
+        let r = parse_openai(&obj(r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"u"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"R1"},{"role":"tool","tool_call_id":"c2","content":"R2"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"required","parallel_tool_calls":false}"#), ToolFormat::default()).unwrap();
         let t = r.tools.as_ref().unwrap();
         assert_eq!((t.choice.clone(), t.parallel), (Choice::Required, false));
         assert!(r.messages[0].content.starts_with("S\n\n# Tools") && r.messages[0].content.contains("\"name\":\"f\""), "{}", r.messages[0].content);
         assert_eq!(r.messages[2], ChatMessage::new("assistant", "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1}}\n</tool_call>"));
         assert_eq!(r.messages[3], ChatMessage::new("user", "<tool_response>\nR1\n</tool_response>\n<tool_response>\nR2\n</tool_response>"));
         assert_eq!(r.messages.len(), 4);
-        let r = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"u"},{"role":"assistant","content":[{"type":"text","text":"Let me look."},{"type":"tool_use","id":"t1","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"bad"}],"is_error":true},{"type":"text","text":"and?"}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"}}"#), false).unwrap();
+        let r = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"u"},{"role":"assistant","content":[{"type":"text","text":"Let me look."},{"type":"tool_use","id":"t1","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"bad"}],"is_error":true},{"type":"text","text":"and?"}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"}}"#), false, ToolFormat::default()).unwrap();
         assert_eq!(r.messages[0].role, "system");
         assert_eq!(r.tools.as_ref().unwrap().choice, Choice::Named("f".into()));
         assert_eq!(r.messages[2].content, "Let me look.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1}}\n</tool_call>");
         assert_eq!(r.messages[3].content, "<tool_response>\nError: bad\n</tool_response>\nand?");
         // `none`: accepted, and the model is not told of the tools.
-        let r = parse_openai(&obj(r#"{"messages":[{"role":"user","content":"u"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none"}"#)).unwrap();
+        let r = parse_openai(&obj(r#"{"messages":[{"role":"user","content":"u"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none"}"#), ToolFormat::default()).unwrap();
         assert_eq!(r.messages.len(), 1);
         for (body, status, needle) in [
             (r#"{"messages":[{"role":"user","content":"u"}],"tool_choice":"required"}"#, 400, "no tools"),
@@ -1244,14 +1331,14 @@ mod tests {
             (r#"{"messages":[{"role":"user","content":"u"}],"functions":[]}"#, 422, "functions"),
             (r#"{"messages":[{"role":"user","content":"u","tool_calls":[]}]}"#, 400, "only assistant"),
         ] {
-            let e = parse_openai(&obj(body)).unwrap_err();
+            let e = parse_openai(&obj(body), ToolFormat::default()).unwrap_err();
             assert_eq!(e.status, status, "{body}: {}", e.message);
             assert!(e.message.contains(needle), "{body}: {}", e.message);
         }
-        let e = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_use","id":"x","name":"f","input":{}}]}]}"#), false).unwrap_err();
+        let e = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_use","id":"x","name":"f","input":{}}]}]}"#), false, ToolFormat::default()).unwrap_err();
         assert!(e.message.contains("belongs in an assistant message"), "{}", e.message);
         // count_tokens takes tools too.
-        assert!(parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}],"tools":[{"name":"f","input_schema":{}}]}"#), true).unwrap().messages[0].content.contains("# Tools"));
+        assert!(parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}],"tools":[{"name":"f","input_schema":{}}]}"#), true, ToolFormat::default()).unwrap().messages[0].content.contains("# Tools"));
     }
 
     #[test]

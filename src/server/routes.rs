@@ -221,11 +221,15 @@ fn build_prompt(state: &State, creq: &ChatRequest, flavor: Flavor) -> Result<(St
     // form it was trained to answer directly from.
     let from_first_token = creq.schema.is_some() || creq.tools.as_ref().is_some_and(|t| t.active() && t.choice != crate::tools::Choice::Auto);
     let thinking = creq.thinking.or(from_first_token.then_some(false));
-    match state.rt.prompts().chat_thinking(msgs, prefill_text, thinking) {
+    // Tools the chat template declares itself (Llama 3.1's) go to it; others are already in
+    // the system message.
+    let declared = creq.tools.as_ref().filter(|t| t.active() && state.rt.tool_format().native).map(|t| t.declarations());
+    match state.rt.prompts().chat_thinking(msgs, prefill_text, thinking, declared.as_deref()) {
         Ok(p) => Ok((p.text, p.tokens)),
         Err(e @ PromptError::Template(_)) => Err(ApiError::unsupported("messages", e.to_string())),
         Err(e @ PromptError::Tokenize(_)) => Err(ApiError::new(400, e.to_string())),
         Err(e @ PromptError::Inseparable) => Err(ApiError::bad("messages", e.to_string())),
+        Err(e @ PromptError::ToolText(_)) => Err(ApiError::bad("tools", e.to_string())),
     }
 }
 
@@ -252,9 +256,9 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     let guard = state.inflight();
     let mut cpu0 = thread_cpu(); // request work from here to submission (see Metrics::overhead)
     let parsed = api::parse_object(&body).and_then(|o| match (flavor, kind) {
-        (Flavor::Anthropic, _) => api::parse_anthropic(&o, counting),
+        (Flavor::Anthropic, _) => api::parse_anthropic(&o, counting, state.rt.tool_format()),
         (Flavor::OpenAi, Kind::Completion) => api::parse_openai_completion(&o),
-        (Flavor::OpenAi, _) => api::parse_openai(&o),
+        (Flavor::OpenAi, _) => api::parse_openai(&o, state.rt.tool_format()),
     });
     let creq = match parsed {
         Ok(r) => r,
@@ -446,7 +450,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     let mut mandatory = crate::policy::MandatoryText::default();
     if tool_mode.is_some() {
         if let Some(p) = spec.pipeline.as_mut() {
-            mandatory = p.for_tool_calls(crate::tools::CALL_OPEN);
+            mandatory = p.for_tool_calls(state.rt.tool_format().syntax.open());
         }
     }
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -466,7 +470,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     }
     let model = state.bundle.name.clone();
     if creq.stream {
-        let tools = tool_mode.map(|calls_only| crate::tools::Framed::new(calls_only, mandatory));
+        let tools = tool_mode.map(|calls_only| crate::tools::Framed::new(calls_only, state.rt.tool_format().syntax, mandatory));
         let s = Streamer::new(rx, rec, flavor, kind == Kind::Completion, model, n, creq.include_usage, tools, guard);
         let body = Body::from_stream(futures::stream::unfold(s, |mut s| async move { s.next().await.map(|b| (Ok::<Bytes, Infallible>(b), s)) }));
         let mut r = response(200, "text/event-stream; charset=utf-8", body);
@@ -495,7 +499,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     rec.response = Some(text.clone());
     // Tool calls: complete calls are presented as calls; output cut inside a call (max_tokens,
     // a stop sequence) is presented as the text before it only (as the stream sent it).
-    let outcome = tool_mode.map(|calls_only| crate::tools::parse_framed(&text, calls_only, &mandatory));
+    let outcome = tool_mode.map(|calls_only| crate::tools::parse_framed(&text, calls_only, state.rt.tool_format().syntax, &mandatory));
     let mut body = None;
     match &outcome {
         Some(crate::tools::Outcome::Calls { text: said, calls }) => {

@@ -25,6 +25,9 @@ pub enum PromptError {
     /// A message holds control-token text that cannot be told apart from the template's own.
     #[error("message text contains control-token text that cannot be separated from the chat template; remove it")]
     Inseparable,
+    /// A tool declaration the template writes itself holds control-token text.
+    #[error("a tool declaration (name, description or parameter schema) contains control-token text ({0:?}); remove it")]
+    ToolText(String),
 }
 
 /// A rendered and tokenized prompt.
@@ -52,15 +55,29 @@ impl<'a> PromptBuilder<'a> {
     /// The conversation with the generation prompt, then `prefill` (the start of the assistant's
     /// answer, e.g. Anthropic's trailing assistant message), as the model was trained to read it.
     pub fn chat(&self, msgs: &[ChatMessage], prefill: Option<&str>) -> Result<Prompt, PromptError> {
-        let mut text = self.template.render(msgs, true).map_err(PromptError::Template)?;
+        self.chat_tools(msgs, prefill, None)
+    }
+
+    /// [`PromptBuilder::chat`] with tools the chat template declares itself (Llama 3.1's, see
+    /// [`ChatTemplate::render_with_tools`]). The declarations are template text here, so one that
+    /// holds a control token's text is refused rather than read as that token.
+    pub fn chat_tools(&self, msgs: &[ChatMessage], prefill: Option<&str>, tools: Option<&[serde_json::Value]>) -> Result<Prompt, PromptError> {
+        let mut text = self.template.render_with_tools(msgs, true, tools).map_err(PromptError::Template)?;
         if let Some(p) = prefill {
             text.push_str(p);
         }
         let tok = self.tokenizer;
         let specials: Vec<&str> = tok.special_ids().iter().filter_map(|&id| std::str::from_utf8(tok.token_bytes(id)).ok()).filter(|s| !s.is_empty()).collect();
+        for t in tools.unwrap_or_default() {
+            // The declaration as the template writes it (escapes such as `\n` are JSON's own).
+            let written = super::py_json(t, Some(4));
+            if let Some(s) = specials.iter().find(|s| written.contains(*s)) {
+                return Err(PromptError::ToolText(s.to_string()));
+            }
+        }
         let injected = msgs.iter().map(|m| m.content.as_str()).chain(prefill).any(|c| specials.iter().any(|s| c.contains(s)));
         let mut tokens = if injected {
-            self.segments(msgs, &text, prefill)?.ok_or(PromptError::Inseparable)?
+            self.segments(msgs, &text, prefill, tools)?.ok_or(PromptError::Inseparable)?
         } else {
             tok.encode(&text, true).map_err(PromptError::Tokenize)?
         };
@@ -75,10 +92,11 @@ impl<'a> PromptBuilder<'a> {
     /// [`PromptBuilder::chat`], with the model's reasoning turned off when `thinking` is
     /// `Some(false)` (Qwen3: its empty `<think>` block starts the answer, as its template renders
     /// `enable_thinking=false`; other families do not think, and it changes nothing).
-    pub fn chat_thinking(&self, msgs: &[ChatMessage], prefill: Option<&str>, thinking: Option<bool>) -> Result<Prompt, PromptError> {
+    /// `tools`: declarations the template writes itself ([`PromptBuilder::chat_tools`]).
+    pub fn chat_thinking(&self, msgs: &[ChatMessage], prefill: Option<&str>, thinking: Option<bool>, tools: Option<&[serde_json::Value]>) -> Result<Prompt, PromptError> {
         match (thinking, self.template.thinking_off_prefill()) {
-            (Some(false), Some(off)) => self.chat(msgs, Some(&format!("{off}{}", prefill.unwrap_or("")))),
-            _ => self.chat(msgs, prefill),
+            (Some(false), Some(off)) => self.chat_tools(msgs, Some(&format!("{off}{}", prefill.unwrap_or(""))), tools),
+            _ => self.chat_tools(msgs, prefill, tools),
         }
     }
 
@@ -105,11 +123,11 @@ impl<'a> PromptBuilder<'a> {
 
     /// Tokenize `rendered` in segments: the template's text (control tokens recognised) and each
     /// message's text (plain). `Ok(None)` when the segments cannot be matched.
-    fn segments(&self, msgs: &[ChatMessage], rendered: &str, prefill: Option<&str>) -> Result<Option<Vec<u32>>, PromptError> {
+    fn segments(&self, msgs: &[ChatMessage], rendered: &str, prefill: Option<&str>, tools: Option<&[serde_json::Value]>) -> Result<Option<Vec<u32>>, PromptError> {
         let nonce = nonce();
         let marker = |i: usize| format!("\u{E000}{nonce}{i}\u{E001}");
         let marked: Vec<ChatMessage> = msgs.iter().enumerate().map(|(i, m)| ChatMessage::new(&m.role, &marker(i))).collect();
-        let Ok(mut m) = self.template.render(&marked, true) else { return Ok(None) };
+        let Ok(mut m) = self.template.render_with_tools(&marked, true, tools) else { return Ok(None) };
         let mut contents: Vec<&str> = msgs.iter().map(|m| m.content.as_str()).collect();
         if let Some(p) = prefill {
             m.push_str(&marker(msgs.len()));
@@ -205,15 +223,15 @@ mod tests {
         let msgs = [ChatMessage::new("user", "q")];
         let qwen3 = ChatTemplate::Qwen3;
         let b = PromptBuilder::new(&tok, &qwen3, &cfg());
-        let on = b.chat_thinking(&msgs, None, None).unwrap();
+        let on = b.chat_thinking(&msgs, None, None, None).unwrap();
         assert!(on.text.ends_with("<|im_start|>assistant\n"), "{:?}", on.text);
-        let off = b.chat_thinking(&msgs, Some("A"), Some(false)).unwrap();
+        let off = b.chat_thinking(&msgs, Some("A"), Some(false), None).unwrap();
         assert!(off.text.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\nA"), "{:?}", off.text);
         assert_eq!(tok.decode(&off.tokens), off.text);
         // A family that does not think: nothing changes.
         let chatml = ChatTemplate::Chatml { default_system: None };
         let b = PromptBuilder::new(&tok, &chatml, &cfg());
-        assert_eq!(b.chat_thinking(&msgs, None, Some(false)).unwrap(), b.chat(&msgs, None).unwrap());
+        assert_eq!(b.chat_thinking(&msgs, None, Some(false), None).unwrap(), b.chat(&msgs, None).unwrap());
     }
 
     #[test]

@@ -10,8 +10,13 @@
 //!
 //! Families: ChatML (`<|im_start|>`, with an optional default system prompt inserted when the first
 //! message is not a system message: SmolLM2, Qwen2/2.5), Qwen3 (ChatML with `<think>` reasoning
-//! blocks), Llama-3 (`<|start_header_id|>`), Mistral (`[INST]`), Gemma (`<start_of_turn>`), Phi-3
+//! blocks), Llama-3 (`<|start_header_id|>`), Llama 3.1–3.3 (the same turns behind a system header
+//! with the date, and their own tool syntax), Mistral (`[INST]`), Gemma (`<start_of_turn>`), Phi-3
 //! (`<|user|>`, `<|end|>`).
+//!
+//! A family with a tool syntax of its own ([`ChatTemplate::native_tools`]) renders the declared
+//! tools itself, as its Jinja does with `tools` set ([`ChatTemplate::render_with_tools`]), and is
+//! verified with tool conversations too: declarations, calls in the history, tool results.
 
 use std::path::Path;
 
@@ -42,6 +47,15 @@ pub enum ChatTemplate {
     Chatml { default_system: Option<String> },
     /// `{bos}<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>` (Llama 3).
     Llama3 { bos: String },
+    /// Llama 3.1, 3.2 and 3.3 instruct: `{bos}`, then a system turn that is always there
+    /// (`Environment: ipython` when tools are declared, the knowledge cutoff, the date, then the
+    /// system message trimmed), the declared tools written into the first user turn, every other
+    /// turn as [`ChatTemplate::Llama3`]'s, and tool results (role `tool`) as `ipython` turns that
+    /// hold the result as a JSON string. Calls are the JSON form
+    /// (`crate::tools::ToolSyntax::Llama3Json`). `today`: the date is the day's (UTC, `05 Dec
+    /// 2026`), as Llama 3.2's template writes it where `strftime_now` exists (Hugging Face,
+    /// llama.cpp); otherwise the fixed `26 Jul 2024` (Llama 3.1's).
+    Llama31 { bos: String, today: bool },
     /// `{bos}[INST] {user} [/INST]{assistant}{eos}`, strictly alternating, user first (Mistral v0.1).
     Mistral { bos: String, eos: String },
     /// `{bos}<start_of_turn>{user|model}\n{content|trim}<end_of_turn>\n`, alternating, no system.
@@ -93,12 +107,13 @@ impl ChatTemplate {
         matches!(self, ChatTemplate::Qwen3).then_some(Self::NO_THINKING_PREFILL)
     }
 
-    /// Family name ("chatml", "llama3", "mistral", "gemma", "phi3", "qwen3"; "none" for a
-    /// completion model).
+    /// Family name ("chatml", "llama3", "llama3.1", "mistral", "gemma", "phi3", "qwen3"; "none"
+    /// for a completion model).
     pub fn family(&self) -> &'static str {
         match self {
             ChatTemplate::Chatml { .. } => "chatml",
             ChatTemplate::Llama3 { .. } => "llama3",
+            ChatTemplate::Llama31 { .. } => "llama3.1",
             ChatTemplate::Mistral { .. } => "mistral",
             ChatTemplate::Gemma { .. } => "gemma",
             ChatTemplate::Phi3 { .. } => "phi3",
@@ -107,12 +122,30 @@ impl ChatTemplate {
         }
     }
 
+    /// The tool-call syntax the model's own template declares tools in, if it has one (Llama
+    /// 3.1–3.3); `None`: the template knows no tools, and a tools request declares them in the
+    /// system message in the bundle's chosen syntax.
+    pub fn native_tools(&self) -> Option<crate::tools::ToolSyntax> {
+        matches!(self, ChatTemplate::Llama31 { .. }).then_some(crate::tools::ToolSyntax::Llama3Json)
+    }
+
     /// Render a conversation. Roles: system, user, assistant (Mistral/Gemma: user and assistant,
-    /// alternating, user first). Any other role is an error.
+    /// alternating, user first; Llama 3.1 also `tool`). Any other role is an error.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
+        self.render_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// [`render`](Self::render) with declared tools (OpenAI's function objects,
+    /// `{"type": "function", "function": {...}}`), as the template renders its `tools` variable.
+    /// Only a family with [`native_tools`](Self::native_tools) takes them.
+    pub fn render_with_tools(&self, messages: &[ChatMessage], add_generation_prompt: bool, tools: Option<&[serde_json::Value]>) -> Result<String, TokenizerError> {
         let mut out = String::new();
+        if tools.is_some() && self.native_tools().is_none() {
+            return Err(TokenizerError::Template(format!("the {} chat template has no tool declarations of its own", self.family())));
+        }
         match self {
             ChatTemplate::None => return Err(TokenizerError::NoChatTemplate),
+            ChatTemplate::Llama31 { bos, today } => llama31(bos, *today, messages, add_generation_prompt, tools, &mut out)?,
             ChatTemplate::Chatml { default_system } => {
                 for (i, m) in messages.iter().enumerate() {
                     if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
@@ -210,6 +243,11 @@ impl ChatTemplate {
             candidates.push(ChatTemplate::Chatml { default_system });
         }
         if source.contains("<|start_header_id|>") {
+            if source.contains("Cutting Knowledge Date") {
+                // Whether the date is the day's is read off the renders (`verify`).
+                candidates.push(ChatTemplate::Llama31 { bos: bos_token.into(), today: true });
+                candidates.push(ChatTemplate::Llama31 { bos: bos_token.into(), today: false });
+            }
             candidates.push(ChatTemplate::Llama3 { bos: bos_token.into() });
         }
         if source.contains("[INST]") {
@@ -278,6 +316,112 @@ fn qwen3(messages: &[ChatMessage], add_generation_prompt: bool, out: &mut String
     Ok(())
 }
 
+/// Llama 3.1–3.3's layout (see [`ChatTemplate::Llama31`]), step for step as its Jinja.
+fn llama31(bos: &str, today: bool, messages: &[ChatMessage], add_generation_prompt: bool, tools: Option<&[serde_json::Value]>, out: &mut String) -> Result<(), TokenizerError> {
+    let Some(first) = messages.first() else { return Err(TokenizerError::Template("the conversation has no messages".into())) };
+    let (system, mut rest) = if first.role == "system" { (first.content.trim(), &messages[1..]) } else { ("", messages) };
+    out.push_str(bos);
+    out.push_str("<|start_header_id|>system<|end_header_id|>\n\n");
+    if tools.is_some() {
+        out.push_str("Environment: ipython\n");
+    }
+    out.push_str("Cutting Knowledge Date: December 2023\n");
+    let date = if today { strftime_today("%d %b %Y") } else { "26 Jul 2024".to_string() };
+    out.push_str(&format!("Today Date: {date}\n\n{system}<|eot_id|>"));
+    if let Some(tools) = tools {
+        // The tools go into the first message after the system message, whatever its role.
+        let Some((first, after)) = rest.split_first() else {
+            return Err(TokenizerError::Template("tools are declared in the first user message, and there is none".into()));
+        };
+        out.push_str("<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n");
+        for t in tools {
+            out.push_str(&py_json(t, Some(4)));
+            out.push_str("\n\n");
+        }
+        out.push_str(first.content.trim());
+        out.push_str("<|eot_id|>");
+        rest = after;
+    }
+    for m in rest {
+        if m.role == "tool" || m.role == "ipython" {
+            // The template writes a string result through `tojson` (a string is iterable).
+            out.push_str("<|start_header_id|>ipython<|end_header_id|>\n\n");
+            out.push_str(&py_json(&serde_json::Value::String(m.content.clone()), None));
+        } else {
+            out.push_str(&format!("<|start_header_id|>{}<|end_header_id|>\n\n{}", m.role, m.content.trim()));
+        }
+        out.push_str("<|eot_id|>");
+    }
+    if add_generation_prompt {
+        out.push_str("<|start_header_id|>assistant<|end_header_id|>\n\n");
+    }
+    Ok(())
+}
+
+/// `value` as Python's `json.dumps(value, ensure_ascii=False, indent=indent)` writes it, which is
+/// what Hugging Face's `tojson` filter (and llama.cpp's) gives a chat template: `", "` and `": "`
+/// between items without an indent; one item per line with one. Floats are written as serde_json
+/// writes them (the shortest round-trip form), which Python writes the same but for exponents.
+pub fn py_json(value: &serde_json::Value, indent: Option<usize>) -> String {
+    use serde::Serialize;
+    struct Spaced;
+    impl serde_json::ser::Formatter for Spaced {
+        fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+            if first { Ok(()) } else { w.write_all(b", ") }
+        }
+        fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+            if first { Ok(()) } else { w.write_all(b", ") }
+        }
+        fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+            w.write_all(b": ")
+        }
+    }
+    let mut buf = Vec::new();
+    // Writing a `Value` into a Vec cannot fail.
+    let _ = match indent {
+        Some(n) => {
+            let pad = vec![b' '; n];
+            value.serialize(&mut serde_json::Serializer::with_formatter(&mut buf, serde_json::ser::PrettyFormatter::with_indent(&pad)))
+        }
+        None => value.serialize(&mut serde_json::Serializer::with_formatter(&mut buf, Spaced)),
+    };
+    String::from_utf8(buf).unwrap_or_default()
+}
+
+/// Today's date (UTC) in a `strftime` format, as a template's `strftime_now` gives it: `%d %m %y
+/// %Y %b %B %H %M %S %%`; any other conversion is kept as written.
+pub fn strftime_today(fmt: &str) -> String {
+    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    let now = time::OffsetDateTime::now_utc();
+    let month = MONTHS[usize::from(u8::from(now.month())) - 1];
+    let mut out = String::new();
+    let mut chars = fmt.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('d') => out.push_str(&format!("{:02}", now.day())),
+            Some('m') => out.push_str(&format!("{:02}", u8::from(now.month()))),
+            Some('y') => out.push_str(&format!("{:02}", now.year().rem_euclid(100))),
+            Some('Y') => out.push_str(&now.year().to_string()),
+            Some('b') => out.push_str(&month[..3]),
+            Some('B') => out.push_str(month),
+            Some('H') => out.push_str(&format!("{:02}", now.hour())),
+            Some('M') => out.push_str(&format!("{:02}", now.minute())),
+            Some('S') => out.push_str(&format!("{:02}", now.second())),
+            Some('%') => out.push('%'),
+            Some(o) => {
+                out.push('%');
+                out.push(o);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
 fn check_alternation(i: usize, role: &str) -> Result<(), TokenizerError> {
     match role {
         "user" | "assistant" => {}
@@ -311,6 +455,15 @@ impl<'a> JinjaProbe<'a> {
         env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
             Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
         });
+        // Hugging Face's renderer defines `strftime_now` (Llama 3.2 dates its system turn with it)
+        // and writes `tojson` as Python's `json.dumps` (minijinja's own escapes `'`, `<`, `>`, `&`).
+        env.add_function("strftime_now", |fmt: String| strftime_today(&fmt));
+        env.add_filter("tojson", |v: minijinja::Value, kwargs: minijinja::value::Kwargs| -> Result<String, minijinja::Error> {
+            let indent: Option<usize> = kwargs.get("indent")?;
+            kwargs.assert_all_used()?;
+            let v = serde_json::to_value(&v).map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string()))?;
+            Ok(py_json(&v, indent))
+        });
         // A template that does not compile fails every probe (reported by `verify`).
         let _ = env.add_template("chat", source);
         JinjaProbe { env, bos, eos }
@@ -329,6 +482,76 @@ impl<'a> JinjaProbe<'a> {
             eos_token => self.eos,
         })
         .map_err(|e| e.to_string())
+    }
+
+    /// A conversation given as JSON (OpenAI's message objects: `tool_calls`, role `tool`), with
+    /// the template's `tools` set when `tools` is given.
+    fn render_json(&self, messages: &serde_json::Value, tools: Option<&serde_json::Value>, add_generation_prompt: bool) -> Result<String, String> {
+        let t = self.env.get_template("chat").map_err(|e| format!("template does not compile: {e}"))?;
+        let messages = minijinja::Value::from(minijinja::value::Serde(messages));
+        let ctx = match tools {
+            Some(tools) => minijinja::context! {
+                messages => messages,
+                tools => minijinja::Value::from(minijinja::value::Serde(tools)),
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos,
+                eos_token => self.eos,
+            },
+            None => minijinja::context! { messages => messages, add_generation_prompt => add_generation_prompt, bos_token => self.bos, eos_token => self.eos },
+        };
+        t.render(ctx).map_err(|e| e.to_string())
+    }
+
+    /// The tool conversations a family with its own tool syntax must render as the Jinja does:
+    /// the calls in the history written by the syntax ([`crate::tools::ToolSyntax::render_call`]),
+    /// the results as role `tool`.
+    fn verify_tools(&self, family: &ChatTemplate, syntax: crate::tools::ToolSyntax) -> Result<(), String> {
+        use serde_json::json;
+        let weather = json!({"type": "function", "function": {"name": "get_weather", "description": "The weather in a city, now. Use the city's own name; it's 'Oslo', not <OSLO> & co.", "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}, "unit": {"enum": ["C", "F"]}}, "required": ["city"]}}});
+        let search = json!({"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}, "limit": {"type": "integer", "minimum": 1}, "tags": {"type": "array", "items": {"type": "string"}}}}}});
+        let call = |name: &str, args: serde_json::Value| json!({"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": name, "arguments": args}}]});
+        let msg = |role: &str, content: &str| json!({"role": role, "content": content});
+        let probes: Vec<(serde_json::Value, serde_json::Value, bool)> = vec![
+            (json!([weather]), json!([msg("user", "What is the weather in Oslo?")]), true),
+            (json!([weather, search]), json!([msg("system", " Be brief. "), msg("user", "  Weather in Bergen?\n")]), true),
+            (
+                json!([weather, search]),
+                json!([msg("user", "Q"), call("get_weather", json!({"city": "Oslo", "unit": "C"})), msg("tool", "{\"temp\": 21, \"sky\": \"sunny\"}"), msg("assistant", "It is 21 °C and sunny.")]),
+                false,
+            ),
+            (
+                json!([search]),
+                json!([msg("system", "S"), msg("user", "Find ünïcödé"), call("search", json!({"q": "ünï \"x\"", "limit": 2, "tags": ["a", "b"]})), msg("tool", "it's <none> & done"), msg("user", "Thanks")]),
+                true,
+            ),
+            (json!([weather]), json!([msg("user", "Q"), call("get_weather", json!({})), msg("tool", ""), msg("tool", "second")]), true),
+            // No first user message to hold the tools: both must refuse.
+            (json!([weather]), json!([msg("system", "S")]), true),
+        ];
+        for (i, (tools, msgs, gen)) in probes.iter().enumerate() {
+            let want = self.render_json(msgs, Some(tools), *gen);
+            let ours: Vec<ChatMessage> = msgs
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| {
+                    let role = m["role"].as_str().unwrap_or_default();
+                    match m["tool_calls"][0]["function"].as_object() {
+                        Some(f) => ChatMessage::new(role, &syntax.render_call(f["name"].as_str().unwrap_or_default(), &f["arguments"].to_string())),
+                        None => ChatMessage::new(role, m["content"].as_str().unwrap_or_default()),
+                    }
+                })
+                .collect();
+            let tools: Vec<serde_json::Value> = tools.as_array().cloned().unwrap_or_default();
+            match (want, family.render_with_tools(&ours, *gen, Some(&tools))) {
+                (Ok(w), Ok(g)) if w == g => {}
+                (Ok(w), Ok(g)) => return Err(format!("tool probe {i} renders {g:?}, Jinja renders {w:?}")),
+                (Err(_), Err(_)) => {}
+                (Ok(w), Err(e)) => return Err(format!("tool probe {i}: family errors ({e}) where Jinja renders {w:?}")),
+                (Err(e), Ok(_)) => return Err(format!("tool probe {i}: Jinja raises ({e}) where the family renders")),
+            }
+        }
+        Ok(())
     }
 
     fn verify(&self, family: &ChatTemplate) -> Result<(), String> {
@@ -366,7 +589,10 @@ impl<'a> JinjaProbe<'a> {
                 }
             }
         }
-        Ok(())
+        match family.native_tools() {
+            Some(syntax) => self.verify_tools(family, syntax),
+            None => Ok(()),
+        }
     }
 }
 
@@ -428,6 +654,56 @@ mod tests {
         // The JSON form a bundle stores.
         assert_eq!(serde_json::from_str::<ChatTemplate>(&t.to_json()).unwrap(), t);
         assert!(t.to_json().contains("\"qwen3\""));
+    }
+
+    #[test]
+    fn recognises_llama31_and_renders_its_tools() {
+        let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/templates/llama3.2.jinja")).unwrap();
+        let t = ChatTemplate::from_jinja(&src, "<|begin_of_text|>", "<|eot_id|>").unwrap();
+        // Llama 3.2 dates its system turn with `strftime_now`: today's date.
+        assert_eq!(t, ChatTemplate::Llama31 { bos: "<|begin_of_text|>".into(), today: true });
+        assert_eq!(t.native_tools(), Some(crate::tools::ToolSyntax::Llama3Json));
+        let m = ChatMessage::new;
+        let today = strftime_today("%d %b %Y");
+        let r = t.render(&[m("system", " Be brief. "), m("user", " Hi ")], true).unwrap();
+        assert_eq!(
+            r,
+            format!("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: {today}\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+        );
+        // Tools: declared in the first user turn, the call in the history as the JSON form, the
+        // result as an `ipython` turn holding a JSON string.
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "f", "description": "it's <x>", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}})];
+        let call = crate::tools::ToolSyntax::Llama3Json.render_call("f", r#"{"a":1}"#);
+        let r = t.render_with_tools(&[m("user", "Q"), m("assistant", &call), m("tool", "{\"ok\": true}")], true, Some(&tools)).unwrap();
+        let decl = "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"f\",\n        \"description\": \"it's <x>\",\n        \"parameters\": {\n            \"type\": \"object\",\n            \"properties\": {\n                \"a\": {\n                    \"type\": \"integer\"\n                }\n            }\n        }\n    }\n}";
+        assert_eq!(
+            r,
+            format!(
+                "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nCutting Knowledge Date: December 2023\nToday Date: {today}\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.\n\nRespond in the format {{\"name\": function name, \"parameters\": dictionary of argument name and its value}}.Do not use variables.\n\n{decl}\n\nQ<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n{{\"name\": \"f\", \"parameters\": {{\"a\": 1}}}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n\"{{\\\"ok\\\": true}}\"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+            )
+        );
+        // As the Jinja: tools need a first message after the system message to sit in.
+        assert!(t.render_with_tools(&[m("system", "S")], true, Some(&tools)).is_err());
+        // Other families have no tool declarations of their own.
+        assert!(ChatTemplate::Chatml { default_system: None }.render_with_tools(&[m("user", "Q")], true, Some(&tools)).is_err());
+        // Llama 3.1's template: the same layout with the fixed date (no `strftime_now`).
+        let fixed = src.replace("strftime_now is defined", "false");
+        let t31 = ChatTemplate::from_jinja(&fixed, "<|begin_of_text|>", "<|eot_id|>").unwrap();
+        assert_eq!(t31, ChatTemplate::Llama31 { bos: "<|begin_of_text|>".into(), today: false });
+        assert!(t31.render(&[m("user", "Hi")], true).unwrap().contains("Today Date: 26 Jul 2024\n\n<|eot_id|>"));
+        // A tool syntax that differs from the family's is caught by the tool probes.
+        let odd = src.replace("\"parameters\": ' }}", "\"arguments\": ' }}");
+        let e = ChatTemplate::from_jinja(&odd, "<|begin_of_text|>", "<|eot_id|>").unwrap_err().to_string();
+        assert!(e.contains("tool probe"), "{e}");
+        assert_eq!(serde_json::from_str::<ChatTemplate>(&t.to_json()).unwrap(), t);
+    }
+
+    #[test]
+    fn py_json_writes_as_python_json_dumps() {
+        let v = serde_json::json!({"b": [1, 2.5, "x'<é>\n"], "a": {}, "c": [], "d": null, "e": true});
+        assert_eq!(py_json(&v, None), r#"{"b": [1, 2.5, "x'<é>\n"], "a": {}, "c": [], "d": null, "e": true}"#);
+        assert_eq!(py_json(&serde_json::json!({"k": [1, {"z": 0}]}), Some(2)), "{\n  \"k\": [\n    1,\n    {\n      \"z\": 0\n    }\n  ]\n}");
+        assert_eq!(strftime_today("%Y-%m-%d %%").len(), 12);
     }
 
     #[test]

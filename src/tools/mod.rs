@@ -2,8 +2,9 @@
 //! tools and results are written into the prompt, and how the model's output is read back as
 //! text or calls — whole or piece by piece while it streams.
 //!
-//! **The call syntax.** A call is written as the Hermes/Qwen form, which is also the generic
-//! wrapper for chat templates with no tool syntax of their own (SmolLM2's):
+//! **The call syntax** ([`ToolSyntax`]). By default a call is written as the Hermes/Qwen form,
+//! which is also the generic wrapper for chat templates with no tool syntax of their own
+//! (SmolLM2's):
 //!
 //! ```text
 //! <tool_call>
@@ -11,7 +12,12 @@
 //! </tool_call>
 //! ```
 //!
-//! Parallel calls follow one another, separated by a newline. The grammar is one compiled
+//! Parallel calls follow one another, separated by a newline. Llama 3.1–3.3's templates have a
+//! syntax of their own, [`ToolSyntax::Llama3Json`]: the answer *is* the call,
+//! `{"name": "get_weather", "parameters": {"city": "Oslo"}}`, one per answer; the template
+//! declares the tools in the first user turn and gives results back as `ipython` turns
+//! ([`crate::tokenizer::ChatTemplate::render_with_tools`]). A bundle whose template has no
+//! syntax of its own may name either in its recipe. The grammar is one compiled
 //! automaton ([`ToolSpec::grammar`]): the frame's literals (a [`Frame`] of the schema compiler)
 //! around a JSON Schema whose instances are exactly `{"name": N, "arguments": A}` with `N` a
 //! declared tool's name and `A` valid under that tool's parameter schema (an `anyOf` over the
@@ -21,7 +27,8 @@
 //! any text in which `<tool_call>` does not occur: the model answers or calls, and once the
 //! marker is complete the call is held to the grammar up to its end. Text may come first (the
 //! model says what it is about to do, then calls), but the marker cannot occur in text that is
-//! not followed by a call. With `required`/`any` or a
+//! not followed by a call. In the JSON form, which has no marker, `auto` admits a call or any
+//! text whose first character (after whitespace) is not `{`. With `required`/`any` or a
 //! named tool the grammar holds from the first token. `none` declares no tools to the model.
 //!
 //! **Reading the output.** [`StreamParser`] turns the text into [`Piece`]s: text, a call's
@@ -47,6 +54,91 @@ pub const CALL_OPEN: &str = "<tool_call>\n";
 pub const CALL_CLOSE: &str = "\n</tool_call>";
 /// Between parallel calls.
 pub const CALL_SEP: &str = "\n";
+
+/// How a model writes a tool call, and how calls and results are written back into its prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ToolSyntax {
+    /// `<tool_call>\n{"name": N, "arguments": A}\n</tool_call>`, several in one answer; results
+    /// as `<tool_response>` blocks in a user turn (Hermes, Qwen2.5/3, the generic wrapper).
+    #[default]
+    Hermes,
+    /// `{"name": N, "parameters": A}` as the whole answer, one call per answer (Llama 3.1–3.3;
+    /// also Gemma's documented form). Results are `tool` messages.
+    Llama3Json,
+}
+
+impl ToolSyntax {
+    /// The names a recipe uses.
+    pub const NAMES: [&'static str; 2] = ["hermes", "llama3-json"];
+
+    pub fn from_name(name: &str) -> Option<ToolSyntax> {
+        match name {
+            "hermes" => Some(ToolSyntax::Hermes),
+            "llama3-json" => Some(ToolSyntax::Llama3Json),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ToolSyntax::Hermes => "hermes",
+            ToolSyntax::Llama3Json => "llama3-json",
+        }
+    }
+
+    /// The marker that opens a call (empty: the call is the answer itself).
+    pub fn open(self) -> &'static str {
+        match self {
+            ToolSyntax::Hermes => CALL_OPEN,
+            ToolSyntax::Llama3Json => "",
+        }
+    }
+
+    /// The marker that closes a call.
+    pub fn close(self) -> &'static str {
+        match self {
+            ToolSyntax::Hermes => CALL_CLOSE,
+            ToolSyntax::Llama3Json => "",
+        }
+    }
+
+    /// The key of the call document that holds the arguments.
+    pub fn args_key(self) -> &'static str {
+        match self {
+            ToolSyntax::Hermes => "arguments",
+            ToolSyntax::Llama3Json => "parameters",
+        }
+    }
+
+    /// Whether one answer may hold several calls.
+    pub fn parallel(self) -> bool {
+        self == ToolSyntax::Hermes
+    }
+
+    /// One call in the history, written as the model writes it. The JSON form writes the
+    /// arguments as its template's `tojson` does (Python's `json.dumps`); arguments that are not
+    /// JSON are written as given.
+    pub fn render_call(self, name: &str, arguments: &str) -> String {
+        match self {
+            ToolSyntax::Hermes => render_call(name, arguments),
+            ToolSyntax::Llama3Json => {
+                let args = serde_json::from_str::<Value>(arguments).map(|v| crate::tokenizer::py_json(&v, None)).unwrap_or_else(|_| arguments.to_string());
+                format!("{{\"name\": {}, \"parameters\": {args}}}", json!(name))
+            }
+        }
+    }
+}
+
+/// How a bundle's tools meet its prompts: the syntax calls are written in, and whether the chat
+/// template declares the tools and takes the results itself (`native`: Llama 3.1–3.3), or the
+/// tools are declared in the system message ([`ToolSpec::system_block`]) and results given back
+/// as `<tool_response>` blocks in a user turn ([`render_result`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ToolFormat {
+    pub syntax: ToolSyntax,
+    pub native: bool,
+}
 
 /// Most tools one request may declare.
 pub const MAX_TOOLS: usize = 128;
@@ -80,8 +172,10 @@ pub enum Choice {
 pub struct ToolSpec {
     pub tools: Vec<Tool>,
     pub choice: Choice,
-    /// Several calls in one answer.
+    /// Several calls in one answer (where the syntax has them).
     pub parallel: bool,
+    /// How calls are written: the bundle's (set by the server; Hermes by default).
+    pub syntax: ToolSyntax,
 }
 
 /// A declared tool set that is not usable.
@@ -135,7 +229,7 @@ impl ToolSpec {
             Choice::Required | Choice::Named(_) if tools.is_empty() => return Err(ToolError::NoTools),
             _ => {}
         }
-        Ok(ToolSpec { tools, choice, parallel })
+        Ok(ToolSpec { tools, choice, parallel, syntax: ToolSyntax::Hermes })
     }
 
     /// Whether the model sees the tools and may call them.
@@ -168,20 +262,24 @@ impl ToolSpec {
                 // Each tool's schema is its own resource: its `#/$defs/…` references resolve
                 // inside it, not against the combined schema.
                 params.entry("$id").or_insert_with(|| json!(format!("urn:applianced:tool:{i}")));
+                let key = self.syntax.args_key();
+                let mut properties = Map::new();
+                properties.insert("name".into(), json!({"const": t.name}));
+                properties.insert(key.into(), Value::Object(params));
                 json!({
                     "type": "object",
-                    "properties": {"name": {"const": t.name}, "arguments": Value::Object(params)},
-                    "required": ["name", "arguments"],
+                    "properties": properties,
+                    "required": ["name", key],
                     "additionalProperties": false,
                 })
             })
             .collect();
         let schema = if branches.len() == 1 { branches.into_iter().next()? } else { json!({ "anyOf": branches }) };
         let frame = Frame {
-            prefix: CALL_OPEN.into(),
-            suffix: CALL_CLOSE.into(),
+            prefix: self.syntax.open().into(),
+            suffix: self.syntax.close().into(),
             separator: CALL_SEP.into(),
-            repeat: self.parallel,
+            repeat: self.parallel && self.syntax.parallel(),
             free_text: self.choice == Choice::Auto,
         };
         Some((schema, frame))
@@ -209,26 +307,47 @@ impl ToolSpec {
             (k, if rest.is_empty() { String::new() } else { format!("/{rest}") })
         };
         let Some(tool) = callable.get(k) else { return e.to_string() };
-        let inner = rest.strip_prefix("/properties/arguments").unwrap_or(&rest);
+        let inner = rest.strip_prefix(&format!("/properties/{}", self.syntax.args_key())).unwrap_or(&rest);
         let inner = if inner.is_empty() { "/" } else { inner };
         let msg = e.to_string().replace(&format!("`{ptr}`"), &format!("`{inner}`"));
         format!("tool {:?}: {msg}", tool.name)
     }
 
-    /// The text appended to the system prompt that declares the tools (Qwen2.5's wording).
+    /// The declared tools as OpenAI's function objects (`{"type": "function", "function":
+    /// {"name", "description", "parameters"}}`): what a chat template's `tools` holds.
+    pub fn declarations(&self) -> Vec<Value> {
+        self.tools
+            .iter()
+            .map(|t| {
+                let mut f = Map::new();
+                f.insert("name".into(), json!(t.name));
+                if let Some(d) = &t.description {
+                    f.insert("description".into(), json!(d));
+                }
+                f.insert("parameters".into(), t.parameters.clone());
+                json!({"type": "function", "function": Value::Object(f)})
+            })
+            .collect()
+    }
+
+    /// The text appended to the system prompt that declares the tools, for a template without
+    /// tool declarations of its own: Qwen2.5's wording (Hermes), or the wording Llama 3.1's
+    /// template puts in the system turn (the JSON form).
     pub fn system_block(&self) -> String {
+        if self.syntax == ToolSyntax::Llama3Json {
+            let mut s = String::from("You have access to the following functions. To call a function, please respond with JSON for a function call.Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use variables.");
+            for d in self.declarations() {
+                s.push_str("\n\n");
+                s.push_str(&crate::tokenizer::py_json(&d, Some(4)));
+            }
+            return s;
+        }
         let mut s = String::from(
             "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>",
         );
-        for t in &self.tools {
-            let mut f = Map::new();
-            f.insert("name".into(), json!(t.name));
-            if let Some(d) = &t.description {
-                f.insert("description".into(), json!(d));
-            }
-            f.insert("parameters".into(), t.parameters.clone());
+        for d in self.declarations() {
             s.push('\n');
-            s.push_str(&json!({"type": "function", "function": Value::Object(f)}).to_string());
+            s.push_str(&d.to_string());
         }
         s.push_str(
             "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
@@ -303,8 +422,11 @@ pub enum Outcome {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// `auto`: text, until the call marker occurs.
+    /// `auto`: text, until the call marker occurs (or, in a syntax without one, until the first
+    /// character after leading whitespace tells a call from text).
     Text,
+    /// `auto`, a syntax without a marker: the answer is text to its end.
+    Plain,
     /// Expecting a call's opening marker.
     Open,
     /// Inside the document, before the arguments.
@@ -322,6 +444,7 @@ enum Phase {
 /// Reads the output as it streams (see the module docs).
 #[derive(Debug, Clone)]
 pub struct StreamParser {
+    syntax: ToolSyntax,
     phase: Phase,
     /// Text received and not yet consumed.
     pending: String,
@@ -335,8 +458,9 @@ pub struct StreamParser {
 
 impl StreamParser {
     /// `calls_only`: the grammar holds from the first token (`required`, `any`, a named tool).
-    pub fn new(calls_only: bool) -> StreamParser {
+    pub fn new(calls_only: bool, syntax: ToolSyntax) -> StreamParser {
         StreamParser {
+            syntax,
             phase: if calls_only { Phase::Open } else { Phase::Text },
             pending: String::new(),
             calls: Vec::new(),
@@ -349,7 +473,7 @@ impl StreamParser {
 
     /// Whether the output has turned out to be calls (after any text).
     pub fn is_calls(&self) -> bool {
-        self.phase != Phase::Text
+        !matches!(self.phase, Phase::Text | Phase::Plain)
     }
 
     /// Feeds generated text; returns what can be told from it now.
@@ -367,7 +491,26 @@ impl StreamParser {
 
     fn step(&mut self, out: &mut Vec<Piece>) {
         let p = &self.pending;
+        let (open, close) = (self.syntax.open(), self.syntax.close());
         match self.phase {
+            Phase::Text if open.is_empty() => {
+                // No marker: a call is the answer itself, so its first character decides.
+                match p.trim_start().chars().next() {
+                    None => {}
+                    Some('{') => {
+                        self.pending.drain(..p.len() - p.trim_start().len());
+                        self.phase = Phase::Open;
+                    }
+                    Some(_) => self.phase = Phase::Plain,
+                }
+            }
+            Phase::Plain => {
+                if !p.is_empty() {
+                    let t = std::mem::take(&mut self.pending);
+                    self.text.push_str(&t);
+                    out.push(Piece::Text(t));
+                }
+            }
             Phase::Text => {
                 // Text is told as it comes, except what may still turn out to precede a call:
                 // a tail that could begin the marker, and the whitespace before it (text before
@@ -392,14 +535,14 @@ impl StreamParser {
                 }
             }
             Phase::Open => {
-                if p.starts_with(CALL_OPEN) {
-                    self.pending.drain(..CALL_OPEN.len());
+                if p.starts_with(open) {
+                    self.pending.drain(..open.len());
                     self.phase = Phase::Head;
-                } else if !CALL_OPEN.starts_with(p.as_str()) {
+                } else if !open.starts_with(p.as_str()) {
                     self.phase = Phase::Broken;
                 }
             }
-            Phase::Head => match head(p) {
+            Phase::Head => match head(p, self.syntax.args_key()) {
                 Head::Wait => {}
                 Head::Bad => self.phase = Phase::Broken,
                 Head::Done { name, len } => {
@@ -454,7 +597,7 @@ impl StreamParser {
                 }
             }
             Phase::Tail => {
-                let close = format!("}}{CALL_CLOSE}");
+                let close = format!("}}{close}");
                 if p.starts_with(&close) {
                     self.pending.drain(..close.len());
                     out.push(Piece::CallEnd { index: self.calls.len() - 1 });
@@ -463,8 +606,14 @@ impl StreamParser {
                     self.phase = Phase::Broken;
                 }
             }
+            Phase::Between if !self.syntax.parallel() => {
+                // One call per answer: nothing may follow it.
+                if !p.is_empty() {
+                    self.phase = Phase::Broken;
+                }
+            }
             Phase::Between => {
-                let again = format!("{CALL_SEP}{CALL_OPEN}");
+                let again = format!("{CALL_SEP}{open}");
                 if p.starts_with(&again) {
                     self.pending.drain(..CALL_SEP.len());
                     self.phase = Phase::Open;
@@ -479,13 +628,13 @@ impl StreamParser {
     /// The end of the output: held-back text is released (as pieces), and the whole outcome.
     pub fn finish(&mut self) -> (Vec<Piece>, Outcome) {
         let mut out = Vec::new();
-        if self.phase == Phase::Text && !self.pending.is_empty() {
+        if matches!(self.phase, Phase::Text | Phase::Plain) && !self.pending.is_empty() {
             let t = std::mem::take(&mut self.pending);
             self.text.push_str(&t);
             out.push(Piece::Text(t));
         }
         let outcome = match self.phase {
-            Phase::Text => Outcome::Text(self.text.clone()),
+            Phase::Text | Phase::Plain => Outcome::Text(self.text.clone()),
             Phase::Between if self.pending.is_empty() && !self.calls.is_empty() => Outcome::Calls { text: self.text.clone(), calls: self.calls.clone() },
             _ => Outcome::Incomplete { text: self.text.clone() },
         };
@@ -499,8 +648,9 @@ enum Head {
     Done { name: String, len: usize },
 }
 
-/// `{"name": "N", "arguments": ` at the start of `p` (spaces after `:` and `,` optional).
-fn head(p: &str) -> Head {
+/// `{"name": "N", "KEY": ` at the start of `p`, `KEY` the syntax's arguments key (spaces after
+/// `:` and `,` optional).
+fn head(p: &str, key: &str) -> Head {
     let b = p.as_bytes();
     let mut i = 0;
     // Matches `lit` at i; Wait when p ends inside it.
@@ -559,7 +709,7 @@ fn head(p: &str) -> Head {
     if !space(&mut i) {
         return Head::Wait;
     }
-    match lit(&mut i, b"\"arguments\":") {
+    match lit(&mut i, format!("\"{key}\":").as_bytes()) {
         None => return Head::Wait,
         Some(false) => return Head::Bad,
         Some(true) => {}
@@ -571,8 +721,8 @@ fn head(p: &str) -> Head {
 }
 
 /// Reads a whole output.
-pub fn parse(text: &str, calls_only: bool) -> Outcome {
-    let mut p = StreamParser::new(calls_only);
+pub fn parse(text: &str, calls_only: bool, syntax: ToolSyntax) -> Outcome {
+    let mut p = StreamParser::new(calls_only, syntax);
     p.feed(text);
     p.finish().1
 }
@@ -599,8 +749,8 @@ pub struct Framed {
 }
 
 impl Framed {
-    pub fn new(calls_only: bool, mandatory: crate::policy::MandatoryText) -> Framed {
-        Framed { parser: StreamParser::new(calls_only), mandatory, started: false, closed: false, tail: None }
+    pub fn new(calls_only: bool, syntax: ToolSyntax, mandatory: crate::policy::MandatoryText) -> Framed {
+        Framed { parser: StreamParser::new(calls_only, syntax), mandatory, started: false, closed: false, tail: None }
     }
 
     /// Feeds generated text (the model's, without mandatory text); returns what can be told now.
@@ -665,8 +815,8 @@ impl Framed {
 }
 
 /// Reads a whole output with a preset's mandatory text around its text part (see [`Framed`]).
-pub fn parse_framed(text: &str, calls_only: bool, mandatory: &crate::policy::MandatoryText) -> Outcome {
-    let mut p = Framed::new(calls_only, mandatory.clone());
+pub fn parse_framed(text: &str, calls_only: bool, syntax: ToolSyntax, mandatory: &crate::policy::MandatoryText) -> Outcome {
+    let mut p = Framed::new(calls_only, syntax, mandatory.clone());
     p.feed(text);
     p.finish().1
 }

@@ -43,15 +43,16 @@ impl Rng {
 
 /// A random output the grammar admits, drawn token by token as the sampler would (only tokens
 /// after which the answer can still end within the budget), ending at an accepting state.
-fn draw(c: &CompiledSchema, eos: u32, rng: &mut Rng, budget: u32) -> Option<String> {
+fn draw(c: &CompiledSchema, syntax: ToolSyntax, eos: u32, rng: &mut Rng, budget: u32) -> Option<String> {
     let mut m = Matcher::new(c);
     let mut buf = vec![0u64; c.mask_words()];
     let vocab = c.vocabulary().clone();
     let mut out = Vec::new();
     // Under `auto` a random first token almost always starts a text answer: half the draws
-    // start with the call marker (which every mode admits first).
-    if rng.below(2) == 0 && m.advance_bytes(CALL_OPEN.as_bytes()) {
-        out.extend_from_slice(CALL_OPEN.as_bytes());
+    // start with the call marker (which every mode admits first; `{` where a call has none).
+    let lead = if syntax.open().is_empty() { "{" } else { syntax.open() };
+    if rng.below(2) == 0 && m.advance_bytes(lead.as_bytes()) {
+        out.extend_from_slice(lead.as_bytes());
     } else {
         m = Matcher::new(c);
     }
@@ -91,9 +92,9 @@ fn in_random_pieces(text: &str, rng: &mut Rng, mut feed: impl FnMut(&str)) {
 
 /// Every piece split of `text` streams to the same outcome, and argument pieces concatenate
 /// byte for byte to the final arguments.
-fn stream_agrees(text: &str, calls_only: bool, rng: &mut Rng) -> Outcome {
-    let whole = parse(text, calls_only);
-    let mut p = StreamParser::new(calls_only);
+fn stream_agrees(text: &str, calls_only: bool, syntax: ToolSyntax, rng: &mut Rng) -> Outcome {
+    let whole = parse(text, calls_only, syntax);
+    let mut p = StreamParser::new(calls_only, syntax);
     let mut args: Vec<String> = Vec::new();
     let mut names: Vec<String> = Vec::new();
     let mut texts = String::new();
@@ -120,6 +121,7 @@ fn stream_agrees(text: &str, calls_only: bool, rng: &mut Rng) -> Outcome {
             assert_eq!(&texts, t, "the text before the calls");
             assert_eq!(t.trim_end(), t);
             assert!(!t.contains(CALL_OPEN));
+            assert!(syntax.parallel() || t.is_empty(), "text before a JSON-form call: {t:?}");
             assert_eq!(calls.iter().map(|c| c.name.clone()).collect::<Vec<_>>(), names);
             assert_eq!(calls.iter().map(|c| c.arguments.clone()).collect::<Vec<_>>(), args);
         }
@@ -132,7 +134,7 @@ fn stream_agrees(text: &str, calls_only: bool, rng: &mut Rng) -> Outcome {
 /// under the tool's own schema compiled alone, without the frame.
 fn check_calls(spec: &ToolSpec, calls: &[Call], vocab: &Arc<Vocabulary>, alone: &mut std::collections::HashMap<String, CompiledSchema>) {
     assert!(!calls.is_empty());
-    if !spec.parallel {
+    if !spec.parallel || !spec.syntax.parallel() {
         assert_eq!(calls.len(), 1);
     }
     for c in calls {
@@ -160,20 +162,28 @@ fn calls_are_valid_by_construction_in_every_mode() {
     let (vocab, eos) = vocab();
     let mut rng = Rng(0x5eed_0026);
     let mut alone = std::collections::HashMap::new();
-    for (choice, parallel) in [
-        (Choice::Required, false),
-        (Choice::Required, true),
-        (Choice::Named("lookup_record".into()), false),
-        (Choice::Auto, true),
-        (Choice::Auto, false),
+    for (choice, parallel, syntax) in [
+        (Choice::Required, false, ToolSyntax::Hermes),
+        (Choice::Required, true, ToolSyntax::Hermes),
+        (Choice::Named("lookup_record".into()), false, ToolSyntax::Hermes),
+        (Choice::Auto, true, ToolSyntax::Hermes),
+        (Choice::Auto, false, ToolSyntax::Hermes),
+        (Choice::Required, true, ToolSyntax::Llama3Json),
+        (Choice::Named("get_weather".into()), false, ToolSyntax::Llama3Json),
+        (Choice::Auto, true, ToolSyntax::Llama3Json),
     ] {
-        let spec = ToolSpec::new(vec![weather(), lookup()], choice.clone(), parallel).unwrap();
+        let mut spec = ToolSpec::new(vec![weather(), lookup()], choice.clone(), parallel).unwrap();
+        spec.syntax = syntax;
         let c = compile(&spec, &vocab).unwrap();
         let calls_only = choice != Choice::Auto;
         let (mut n_calls, mut n_text) = (0, 0);
         for _ in 0..60 {
-            let Some(text) = draw(&c, eos, &mut rng, 160) else { continue };
-            match stream_agrees(&text, calls_only, &mut rng) {
+            let Some(text) = draw(&c, syntax, eos, &mut rng, 160) else { continue };
+            if syntax == ToolSyntax::Llama3Json {
+                // The JSON form's call is the whole answer: no marker, one call, nothing after.
+                assert!(!text.contains(CALL_OPEN), "{text:?}");
+            }
+            match stream_agrees(&text, calls_only, syntax, &mut rng) {
                 Outcome::Calls { text: t, calls } => {
                     assert!(!calls_only || t.is_empty(), "{choice:?}: text {t:?} before a call");
                     n_calls += 1;
@@ -182,12 +192,13 @@ fn calls_are_valid_by_construction_in_every_mode() {
                 Outcome::Text(t) => {
                     assert!(!calls_only, "{choice:?}: a text answer {t:?}");
                     assert!(!t.contains(CALL_OPEN));
+                    assert!(!t.trim_start().starts_with('{'), "{syntax:?}: a text answer that starts as a call: {t:?}");
                     n_text += 1;
                 }
-                Outcome::Incomplete { .. } => panic!("{choice:?}: an accepted output {text:?} reads as incomplete"),
+                Outcome::Incomplete { .. } => panic!("{choice:?} {syntax:?}: an accepted output {text:?} reads as incomplete"),
             }
         }
-        assert!(n_calls > 10, "{choice:?}: {n_calls} calls drawn");
+        assert!(n_calls > 10, "{choice:?} {syntax:?}: {n_calls} calls drawn");
         if choice == Choice::Auto {
             assert!(n_text > 0, "auto: no text answer drawn");
         }
@@ -239,6 +250,58 @@ fn frame_accepts_exactly_its_language() {
 }
 
 #[test]
+fn json_form_frame_accepts_exactly_its_language() {
+    // Llama 3's form: the answer is one call, `{"name": N, "parameters": A}`, or (auto) text
+    // whose first character after whitespace is not `{`.
+    let (vocab, _) = vocab();
+    let mut spec = ToolSpec::new(vec![weather(), lookup()], Choice::Auto, true).unwrap();
+    spec.syntax = ToolSyntax::Llama3Json;
+    let c = compile(&spec, &vocab).unwrap();
+    let accepts = |t: &str| {
+        let mut m = Matcher::new(&c);
+        m.advance_bytes(t.as_bytes()) && m.is_accepting()
+    };
+    let call = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}";
+    assert!(accepts(call));
+    assert!(accepts("{\"name\":\"lookup_record\",\"parameters\":{\"id\":7}}"));
+    assert!(accepts(""));
+    assert!(accepts("It is sunny {in} Oslo."));
+    assert!(accepts("  \n"));
+    assert!(accepts("\n\tSure: é€😀"));
+    assert!(!accepts(&format!("{call}\n{call}")), "one call per answer, whatever parallel says");
+    assert!(!accepts(&format!("{call} trailing")));
+    // A call only as the whole answer: after text, the same characters are text.
+    assert!(accepts(&format!("Let me look. {call}")));
+    assert_eq!(parse(&format!("Let me look. {call}"), false, ToolSyntax::Llama3Json), Outcome::Text(format!("Let me look. {call}")));
+    assert!(!accepts("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"), "the JSON form's key is `parameters`");
+    assert!(!accepts("{\"name\": \"get_weather\", \"parameters\": {}}"), "required city");
+    assert!(!accepts("{\"name\": \"rm_rf\", \"parameters\": {}}"));
+    assert!(!accepts("{not a call}"));
+    assert!(!accepts(" {\"x\": 1}"));
+    // Read back: the call, or the text.
+    let want = Outcome::Calls { text: String::new(), calls: vec![Call { name: "get_weather".into(), arguments: "{\"city\": \"Oslo\"}".into() }] };
+    assert_eq!(parse(call, false, ToolSyntax::Llama3Json), want);
+    assert_eq!(parse(&format!("\n {call}"), false, ToolSyntax::Llama3Json), want);
+    assert_eq!(parse(call, true, ToolSyntax::Llama3Json), want);
+    assert_eq!(parse("It is {sunny}.", false, ToolSyntax::Llama3Json), Outcome::Text("It is {sunny}.".into()));
+    assert_eq!(parse(&call[..call.len() - 3], false, ToolSyntax::Llama3Json), Outcome::Incomplete { text: String::new() });
+    assert_eq!(parse(&format!("{call}{call}"), true, ToolSyntax::Llama3Json), Outcome::Incomplete { text: String::new() });
+    // Streamed in pieces, the same outcome and the arguments byte for byte.
+    let mut rng = Rng(7);
+    for _ in 0..20 {
+        assert_eq!(stream_agrees(call, false, ToolSyntax::Llama3Json, &mut rng), want);
+        stream_agrees("  Plain {text} here.", false, ToolSyntax::Llama3Json, &mut rng);
+    }
+    // The history: the call as the template's `tojson` writes its arguments.
+    assert_eq!(ToolSyntax::Llama3Json.render_call("get_weather", "{\"city\":\"Oslo\",\"n\":[1,2]}"), "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\", \"n\": [1, 2]}}");
+    assert_eq!(ToolSyntax::Llama3Json.render_call("f", "not json"), "{\"name\": \"f\", \"parameters\": not json}");
+    assert_eq!(ToolSyntax::Hermes.render_call("f", "{}"), render_call("f", "{}"));
+    for n in ToolSyntax::NAMES {
+        assert_eq!(ToolSyntax::from_name(n).map(ToolSyntax::name), Some(n));
+    }
+}
+
+#[test]
 fn refusals_name_the_tool_and_the_pointer_inside_it() {
     let (vocab, _) = vocab();
     let bad = tool("needs_unique", json!({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": true}}}));
@@ -268,43 +331,43 @@ fn tool_sets_are_checked() {
 #[test]
 fn the_parser_reads_text_calls_and_cut_calls() {
     let call = |n: &str, a: &str| render_call(n, a);
-    assert_eq!(parse("Hello", false), Outcome::Text("Hello".into()));
-    assert_eq!(parse("<tool", false), Outcome::Text("<tool".into()));
-    assert_eq!(parse("", false), Outcome::Text(String::new()));
+    assert_eq!(parse("Hello", false, ToolSyntax::Hermes), Outcome::Text("Hello".into()));
+    assert_eq!(parse("<tool", false, ToolSyntax::Hermes), Outcome::Text("<tool".into()));
+    assert_eq!(parse("", false, ToolSyntax::Hermes), Outcome::Text(String::new()));
     let two = format!("{}\n{}", call("a", "{\"x\": [1, {\"y\": \"}\\\"\"}]}"), call("b", "{}"));
     assert_eq!(
-        parse(&two, true),
+        parse(&two, true, ToolSyntax::Hermes),
         Outcome::Calls {
             text: String::new(),
             calls: vec![Call { name: "a".into(), arguments: "{\"x\": [1, {\"y\": \"}\\\"\"}]}".into() }, Call { name: "b".into(), arguments: "{}".into() }]
         }
     );
-    assert_eq!(parse(&two[..two.len() - 3], true), Outcome::Incomplete { text: String::new() });
-    assert_eq!(parse("<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\"", true), Outcome::Incomplete { text: String::new() });
+    assert_eq!(parse(&two[..two.len() - 3], true, ToolSyntax::Hermes), Outcome::Incomplete { text: String::new() });
+    assert_eq!(parse("<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\"", true, ToolSyntax::Hermes), Outcome::Incomplete { text: String::new() });
     // Cut inside a call after some text: the text is kept (it was said, and streamed).
-    assert_eq!(parse("Let me look.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\"", false), Outcome::Incomplete { text: "Let me look.".into() });
+    assert_eq!(parse("Let me look.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\"", false, ToolSyntax::Hermes), Outcome::Incomplete { text: "Let me look.".into() });
     let mut rng = Rng(7);
     for _ in 0..50 {
-        stream_agrees(&two, true, &mut rng);
-        stream_agrees(&two, false, &mut rng);
+        stream_agrees(&two, true, ToolSyntax::Hermes, &mut rng);
+        stream_agrees(&two, false, ToolSyntax::Hermes, &mut rng);
     }
     // Text, then a call: the text without its trailing whitespace, the call whole.
     let said = format!("Let me look <that> up. \n{}", call("b", "{\"q\": 1}"));
     let want = Outcome::Calls { text: "Let me look <that> up.".into(), calls: vec![Call { name: "b".into(), arguments: "{\"q\": 1}".into() }] };
-    assert_eq!(parse(&said, false), want);
+    assert_eq!(parse(&said, false, ToolSyntax::Hermes), want);
     for _ in 0..50 {
-        assert_eq!(stream_agrees(&said, false, &mut rng), want);
+        assert_eq!(stream_agrees(&said, false, ToolSyntax::Hermes, &mut rng), want);
     }
     // Only a lone marker starts a call: text that merely ends like its beginning stays text,
     // whitespace and all.
     for t in ["Use <tool_call> \n", "a\n<tool_cal", "x <tool_call>y", "  "] {
-        assert_eq!(parse(t, false), Outcome::Text(t.into()));
+        assert_eq!(parse(t, false, ToolSyntax::Hermes), Outcome::Text(t.into()));
         for _ in 0..20 {
-            stream_agrees(t, false, &mut rng);
+            stream_agrees(t, false, ToolSyntax::Hermes, &mut rng);
         }
     }
     // The text streams as it comes, holding back only what could precede a call.
-    let mut p = StreamParser::new(false);
+    let mut p = StreamParser::new(false, ToolSyntax::Hermes);
     assert_eq!(p.feed("Sure, "), vec![Piece::Text("Sure,".into())]);
     assert_eq!(p.feed("one moment.\n<tool"), vec![Piece::Text(" one moment.".into())]);
     assert!(!p.is_calls());
@@ -370,8 +433,8 @@ fn a_thousand_calls_on_corpus_tool_sets() {
             }
         };
         for _ in 0..12 {
-            let Some(text) = draw(&c, eos, &mut rng, 400) else { continue };
-            match stream_agrees(&text, choice != Choice::Auto, &mut rng) {
+            let Some(text) = draw(&c, ToolSyntax::Hermes, eos, &mut rng, 400) else { continue };
+            match stream_agrees(&text, choice != Choice::Auto, ToolSyntax::Hermes, &mut rng) {
                 Outcome::Calls { calls, .. } => {
                     check_calls(&spec, &calls, &vocab, &mut alone);
                     calls_checked += calls.len();
@@ -390,8 +453,8 @@ fn a_thousand_calls_on_corpus_tool_sets() {
 /// reading, the calls are those of the unframed reading, and the text part is the unframed
 /// text with the mandatory text around it, all of it told before the first call starts.
 fn framed_agrees(text: &str, calls_only: bool, m: &crate::policy::MandatoryText, rng: &mut Rng) -> Outcome {
-    let whole = parse_framed(text, calls_only, m);
-    let mut p = Framed::new(calls_only, m.clone());
+    let whole = parse_framed(text, calls_only, ToolSyntax::Hermes, m);
+    let mut p = Framed::new(calls_only, ToolSyntax::Hermes, m.clone());
     let mut pieces = Vec::new();
     in_random_pieces(text, rng, |t| pieces.extend(p.feed(t)));
     let (tail, outcome) = p.finish();
@@ -412,7 +475,7 @@ fn framed_agrees(text: &str, calls_only: bool, m: &crate::policy::MandatoryText,
         }
     }
     assert!(!text_after_call, "text told after a call started: {text:?}");
-    match (&outcome, parse(text, calls_only)) {
+    match (&outcome, parse(text, calls_only, ToolSyntax::Hermes)) {
         (Outcome::Text(t), Outcome::Text(plain)) => {
             assert_eq!(t, &m.apply(&plain));
             assert_eq!(&texts, t);
@@ -440,15 +503,15 @@ fn mandatory_text_frames_the_text_part() {
     let call = render_call("b", "{\"q\": \"x\"}");
     let b = Call { name: "b".into(), arguments: "{\"q\": \"x\"}".into() };
     // Calls only: the answer says the prefix and the suffix, then calls.
-    assert_eq!(parse_framed(&call, true, &m), Outcome::Calls { text: "Note: Not advice.".into(), calls: vec![b.clone()] });
+    assert_eq!(parse_framed(&call, true, ToolSyntax::Hermes, &m), Outcome::Calls { text: "Note: Not advice.".into(), calls: vec![b.clone()] });
     // Text, then a call: the suffix closes the text, before the call.
     let said = format!("Let me look. \n{call}");
-    assert_eq!(parse_framed(&said, false, &m), Outcome::Calls { text: "Note: Let me look.\n\nNot advice.".into(), calls: vec![b.clone()] });
+    assert_eq!(parse_framed(&said, false, ToolSyntax::Hermes, &m), Outcome::Calls { text: "Note: Let me look.\n\nNot advice.".into(), calls: vec![b.clone()] });
     // A plain answer, and one cut inside a call: framed as a plain answer is.
-    assert_eq!(parse_framed("Hi", false, &m), Outcome::Text("Note: Hi\n\nNot advice.".into()));
-    assert_eq!(parse_framed(&said[..said.len() - 4], false, &m), Outcome::Incomplete { text: "Note: Let me look.\n\nNot advice.".into() });
+    assert_eq!(parse_framed("Hi", false, ToolSyntax::Hermes, &m), Outcome::Text("Note: Hi\n\nNot advice.".into()));
+    assert_eq!(parse_framed(&said[..said.len() - 4], false, ToolSyntax::Hermes, &m), Outcome::Incomplete { text: "Note: Let me look.\n\nNot advice.".into() });
     // Piece by piece: the suffix is told as the call starts, not after it.
-    let mut p = Framed::new(false, m.clone());
+    let mut p = Framed::new(false, ToolSyntax::Hermes, m.clone());
     assert_eq!(p.feed("Sure."), vec![Piece::Text("Note: ".into()), Piece::Text("Sure.".into())]);
     assert_eq!(
         p.feed("\n<tool_call>\n{\"name\": \"b\", \"arguments\": "),
