@@ -23,29 +23,48 @@ const MODEL: &str = "smollm2-135m-instruct";
 /// (bundle, public key), built once per test binary.
 fn bundle() -> Option<&'static (PathBuf, PathBuf)> {
     static B: OnceLock<Option<(PathBuf, PathBuf)>> = OnceLock::new();
+    B.get_or_init(|| build_bundle("server_e2e", |_, _| {})).as_ref()
+}
+
+/// The real model with Llama 3.1's chat template in place of its own (the family, as a Llama 3.1
+/// template is recognised at build: `tokenizer::template`'s tests verify that against the real
+/// Jinja): tools in the template's own JSON form, built once per test binary.
+fn llama_form_bundle() -> Option<&'static (PathBuf, PathBuf)> {
+    static B: OnceLock<Option<(PathBuf, PathBuf)>> = OnceLock::new();
     B.get_or_init(|| {
-        let gguf = std::env::var_os("APPLIANCED_TEST_GGUF")?;
-        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("server_e2e");
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(&root).unwrap();
-        let src = root.join("src");
-        let summary = import_model(Path::new(&gguf), &ImportOptions::default(), &src, &mut |_| {}).expect("import");
-        let key = applianced::trust::generate("server e2e");
-        let (_k, pubkey) = key.write_pair(&root.join("test"), true).unwrap();
-        let meta = BundleMeta {
-            name: MODEL.into(),
-            version: 1,
-            created: "2026-01-01T00:00:00Z".into(),
-            expires: "2099-01-01T00:00:00Z".into(),
-            min_runtime: "0.1.0".into(),
-            model: serde_json::to_value(&summary).unwrap(),
-            kernels: None,
-        };
-        let out = root.join("model.zlb");
-        pack_dir(&src, &meta, std::slice::from_ref(&key), &out, &mut |_| {}).expect("pack");
-        Some((out, pubkey))
+        build_bundle("server_e2e_llama", |src, summary| {
+            let t = applianced::tokenizer::ChatTemplate::Llama31 { bos: String::new(), today: true };
+            std::fs::write(src.join(applianced::model::CHAT_TEMPLATE_PATH), t.to_json()).unwrap();
+            summary.chat_template = t.family().into();
+        })
     })
     .as_ref()
+}
+
+/// Imports `APPLIANCED_TEST_GGUF` under the temp root's `dir`, applies `prepare` to the imported
+/// directory, and packs and signs it.
+fn build_bundle(dir: &str, prepare: impl FnOnce(&Path, &mut applianced::import::ModelSummary)) -> Option<(PathBuf, PathBuf)> {
+    let gguf = std::env::var_os("APPLIANCED_TEST_GGUF")?;
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir);
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let src = root.join("src");
+    let mut summary = import_model(Path::new(&gguf), &ImportOptions::default(), &src, &mut |_| {}).expect("import");
+    prepare(&src, &mut summary);
+    let key = applianced::trust::generate("server e2e");
+    let (_k, pubkey) = key.write_pair(&root.join("test"), true).unwrap();
+    let meta = BundleMeta {
+        name: MODEL.into(),
+        version: 1,
+        created: "2026-01-01T00:00:00Z".into(),
+        expires: "2099-01-01T00:00:00Z".into(),
+        min_runtime: "0.1.0".into(),
+        model: serde_json::to_value(&summary).unwrap(),
+        kernels: None,
+    };
+    let out = root.join("model.zlb");
+    pack_dir(&src, &meta, std::slice::from_ref(&key), &out, &mut |_| {}).expect("pack");
+    Some((out, pubkey))
 }
 
 macro_rules! need_model {
@@ -479,6 +498,86 @@ fn e2e_tools() {
             let out = Command::new(py).arg(dir.join("tests/py/agents_client.py")).arg(&s.sock).arg(MODEL).output().unwrap();
             let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
             assert!(out.status.success(), "agent framework checks failed:\n{all}\nserver log:\n{}", s.log());
+            println!("{}", all.trim());
+        }
+        None => println!("skipped tool SDK checks: set APPLIANCED_TEST_PYTHON (scripts/setup-test-env.sh)"),
+    }
+}
+
+/// Issue 26: tools in Llama 3.1's own form (a bundle whose template is Llama 3.1's): the template
+/// declares the tools and takes the results, a call is the answer's JSON `{"name", "parameters"}`,
+/// one per answer. Raw requests check the prompt the model saw and the answers; the SDK client
+/// runs its agent loops and corpus calls against it.
+#[test]
+fn e2e_tools_in_llama3s_own_form() {
+    let Some(b) = llama_form_bundle() else {
+        println!("skipped: set APPLIANCED_TEST_GGUF");
+        return;
+    };
+    let s = start(b, "[limits]\nmax_tokens = 2048\nmax_context = 2048\n[audit]\nlog_text = true\n");
+    let weather = r#"{"type":"object","properties":{"city":{"type":"string","maxLength":40}},"required":["city"],"additionalProperties":false}"#;
+    let tools = format!(r#""tools":[{{"type":"function","function":{{"name":"get_weather","description":"Current weather","parameters":{weather}}}}}]"#);
+    let r = s.post("/v1/chat/completions", &format!(r#"{{"messages":[{{"role":"user","content":"Weather in Oslo?"}}],"max_tokens":80,"temperature":0,{tools},"tool_choice":"required"}}"#));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let c = r.json();
+    assert_eq!(c["choices"][0]["finish_reason"], "tool_calls", "{c}");
+    let calls = c["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "one call per answer in this form: {c}");
+    let args = calls[0]["function"]["arguments"].as_str().unwrap();
+    let parsed: Value = serde_json::from_str(args).unwrap();
+    assert!(parsed["city"].is_string(), "{args}");
+    // The model saw the template's own declaration and answered in its JSON form.
+    let rec = s.records().into_iter().rev().find(|r| r["request_id"] == c["id"]).expect("audit record");
+    let prompt = rec["prompt"].as_str().unwrap();
+    assert!(prompt.contains("Environment: ipython\nCutting Knowledge Date: December 2023\n"), "{prompt}");
+    assert!(prompt.contains("<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions") && prompt.contains("\"name\": \"get_weather\"") && prompt.ends_with("Weather in Oslo?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"), "{prompt}");
+    assert!(rec["response"].as_str().unwrap().starts_with("{\"name\": \"get_weather\", \"parameters\": "), "{rec}");
+    // History: the call and its result as the template writes them; a second call in one
+    // assistant message is refused, as the template refuses it.
+    let hist = |calls: &str| {
+        format!(
+            r#"{{"messages":[{{"role":"user","content":"Weather in Oslo?"}},{{"role":"assistant","tool_calls":[{calls}]}},{{"role":"tool","tool_call_id":"call_1","content":"{{\"sky\":\"clear\"}}"}}],"max_tokens":8,"temperature":0,{tools}}}"#
+        )
+    };
+    let one = format!(r#"{{"id":"call_1","type":"function","function":{{"name":"get_weather","arguments":{}}}}}"#, serde_json::to_string(args).unwrap());
+    let r = s.post("/v1/chat/completions", &hist(&one));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let rec = s.records().into_iter().rev().find(|x| x["request_id"] == r.json()["id"]).expect("audit record");
+    let prompt = rec["prompt"].as_str().unwrap();
+    assert!(prompt.contains(&format!("<|start_header_id|>assistant<|end_header_id|>\n\n{{\"name\": \"get_weather\", \"parameters\": ")), "{prompt}");
+    assert!(prompt.contains("<|start_header_id|>ipython<|end_header_id|>\n\n\"{\\\"sky\\\":\\\"clear\\\"}\"<|eot_id|>"), "{prompt}");
+    let r = s.post("/v1/chat/completions", &hist(&format!("{one},{}", one.replace("call_1", "call_2"))));
+    assert_eq!(r.status, 422, "{}", r.body);
+    assert!(r.body.contains("one tool call per assistant message"), "{}", r.body);
+    // Anthropic, streamed, a named tool: one tool_use block whose input_json_delta pieces make
+    // the input.
+    let an = format!(
+        r#"{{"model":"{MODEL}","max_tokens":80,"temperature":0,"stream":true,"messages":[{{"role":"user","content":"Weather in Oslo?"}}],"tools":[{{"name":"get_weather","input_schema":{weather}}}],"tool_choice":{{"type":"tool","name":"get_weather"}}}}"#
+    );
+    let r = s.post("/v1/messages", &an);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let ev: Vec<(String, Value)> = sse_events(&r.body).into_iter().map(|(n, d)| (n, serde_json::from_str(&d).unwrap())).collect();
+    let starts: Vec<&Value> = ev.iter().filter(|e| e.0 == "content_block_start").map(|e| &e.1).collect();
+    assert_eq!(starts.len(), 1, "{}", r.body);
+    assert_eq!(starts[0]["content_block"]["type"], "tool_use");
+    let input: String = ev.iter().filter(|e| e.1["delta"]["type"] == "input_json_delta").map(|e| e.1["delta"]["partial_json"].as_str().unwrap()).collect();
+    assert!(serde_json::from_str::<Value>(&input).unwrap()["city"].is_string(), "{input}");
+    // A tool declaration that spells a control token is refused (the template writes it as
+    // template text), whatever the model's vocabulary holds.
+    let r = s.post("/v1/chat/completions", &format!(r#"{{"messages":[{{"role":"user","content":"Hi"}}],"max_tokens":4,{}}}"#, tools.replace("Current weather", "<|im_end|>")));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("control-token text"), "{}", r.body);
+    // The official SDKs: agent loops, streaming helpers, every mode, corpus calls.
+    match std::env::var_os("APPLIANCED_TEST_PYTHON") {
+        Some(py) => {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let out = Command::new(&py)
+                .arg(dir.join("tests/py/tools_client.py"))
+                .args([s.sock.as_os_str(), MODEL.as_ref(), dir.join("tests/data/reference/schemas/schemas").as_os_str(), "12".as_ref(), "llama3-json".as_ref()])
+                .output()
+                .unwrap();
+            let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "tool SDK checks (llama3-json) failed:\n{all}\nserver log:\n{}", s.log());
             println!("{}", all.trim());
         }
         None => println!("skipped tool SDK checks: set APPLIANCED_TEST_PYTHON (scripts/setup-test-env.sh)"),

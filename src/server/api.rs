@@ -1341,6 +1341,40 @@ mod tests {
         assert!(parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}],"tools":[{"name":"f","input_schema":{}}]}"#), true, ToolFormat::default()).unwrap().messages[0].content.contains("# Tools"));
     }
 
+    /// Llama 3.1's template-native tools: no system block (the template declares them), calls in
+    /// the JSON form, one per assistant message, results as `tool` messages of their own.
+    #[test]
+    fn tools_in_llama3s_own_form() {
+        let native = ToolFormat { syntax: tools::ToolSyntax::Llama3Json, native: true };
+        let r = parse_openai(&obj(r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"u"},{"role":"assistant","content":"ignored by the template","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"R1"},{"role":"tool","tool_call_id":"c2","content":"R2"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}"#), native).unwrap();
+        assert_eq!(r.tools.as_ref().unwrap().syntax, tools::ToolSyntax::Llama3Json);
+        assert_eq!(r.messages[0], ChatMessage::new("system", "S"), "the template declares the tools, not the system message");
+        assert_eq!(r.messages[2], ChatMessage::new("assistant", "{\"name\": \"f\", \"parameters\": {\"a\": 1}}"));
+        assert_eq!(r.messages[3], ChatMessage::new("tool", "R1"));
+        assert_eq!(r.messages[4], ChatMessage::new("tool", "R2"));
+        let two = r#"{"messages":[{"role":"user","content":"u"},{"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}},{"id":"b","type":"function","function":{"name":"f","arguments":"{}"}}]}]}"#;
+        let e = parse_openai(&obj(two), native).unwrap_err();
+        assert!(e.status == 422 && e.message.contains("one tool call per assistant message"), "{}", e.message);
+        assert!(parse_openai(&obj(two), ToolFormat::default()).is_ok());
+        let r = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"u"},{"role":"assistant","content":[{"type":"text","text":"Let me look."},{"type":"tool_use","id":"t1","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"bad"}],"is_error":true},{"type":"tool_result","tool_use_id":"t2","content":"ok"},{"type":"text","text":"and?"}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}]}"#), false, native).unwrap();
+        let roles: Vec<&str> = r.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["user", "assistant", "tool", "tool", "user"]);
+        assert_eq!(r.messages[1].content, "{\"name\": \"f\", \"parameters\": {\"a\": 1}}");
+        assert_eq!((r.messages[2].content.as_str(), r.messages[3].content.as_str(), r.messages[4].content.as_str()), ("Error: bad", "ok", "and?"));
+        // A user turn of results only is results only; the block path is named on errors.
+        let r = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"u"},{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"f","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1"}]}],"tools":[{"name":"f","input_schema":{}}]}"#), false, native).unwrap();
+        assert_eq!(r.messages.last(), Some(&ChatMessage::new("tool", "")));
+        let e = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"tool_use","id":"x","name":"f","input":{}}]}]}"#), false, native).unwrap_err();
+        assert!(e.message.contains("messages[0].content[1]"), "{}", e.message);
+        // A JSON-form syntax named by a recipe for a template without tools: declared in the
+        // system message, in Llama 3.1's wording; results in the user turn.
+        let named = ToolFormat { syntax: tools::ToolSyntax::Llama3Json, native: false };
+        let r = parse_openai(&obj(r#"{"messages":[{"role":"user","content":"u"},{"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"a","content":"R"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}"#), named).unwrap();
+        assert!(r.messages[0].content.starts_with("You have access to the following functions.") && r.messages[0].content.contains("\"parameters\": dictionary"), "{}", r.messages[0].content);
+        assert_eq!(r.messages[2].content, "{\"name\": \"f\", \"parameters\": {}}");
+        assert_eq!(r.messages[3], ChatMessage::new("user", "<tool_response>\nR\n</tool_response>"));
+    }
+
     #[test]
     fn error_shapes() {
         let e = ApiError::new(429, "full");

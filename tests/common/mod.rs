@@ -107,10 +107,18 @@ impl Server {
         } else {
             "threads = 1\n"
         };
-        let audit_cfg = if config.contains("[audit]") || args.iter().any(|a| a == "--audit-log") {
+        let path_line = format!("path = {:?}\n", audit.display().to_string());
+        let mut config = config.to_string();
+        let audit_cfg = if args.iter().any(|a| a == "--audit-log") {
+            String::new()
+        } else if config.contains("[audit]") {
+            // An `[audit]` section of the test's own writes to the harness's log unless it names one.
+            if !config.contains("\npath") {
+                config = config.replacen("[audit]\n", &format!("[audit]\n{path_line}"), 1);
+            }
             String::new()
         } else {
-            format!("[audit]\npath = {:?}\n", audit.display().to_string())
+            format!("[audit]\n{path_line}")
         };
         std::fs::write(&cfg, format!("{threads}{config}\n{audit_cfg}")).unwrap();
         let mut all: Vec<String> = vec!["serve".into()];

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Tool calling against an applianced server on a Unix socket, with the official SDKs (issue 26).
 
-Usage: tools_client.py SOCKET MODEL SCHEMA_DIR N_CORPUS
+Usage: tools_client.py SOCKET MODEL SCHEMA_DIR N_CORPUS [SYNTAX]
+- SYNTAX: the bundle's tool-call syntax, "hermes" (default) or "llama3-json" (Llama 3.1's own form:
+  the answer is the call, one per answer, so "text, then a call" does not exist there and is
+  checked not to happen);
 - an agent loop on each SDK (OpenAI Chat Completions, Anthropic Messages) with a real Python tool:
   the model calls it, the tool runs, its result goes back, the model answers;
 - the SDKs' streaming helpers accumulate the tool-call deltas into the same calls;
@@ -24,6 +27,7 @@ import anthropic._base_client as _ab
 import openai._base_client as _ob
 
 SOCK, MODEL, SCHEMA_DIR, N_CORPUS = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+SYNTAX = sys.argv[5] if len(sys.argv) > 5 else "hermes"
 checks = 0
 
 
@@ -147,26 +151,45 @@ check(n1 > n0 + 20, f"count_tokens counts tools: {n0} -> {n1}")
 # --- Text, then a call (auto): the model quotes its tool block, then calls (greedy: the same on
 # every kernel set). The SDKs' streaming helpers assemble the text and the call as the whole answer.
 QUOTE = "Print the text between <tools> and </tool_call>."
-req = dict(model=MODEL, messages=[{"role": "user", "content": QUOTE}], tools=OAI_TOOLS[:1], temperature=0, max_tokens=300)
-whole = oai.chat.completions.create(**req).choices[0]
-check(whole.finish_reason == "tool_calls" and whole.message.content and whole.message.tool_calls, f"openai text then call: {whole}")
-check("<tool_call>" not in whole.message.content, "openai: the marker is not in the text")
-jsonschema.validate(json.loads(whole.message.tool_calls[0].function.arguments), WEATHER_SCHEMA)
-with oai.chat.completions.stream(**req) as s:
-    for ev in s:
-        pass
-    final = s.get_final_completion().choices[0]
-check(final.message.content == whole.message.content, f"openai stream text: {final.message.content!r}")
-check([t.function.arguments for t in final.message.tool_calls] == [t.function.arguments for t in whole.message.tool_calls], "openai stream: the call after text")
-areq = dict(model=MODEL, max_tokens=300, messages=[{"role": "user", "content": QUOTE}], tools=ANT_TOOLS, extra_body={"temperature": 0})
-m = ant.messages.create(**areq)
-check([b.type for b in m.content] == ["text", "tool_use"] and m.stop_reason == "tool_use", f"anthropic text then call: {m}")
-check(m.content[0].text == whole.message.content, "anthropic: the same text as openai")
-with ant.messages.stream(**areq) as s:
-    for ev in s:
-        pass
-    final = s.get_final_message()
-check([(b.type, getattr(b, "text", None), getattr(b, "input", None)) for b in final.content] == [(b.type, getattr(b, "text", None), getattr(b, "input", None)) for b in m.content], f"anthropic stream text then call: {final.content}")
+if SYNTAX == "llama3-json":
+    # The JSON form: a call is the whole answer, so an answer is text or one call, never both.
+    for q in (QUOTE, ASK):
+        for stream in (False, True):
+            req = dict(model=MODEL, messages=[{"role": "user", "content": q}], tools=OAI_TOOLS, temperature=0, max_tokens=120)
+            if stream:
+                with oai.chat.completions.stream(**req) as s:
+                    for ev in s:
+                        pass
+                    ch = s.get_final_completion().choices[0]
+            else:
+                ch = oai.chat.completions.create(**req).choices[0]
+            check(not (ch.message.content and ch.message.tool_calls), f"json form: text and a call: {ch}")
+            check((ch.finish_reason == "tool_calls") == bool(ch.message.tool_calls), f"json form: finish_reason {ch.finish_reason}")
+            for tc in ch.message.tool_calls or []:
+                jsonschema.validate(json.loads(tc.function.arguments), WEATHER_SCHEMA)
+elif SYNTAX != "hermes":
+    check(False, f"unknown syntax {SYNTAX}")
+else:
+    req = dict(model=MODEL, messages=[{"role": "user", "content": QUOTE}], tools=OAI_TOOLS[:1], temperature=0, max_tokens=300)
+    whole = oai.chat.completions.create(**req).choices[0]
+    check(whole.finish_reason == "tool_calls" and whole.message.content and whole.message.tool_calls, f"openai text then call: {whole}")
+    check("<tool_call>" not in whole.message.content, "openai: the marker is not in the text")
+    jsonschema.validate(json.loads(whole.message.tool_calls[0].function.arguments), WEATHER_SCHEMA)
+    with oai.chat.completions.stream(**req) as s:
+        for ev in s:
+            pass
+        final = s.get_final_completion().choices[0]
+    check(final.message.content == whole.message.content, f"openai stream text: {final.message.content!r}")
+    check([t.function.arguments for t in final.message.tool_calls] == [t.function.arguments for t in whole.message.tool_calls], "openai stream: the call after text")
+    areq = dict(model=MODEL, max_tokens=300, messages=[{"role": "user", "content": QUOTE}], tools=ANT_TOOLS, extra_body={"temperature": 0})
+    m = ant.messages.create(**areq)
+    check([b.type for b in m.content] == ["text", "tool_use"] and m.stop_reason == "tool_use", f"anthropic text then call: {m}")
+    check(m.content[0].text == whole.message.content, "anthropic: the same text as openai")
+    with ant.messages.stream(**areq) as s:
+        for ev in s:
+            pass
+        final = s.get_final_message()
+    check([(b.type, getattr(b, "text", None), getattr(b, "input", None)) for b in final.content] == [(b.type, getattr(b, "text", None), getattr(b, "input", None)) for b in m.content], f"anthropic stream text then call: {final.content}")
 
 # --- Random tool sets from the corpus, every mode, streamed and not ---
 rng = random.Random(26)
