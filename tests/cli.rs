@@ -158,6 +158,32 @@ fn verify_failures_have_distinct_exit_codes_and_one_line() {
     assert_eq!(j["exit_code"], 9);
 }
 
+/// `[tools] syntax` names the tool-call syntax of a template without one of its own: stored as
+/// `tools.json`, read by the runtime; a name it does not know is a recipe error.
+#[test]
+fn tools_recipe_key_names_the_call_syntax() {
+    let e = setup(1);
+    let recipe = std::fs::read_to_string(e.p("tiny-1.toml")).unwrap();
+    std::fs::write(e.p("tools.toml"), format!("{recipe}\n[tools]\nsyntax = \"llama3-json\"\n")).unwrap();
+    let o = run(&["build", &e.p("tools.toml"), "--key", &e.p("keys/dev.key"), "--out", &e.p("t.zlb"), "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&["bundle", "install", &e.p("t.zlb"), "--trust", &e.p("keys/dev.pub"), "--store", &e.p("store"), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let entry = PathBuf::from(j["entry"].as_str().unwrap());
+    assert_eq!(std::fs::read_to_string(entry.join("tools.json")).unwrap(), r#"{"syntax":"llama3-json"}"#);
+    let template = applianced::tokenizer::ChatTemplate::load(&entry.join("tokenizer/chat_template.json")).unwrap();
+    let f = applianced::tools::ToolFormat::for_bundle(&template, &entry).unwrap();
+    assert_eq!((f.syntax, f.native), (applianced::tools::ToolSyntax::Llama3Json, false));
+    // Without the key: Hermes.
+    assert_eq!(applianced::tools::ToolFormat::for_bundle(&template, &e.root).unwrap(), applianced::tools::ToolFormat::default());
+    std::fs::write(e.p("bad.toml"), format!("{recipe}\n[tools]\nsyntax = \"xml\"\n")).unwrap();
+    let o = run(&["build", &e.p("bad.toml"), "--key", &e.p("keys/dev.key"), "--out", &e.p("x.zlb")]);
+    assert_eq!(o.status.code(), Some(11));
+    assert!(stderr(&o).contains(r#"syntax = "xml" is not one of "hermes", "llama3-json""#), "{}", stderr(&o));
+    assert!(!Path::new(&e.p("x.zlb")).exists(), "no partial output");
+}
+
 #[test]
 fn build_errors_are_clear() {
     let e = setup(1);

@@ -67,6 +67,7 @@ pub fn build(r: &ResolvedRecipe, keys: &[SecretKey], out: &Path, progress: &mut 
     compile_schemas(r, staging.path(), progress)?;
     compile_policy(r, staging.path(), progress)?;
     write_probe(r, staging.path())?;
+    write_tools(r, staging.path())?;
     make_control_vectors(r, staging.path(), progress)?;
     let kernels = build_kernels(r, staging.path(), progress)?;
     let meta = BundleMeta {
@@ -128,6 +129,26 @@ fn write_probe(r: &ResolvedRecipe, staging: &Path) -> Result<(), BundleError> {
     let v = serde_json::to_value(p).map_err(|e| err(e.to_string()))?;
     let bytes = super::canonical::to_canonical(&v).map_err(err)?;
     let path = staging.join(crate::runtime::probe::PROBE_PATH);
+    std::fs::write(&path, bytes).map_err(BundleError::io(&path))
+}
+
+/// The recipe's `[tools]` as the member `tools.json` (canonical JSON): a syntax this runtime knows,
+/// for a chat template without a tool syntax of its own (or naming that one).
+fn write_tools(r: &ResolvedRecipe, staging: &Path) -> Result<(), BundleError> {
+    let Some(t) = &r.recipe.tools else { return Ok(()) };
+    let err = |msg: String| BundleError::Recipe { path: PathBuf::from("[tools]"), msg };
+    let Some(syntax) = crate::tools::ToolSyntax::from_name(&t.syntax) else {
+        return Err(err(format!("syntax = {:?} is not one of {}", t.syntax, crate::tools::ToolSyntax::NAMES.map(|n| format!("{n:?}")).join(", "))));
+    };
+    let template = crate::tokenizer::ChatTemplate::load(&staging.join(crate::model::CHAT_TEMPLATE_PATH)).map_err(|e| err(e.to_string()))?;
+    if !template.is_chat() {
+        return Err(err("the model has no chat template (a base model): it answers completions only and takes no tools; remove [tools]".into()));
+    }
+    if let Some(own) = template.native_tools().filter(|&own| own != syntax) {
+        return Err(err(format!("the model's {} chat template has its own tool syntax, {:?}: name that one or remove [tools]", template.family(), own.name())));
+    }
+    let bytes = super::canonical::to_canonical(&serde_json::json!({ "syntax": syntax.name() })).map_err(err)?;
+    let path = staging.join(crate::tools::TOOLS_PATH);
     std::fs::write(&path, bytes).map_err(BundleError::io(&path))
 }
 

@@ -24,6 +24,8 @@
 //! pairs = "control/concise-pairs.jsonl"   # trained at build with the bundle's own model
 //! method = "mean"                    # or "pca"; layers = [1, 30] (start, end exclusive)
 //! # or: file = "vectors/x.gguf"      # a llama.cpp control vector (or our .safetensors)
+//! [tools]                            # optional: how calls are written where the chat template
+//! syntax = "llama3-json"             # has no tool syntax of its own ("hermes", the default)
 //! [presets]
 //! default = "balanced"
 //! [presets.balanced]
@@ -66,6 +68,16 @@ pub struct Recipe {
     /// prompt, an optional pattern the answer must match, a deadline. Stored as `probe.json`.
     #[serde(default)]
     pub probe: Option<crate::runtime::probe::ProbeSpec>,
+    /// The tool-call syntax for a chat template that has none of its own. Stored as `tools.json`.
+    #[serde(default)]
+    pub tools: Option<ToolsSection>,
+}
+
+/// `[tools]`: `syntax` names how the model writes tool calls (`crate::tools::ToolSyntax::NAMES`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsSection {
+    pub syntax: String,
 }
 
 /// `[kernels]`: `cuda = ["sm_80", ...]` compiles the CUDA kernels to PTX for each target with NVRTC

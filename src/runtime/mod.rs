@@ -39,6 +39,8 @@ pub enum RuntimeError {
     Tokenizer(#[from] TokenizerError),
     #[error("bundle policy: {0}")]
     Policy(#[from] PolicyError),
+    #[error("bundle tool syntax: {0}")]
+    Tools(String),
 }
 
 impl RuntimeError {
@@ -59,6 +61,7 @@ pub struct LoadedBundle {
     /// The vocabulary as schema masks see it (special tokens empty; the end-of-generation ids).
     pub vocabulary: Arc<Vocabulary>,
     eog: Arc<[u32]>,
+    tool_format: crate::tools::ToolFormat,
 }
 
 impl LoadedBundle {
@@ -70,20 +73,17 @@ impl LoadedBundle {
         let policy = BundlePolicy::load(root, &tokenizer, &config)?;
         let vocabulary = Arc::new(Vocabulary::new(&tokenizer.generation_vocab(config.vocab_size), &config.eog_token_ids));
         let eog = generate::eog_ids(&config);
-        Ok(LoadedBundle { bundle: vb.clone(), config, tokenizer: Arc::new(tokenizer), template, policy: Arc::new(policy), vocabulary, eog })
+        let tool_format = crate::tools::ToolFormat::for_bundle(&template, root).map_err(RuntimeError::Tools)?;
+        Ok(LoadedBundle { bundle: vb.clone(), config, tokenizer: Arc::new(tokenizer), template, policy: Arc::new(policy), vocabulary, eog, tool_format })
     }
 
     pub fn bundle(&self) -> &VerifiedBundle {
         &self.bundle
     }
 
-    /// How this model writes tool calls and reads results: its template's own syntax where it
-    /// has one (Llama 3.1–3.3), else the Hermes form declared in the system message.
+    /// How this model writes tool calls and reads results ([`crate::tools::ToolFormat::for_bundle`]).
     pub fn tool_format(&self) -> crate::tools::ToolFormat {
-        match self.template.native_tools() {
-            Some(syntax) => crate::tools::ToolFormat { syntax, native: true },
-            None => crate::tools::ToolFormat::default(),
-        }
+        self.tool_format
     }
 
     /// The injection-safe prompt builder for this model.

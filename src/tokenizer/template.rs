@@ -107,13 +107,13 @@ impl ChatTemplate {
         matches!(self, ChatTemplate::Qwen3).then_some(Self::NO_THINKING_PREFILL)
     }
 
-    /// Family name ("chatml", "llama3", "llama3.1", "mistral", "gemma", "phi3", "qwen3"; "none"
+    /// Family name ("chatml", "llama3", "llama31", "mistral", "gemma", "phi3", "qwen3"; "none"
     /// for a completion model).
     pub fn family(&self) -> &'static str {
         match self {
             ChatTemplate::Chatml { .. } => "chatml",
             ChatTemplate::Llama3 { .. } => "llama3",
-            ChatTemplate::Llama31 { .. } => "llama3.1",
+            ChatTemplate::Llama31 { .. } => "llama31",
             ChatTemplate::Mistral { .. } => "mistral",
             ChatTemplate::Gemma { .. } => "gemma",
             ChatTemplate::Phi3 { .. } => "phi3",

@@ -140,6 +140,33 @@ pub struct ToolFormat {
     pub native: bool,
 }
 
+/// The optional bundle member naming the tool syntax (FORMAT.md §10): `{"syntax": NAME}`.
+pub const TOOLS_PATH: &str = "tools.json";
+
+impl ToolFormat {
+    /// A bundle's format: its template's own syntax where it has one (Llama 3.1–3.3), else the
+    /// syntax its `tools.json` names (the recipe's `[tools]`), else Hermes.
+    pub fn for_bundle(template: &crate::tokenizer::ChatTemplate, root: &std::path::Path) -> Result<ToolFormat, String> {
+        if let Some(syntax) = template.native_tools() {
+            return Ok(ToolFormat { syntax, native: true });
+        }
+        let path = root.join(TOOLS_PATH);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ToolFormat::default()),
+            Err(e) => return Err(format!("{TOOLS_PATH}: {e}")),
+        };
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Member {
+            syntax: String,
+        }
+        let m: Member = serde_json::from_slice(&bytes).map_err(|e| format!("{TOOLS_PATH}: {e}"))?;
+        let syntax = ToolSyntax::from_name(&m.syntax).ok_or_else(|| format!("{TOOLS_PATH}: unknown tool syntax {:?} (this runtime knows {})", m.syntax, ToolSyntax::NAMES.join(", ")))?;
+        Ok(ToolFormat { syntax, native: false })
+    }
+}
+
 /// Most tools one request may declare.
 pub const MAX_TOOLS: usize = 128;
 /// Longest tool name (OpenAI's limit).
