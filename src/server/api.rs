@@ -119,8 +119,8 @@ pub struct ChatRequest {
     /// `POST /v1/completions`: the prompt, given to the model as plain text (no chat template);
     /// `messages` is then empty.
     pub prompt: Option<String>,
-    /// Declared tools and the tool choice (`None`: no `tools` field). When active, their
-    /// declaration is already in the system message and the answer is held to their grammar.
+    /// Declared tools and the tool choice (`None`: no `tools` field). When active, the prompt
+    /// declares them (`tokenizer::PromptTools`) and the answer is held to their grammar.
     pub tools: Option<ToolSpec>,
     /// `Some(false)`: the client turned reasoning off (Anthropic `thinking: {"type": "disabled"}`,
     /// OpenAI `reasoning_effort: "none"`); a reasoning model (Qwen3) then answers directly, as its
@@ -398,30 +398,14 @@ fn tool_spec(decl: Vec<Tool>, choice: Choice, parallel: bool) -> Result<Option<T
     })
 }
 
-/// Puts the tools' declaration into the system message (first message; one is added when the
-/// conversation has none), unless the chat template declares them itself (`format.native`: the
-/// prompt builder is given them). Tools and a response schema do not combine.
-fn declare_tools(messages: &mut Vec<ChatMessage>, spec: Option<&mut ToolSpec>, format: ToolFormat, has_schema: bool, schema_param: &str) -> Result<(), ApiError> {
+/// Sets the bundle's call syntax on the request's tools; tools and a response schema do not
+/// combine. The declaration goes into the prompt when it is built (`PromptTools`: to a template
+/// that declares tools itself, else into the system message).
+fn declare_tools(spec: Option<&mut ToolSpec>, format: ToolFormat, has_schema: bool, schema_param: &str) -> Result<(), ApiError> {
     let Some(spec) = spec else { return Ok(()) };
     spec.syntax = format.syntax;
-    if !spec.active() {
-        return Ok(());
-    }
-    if has_schema {
+    if spec.active() && has_schema {
         return Err(ApiError::unsupported(schema_param, "a response schema cannot be combined with tools (tool calls are held to the tools' own schemas); drop one of the two"));
-    }
-    if format.native {
-        return Ok(());
-    }
-    let block = spec.system_block();
-    match messages.first_mut() {
-        Some(m) if m.role == "system" => {
-            if !m.content.is_empty() {
-                m.content.push_str("\n\n");
-            }
-            m.content.push_str(&block);
-        }
-        _ => messages.insert(0, ChatMessage::new("system", &block)),
     }
     Ok(())
 }
@@ -655,7 +639,7 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool, format: ToolForma
         stream = o.bool("stream")?.unwrap_or(false);
     }
     let preset = o.str("preset")?.map(str::to_owned);
-    declare_tools(&mut messages, tools.as_mut(), format, schema.is_some(), "output_config")?;
+    declare_tools(tools.as_mut(), format, schema.is_some(), "output_config")?;
     let thinking = anthropic_thinking(&o)?;
     Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false, overrides, schema, preset, prompt: None, tools, thinking })
 }
@@ -783,7 +767,7 @@ pub fn parse_openai(m: &Map<String, Value>, format: ToolFormat) -> Result<ChatRe
             ))
         }
     };
-    declare_tools(&mut messages, r.tools.as_mut(), format, r.schema.is_some(), "response_format")?;
+    declare_tools(r.tools.as_mut(), format, r.schema.is_some(), "response_format")?;
     r.messages = messages;
     Ok(r)
 }
@@ -1304,25 +1288,30 @@ mod tests {
         assert_eq!(parse_openai(&obj(r#"{"messages":[{"role":"user","content":"a"}],"bogus":1}"#), ToolFormat::default()).unwrap_err().status, 400);
     }
 
-    /// Issue 26: tools parse on both APIs; history is written in the call syntax; tools go into
-    /// the system message; bad tool sets are named 4xx.
+    /// Issue 26: tools parse on both APIs; history is written in the call syntax (the messages
+    /// themselves are left as sent: the declaration goes into the prompt when it is built); bad
+    /// tool sets are named 4xx.
     #[test]
     fn tools_parse_and_render_history() {
         let r = parse_openai(&obj(r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"u"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"R1"},{"role":"tool","tool_call_id":"c2","content":"R2"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"required","parallel_tool_calls":false}"#), ToolFormat::default()).unwrap();
         let t = r.tools.as_ref().unwrap();
         assert_eq!((t.choice.clone(), t.parallel), (Choice::Required, false));
-        assert!(r.messages[0].content.starts_with("S\n\n# Tools") && r.messages[0].content.contains("\"name\":\"f\""), "{}", r.messages[0].content);
-        assert_eq!(r.messages[2], ChatMessage::new("assistant", "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1}}\n</tool_call>"));
+        assert_eq!(r.messages[0], ChatMessage::new("system", "S"));
+        let block = t.system_block();
+        assert!(block.starts_with("# Tools") && block.contains(r#"{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}"#), "{block}");
+        assert!(!block.contains("now."), "the mode is the grammar's, not the prompt's: {block}");
+        assert_eq!(r.messages[2], ChatMessage::new("assistant", "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>"));
         assert_eq!(r.messages[3], ChatMessage::new("user", "<tool_response>\nR1\n</tool_response>\n<tool_response>\nR2\n</tool_response>"));
         assert_eq!(r.messages.len(), 4);
         let r = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"u"},{"role":"assistant","content":[{"type":"text","text":"Let me look."},{"type":"tool_use","id":"t1","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"bad"}],"is_error":true},{"type":"text","text":"and?"}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"}}"#), false, ToolFormat::default()).unwrap();
-        assert_eq!(r.messages[0].role, "system");
+        assert_eq!(r.messages[0], ChatMessage::new("user", "u"));
         assert_eq!(r.tools.as_ref().unwrap().choice, Choice::Named("f".into()));
-        assert_eq!(r.messages[2].content, "Let me look.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1}}\n</tool_call>");
-        assert_eq!(r.messages[3].content, "<tool_response>\nError: bad\n</tool_response>\nand?");
+        assert_eq!(r.messages[1].content, "Let me look.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>");
+        assert_eq!(r.messages[2].content, "<tool_response>\nError: bad\n</tool_response>\nand?");
         // `none`: accepted, and the model is not told of the tools.
         let r = parse_openai(&obj(r#"{"messages":[{"role":"user","content":"u"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none"}"#), ToolFormat::default()).unwrap();
         assert_eq!(r.messages.len(), 1);
+        assert!(!r.tools.as_ref().unwrap().active());
         for (body, status, needle) in [
             (r#"{"messages":[{"role":"user","content":"u"}],"tool_choice":"required"}"#, 400, "no tools"),
             (r#"{"messages":[{"role":"user","content":"u"}],"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]}"#, 400, "declared twice"),
@@ -1338,7 +1327,7 @@ mod tests {
         let e = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_use","id":"x","name":"f","input":{}}]}]}"#), false, ToolFormat::default()).unwrap_err();
         assert!(e.message.contains("belongs in an assistant message"), "{}", e.message);
         // count_tokens takes tools too.
-        assert!(parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}],"tools":[{"name":"f","input_schema":{}}]}"#), true, ToolFormat::default()).unwrap().messages[0].content.contains("# Tools"));
+        assert!(parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}],"tools":[{"name":"f","input_schema":{}}]}"#), true, ToolFormat::default()).unwrap().tools.is_some_and(|t| t.active()));
     }
 
     /// Llama 3.1's template-native tools: no system block (the template declares them), calls in
@@ -1370,9 +1359,10 @@ mod tests {
         // system message, in Llama 3.1's wording; results in the user turn.
         let named = ToolFormat { syntax: tools::ToolSyntax::Llama3Json, native: false };
         let r = parse_openai(&obj(r#"{"messages":[{"role":"user","content":"u"},{"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"a","content":"R"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}"#), named).unwrap();
-        assert!(r.messages[0].content.starts_with("You have access to the following functions.") && r.messages[0].content.contains("\"parameters\": dictionary"), "{}", r.messages[0].content);
-        assert_eq!(r.messages[2].content, "{\"name\": \"f\", \"parameters\": {}}");
-        assert_eq!(r.messages[3], ChatMessage::new("user", "<tool_response>\nR\n</tool_response>"));
+        let block = r.tools.as_ref().unwrap().system_block();
+        assert!(block.starts_with("You have access to the following functions.") && block.contains("\"parameters\": dictionary"), "{block}");
+        assert_eq!(r.messages[1].content, "{\"name\": \"f\", \"parameters\": {}}");
+        assert_eq!(r.messages[2], ChatMessage::new("user", "<tool_response>\nR\n</tool_response>"));
     }
 
     #[test]

@@ -221,10 +221,17 @@ fn build_prompt(state: &State, creq: &ChatRequest, flavor: Flavor) -> Result<(St
     // form it was trained to answer directly from.
     let from_first_token = creq.schema.is_some() || creq.tools.as_ref().is_some_and(|t| t.active() && t.choice != crate::tools::Choice::Auto);
     let thinking = creq.thinking.or(from_first_token.then_some(false));
-    // Tools the chat template declares itself (Llama 3.1's) go to it; others are already in
-    // the system message.
-    let declared = creq.tools.as_ref().filter(|t| t.active() && state.rt.tool_format().native).map(|t| t.declarations());
-    match state.rt.prompts().chat_thinking(msgs, prefill_text, thinking, declared.as_deref()) {
+    // The declared tools: to a template that declares them itself (Llama 3.1's), else as the
+    // syntax's text in the system message.
+    let active = creq.tools.as_ref().filter(|t| t.active());
+    let functions = active.filter(|_| state.rt.tool_format().native).map(|t| t.declarations());
+    let block = active.filter(|_| !state.rt.tool_format().native).map(|t| t.system_block());
+    let declared = match (&functions, &block) {
+        (Some(f), _) => Some(crate::tokenizer::PromptTools::Functions(f)),
+        (_, Some(b)) => Some(crate::tokenizer::PromptTools::SystemText(b)),
+        _ => None,
+    };
+    match state.rt.prompts().chat_thinking(msgs, prefill_text, thinking, declared) {
         Ok(p) => Ok((p.text, p.tokens)),
         Err(e @ PromptError::Template(_)) => Err(ApiError::unsupported("messages", e.to_string())),
         Err(e @ PromptError::Tokenize(_)) => Err(ApiError::new(400, e.to_string())),

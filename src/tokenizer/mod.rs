@@ -27,7 +27,7 @@ use std::sync::Arc;
 use serde_json::{json, Map, Value as Json};
 
 pub use prompt::{Prompt, PromptBuilder, PromptError};
-pub use template::{py_json, ChatMessage, ChatTemplate};
+pub use template::{py_json, ChatMessage, ChatTemplate, PromptTools};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

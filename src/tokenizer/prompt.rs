@@ -11,7 +11,7 @@
 //! message text as plain text. The segments come from rendering the conversation a second time
 //! with unguessable markers in place of the contents.
 
-use super::template::{ChatMessage, ChatTemplate};
+use super::template::{ChatMessage, ChatTemplate, PromptTools};
 use super::{Tokenizer, TokenizerError};
 
 /// Why a conversation could not become a prompt.
@@ -58,19 +58,17 @@ impl<'a> PromptBuilder<'a> {
         self.chat_tools(msgs, prefill, None)
     }
 
-    /// [`PromptBuilder::chat`] with tools the chat template declares itself (Llama 3.1's, see
-    /// [`ChatTemplate::render_with_tools`]). The declarations are template text here, so one that
-    /// holds a control token's text is refused rather than read as that token.
-    pub fn chat_tools(&self, msgs: &[ChatMessage], prefill: Option<&str>, tools: Option<&[serde_json::Value]>) -> Result<Prompt, PromptError> {
+    /// [`PromptBuilder::chat`] with declared tools ([`ChatTemplate::render_with_tools`]). The
+    /// declarations are template text here, so one that holds a control token's text is refused
+    /// rather than read as that token.
+    pub fn chat_tools(&self, msgs: &[ChatMessage], prefill: Option<&str>, tools: Option<PromptTools<'_>>) -> Result<Prompt, PromptError> {
         let mut text = self.template.render_with_tools(msgs, true, tools).map_err(PromptError::Template)?;
         if let Some(p) = prefill {
             text.push_str(p);
         }
         let tok = self.tokenizer;
         let specials: Vec<&str> = tok.special_ids().iter().filter_map(|&id| std::str::from_utf8(tok.token_bytes(id)).ok()).filter(|s| !s.is_empty()).collect();
-        for t in tools.unwrap_or_default() {
-            // The declaration as the template writes it (escapes such as `\n` are JSON's own).
-            let written = super::py_json(t, Some(4));
+        for written in tools.map(|t| t.texts()).unwrap_or_default() {
             if let Some(s) = specials.iter().find(|s| written.contains(*s)) {
                 return Err(PromptError::ToolText(s.to_string()));
             }
@@ -92,8 +90,8 @@ impl<'a> PromptBuilder<'a> {
     /// [`PromptBuilder::chat`], with the model's reasoning turned off when `thinking` is
     /// `Some(false)` (Qwen3: its empty `<think>` block starts the answer, as its template renders
     /// `enable_thinking=false`; other families do not think, and it changes nothing).
-    /// `tools`: declarations the template writes itself ([`PromptBuilder::chat_tools`]).
-    pub fn chat_thinking(&self, msgs: &[ChatMessage], prefill: Option<&str>, thinking: Option<bool>, tools: Option<&[serde_json::Value]>) -> Result<Prompt, PromptError> {
+    /// `tools`: the declared tools ([`PromptBuilder::chat_tools`]).
+    pub fn chat_thinking(&self, msgs: &[ChatMessage], prefill: Option<&str>, thinking: Option<bool>, tools: Option<PromptTools<'_>>) -> Result<Prompt, PromptError> {
         match (thinking, self.template.thinking_off_prefill()) {
             (Some(false), Some(off)) => self.chat_tools(msgs, Some(&format!("{off}{}", prefill.unwrap_or(""))), tools),
             _ => self.chat_tools(msgs, prefill, tools),
@@ -123,7 +121,7 @@ impl<'a> PromptBuilder<'a> {
 
     /// Tokenize `rendered` in segments: the template's text (control tokens recognised) and each
     /// message's text (plain). `Ok(None)` when the segments cannot be matched.
-    fn segments(&self, msgs: &[ChatMessage], rendered: &str, prefill: Option<&str>, tools: Option<&[serde_json::Value]>) -> Result<Option<Vec<u32>>, PromptError> {
+    fn segments(&self, msgs: &[ChatMessage], rendered: &str, prefill: Option<&str>, tools: Option<PromptTools<'_>>) -> Result<Option<Vec<u32>>, PromptError> {
         let nonce = nonce();
         let marker = |i: usize| format!("\u{E000}{nonce}{i}\u{E001}");
         let marked: Vec<ChatMessage> = msgs.iter().enumerate().map(|(i, m)| ChatMessage::new(&m.role, &marker(i))).collect();

@@ -24,6 +24,28 @@ use serde::{Deserialize, Serialize};
 
 use super::TokenizerError;
 
+/// A request's tools as the prompt takes them.
+#[derive(Debug, Clone, Copy)]
+pub enum PromptTools<'a> {
+    /// Given to a template that declares tools itself ([`ChatTemplate::native_tools`]): OpenAI's
+    /// function objects, `{"type": "function", "function": {...}}`, as its Jinja's `tools`.
+    Functions(&'a [serde_json::Value]),
+    /// A text that declares them, put in the system message as Qwen's templates put theirs: after
+    /// the system message's text and a blank line; without a system message, in one of its own,
+    /// after the template's default system prompt (and a blank line) when it has one.
+    SystemText(&'a str),
+}
+
+impl PromptTools<'_> {
+    /// The declaration's text as the prompt will hold it (for the control-token check).
+    pub fn texts(&self) -> Vec<String> {
+        match self {
+            PromptTools::Functions(f) => f.iter().map(|t| py_json(t, Some(4))).collect(),
+            PromptTools::SystemText(t) => vec![t.to_string()],
+        }
+    }
+}
+
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
@@ -135,14 +157,32 @@ impl ChatTemplate {
         self.render_with_tools(messages, add_generation_prompt, None)
     }
 
-    /// [`render`](Self::render) with declared tools (OpenAI's function objects,
-    /// `{"type": "function", "function": {...}}`), as the template renders its `tools` variable.
-    /// Only a family with [`native_tools`](Self::native_tools) takes them.
-    pub fn render_with_tools(&self, messages: &[ChatMessage], add_generation_prompt: bool, tools: Option<&[serde_json::Value]>) -> Result<String, TokenizerError> {
+    /// [`render`](Self::render) with declared tools ([`PromptTools`]): function objects for a
+    /// family with [`native_tools`](Self::native_tools), as the template renders its `tools`
+    /// variable; a declaration text put in the system message for any other chat family.
+    pub fn render_with_tools(&self, messages: &[ChatMessage], add_generation_prompt: bool, tools: Option<PromptTools<'_>>) -> Result<String, TokenizerError> {
+        let tools = match tools {
+            Some(PromptTools::SystemText(text)) => {
+                let mut with = messages.to_vec();
+                match with.first_mut() {
+                    Some(m) if m.role == "system" => m.content = format!("{}\n\n{text}", m.content),
+                    _ => {
+                        let default = match self {
+                            ChatTemplate::Chatml { default_system: Some(d) } => format!("{d}\n\n"),
+                            _ => String::new(),
+                        };
+                        with.insert(0, ChatMessage::new("system", &format!("{default}{text}")));
+                    }
+                }
+                return self.render_with_tools(&with, add_generation_prompt, None);
+            }
+            Some(PromptTools::Functions(_)) if self.native_tools().is_none() => {
+                return Err(TokenizerError::Template(format!("the {} chat template has no tool declarations of its own", self.family())));
+            }
+            Some(PromptTools::Functions(f)) => Some(f),
+            None => None,
+        };
         let mut out = String::new();
-        if tools.is_some() && self.native_tools().is_none() {
-            return Err(TokenizerError::Template(format!("the {} chat template has no tool declarations of its own", self.family())));
-        }
         match self {
             ChatTemplate::None => return Err(TokenizerError::NoChatTemplate),
             ChatTemplate::Llama31 { bos, today } => llama31(bos, *today, messages, add_generation_prompt, tools, &mut out)?,
@@ -435,11 +475,17 @@ fn check_alternation(i: usize, role: &str) -> Result<(), TokenizerError> {
     Ok(())
 }
 
+/// The sentence of Qwen's tool declaration ([`crate::tools::ToolSpec::system_block`]'s Hermes
+/// wording): a template that holds it is verified with tool conversations.
+const QWEN_TOOLS_WORDING: &str = "You may call one or more functions to assist with the user query.";
+
 /// The Jinja side of verification.
 struct JinjaProbe<'a> {
     env: minijinja::Environment<'a>,
     bos: &'a str,
     eos: &'a str,
+    /// The template declares tools in Qwen's Hermes wording.
+    qwen_tools: bool,
 }
 
 impl<'a> JinjaProbe<'a> {
@@ -466,7 +512,7 @@ impl<'a> JinjaProbe<'a> {
         });
         // A template that does not compile fails every probe (reported by `verify`).
         let _ = env.add_template("chat", source);
-        JinjaProbe { env, bos, eos }
+        JinjaProbe { env, bos, eos, qwen_tools: source.contains(QWEN_TOOLS_WORDING) }
     }
 
     fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, String> {
@@ -502,10 +548,13 @@ impl<'a> JinjaProbe<'a> {
         t.render(ctx).map_err(|e| e.to_string())
     }
 
-    /// The tool conversations a family with its own tool syntax must render as the Jinja does:
-    /// the calls in the history written by the syntax ([`crate::tools::ToolSyntax::render_call`]),
-    /// the results as role `tool`.
-    fn verify_tools(&self, family: &ChatTemplate, syntax: crate::tools::ToolSyntax) -> Result<(), String> {
+    /// The tool conversations a family must render as the Jinja does, written as the server
+    /// writes them in `format`: the tools given to the template (`native`) or declared in the
+    /// system message ([`crate::tools::ToolSpec::system_block`]); the calls in the history in the
+    /// syntax ([`crate::tools::ToolSyntax::render_call`]), alone (one per message) or after the
+    /// message's text; the results as role `tool` (`native`) or as `<tool_response>` blocks in a
+    /// user turn ([`crate::tools::render_result`]), consecutive ones sharing it.
+    fn verify_tools(&self, family: &ChatTemplate, format: crate::tools::ToolFormat) -> Result<(), String> {
         use serde_json::json;
         let weather = json!({"type": "function", "function": {"name": "get_weather", "description": "The weather in a city, now. Use the city's own name; it's 'Oslo', not <OSLO> & co.", "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}, "unit": {"enum": ["C", "F"]}}, "required": ["city"]}}});
         let search = json!({"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}, "limit": {"type": "integer", "minimum": 1}, "tags": {"type": "array", "items": {"type": "string"}}}}}});
@@ -525,25 +574,43 @@ impl<'a> JinjaProbe<'a> {
                 true,
             ),
             (json!([weather]), json!([msg("user", "Q"), call("get_weather", json!({})), msg("tool", ""), msg("tool", "second")]), true),
+            (json!([weather, search]), json!([msg("user", "Q"), {"role": "assistant", "content": "Let me check.", "tool_calls": [{"id": "c2", "type": "function", "function": {"name": "search", "arguments": {"q": "x"}}}]}, msg("tool", "none")]), true),
             // No first user message to hold the tools: both must refuse.
             (json!([weather]), json!([msg("system", "S")]), true),
         ];
         for (i, (tools, msgs, gen)) in probes.iter().enumerate() {
             let want = self.render_json(msgs, Some(tools), *gen);
-            let ours: Vec<ChatMessage> = msgs
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|m| {
-                    let role = m["role"].as_str().unwrap_or_default();
-                    match m["tool_calls"][0]["function"].as_object() {
-                        Some(f) => ChatMessage::new(role, &syntax.render_call(f["name"].as_str().unwrap_or_default(), &f["arguments"].to_string())),
-                        None => ChatMessage::new(role, m["content"].as_str().unwrap_or_default()),
+            let mut ours: Vec<ChatMessage> = Vec::new();
+            let mut last_was_result = false;
+            for m in msgs.as_array().into_iter().flatten() {
+                let role = m["role"].as_str().unwrap_or_default();
+                let content = m["content"].as_str().unwrap_or_default();
+                if role == "tool" && !format.native {
+                    let r = crate::tools::render_result(content);
+                    match ours.last_mut() {
+                        Some(prev) if last_was_result => prev.content = format!("{}\n{r}", prev.content),
+                        _ => ours.push(ChatMessage::new("user", &r)),
                     }
-                })
+                    last_was_result = true;
+                    continue;
+                }
+                last_was_result = false;
+                let calls: Vec<String> = m["tool_calls"].as_array().into_iter().flatten().map(|c| format.syntax.render_call(c["function"]["name"].as_str().unwrap_or_default(), &c["function"]["arguments"].to_string())).collect();
+                let text = match (calls.is_empty(), format.syntax.parallel()) {
+                    (true, _) => content.to_string(),
+                    (false, false) => calls.concat(),
+                    (false, true) => std::iter::once(content.to_string()).filter(|c| !c.is_empty()).chain(calls).collect::<Vec<_>>().join("\n"),
+                };
+                ours.push(ChatMessage::new(role, &text));
+            }
+            let functions: Vec<serde_json::Value> = tools.as_array().cloned().unwrap_or_default();
+            let declared: Vec<crate::tools::Tool> = functions
+                .iter()
+                .map(|f| crate::tools::Tool { name: f["function"]["name"].as_str().unwrap_or_default().into(), description: f["function"]["description"].as_str().map(str::to_owned), parameters: f["function"]["parameters"].clone() })
                 .collect();
-            let tools: Vec<serde_json::Value> = tools.as_array().cloned().unwrap_or_default();
-            match (want, family.render_with_tools(&ours, *gen, Some(&tools))) {
+            let block = crate::tools::ToolSpec::new(declared, crate::tools::Choice::Auto, true).map_err(|e| e.to_string())?.system_block();
+            let given = if format.native { PromptTools::Functions(&functions) } else { PromptTools::SystemText(&block) };
+            match (want, family.render_with_tools(&ours, *gen, Some(given))) {
                 (Ok(w), Ok(g)) if w == g => {}
                 (Ok(w), Ok(g)) => return Err(format!("tool probe {i} renders {g:?}, Jinja renders {w:?}")),
                 (Err(_), Err(_)) => {}
@@ -589,8 +656,12 @@ impl<'a> JinjaProbe<'a> {
                 }
             }
         }
+        // Tools: a template with a syntax of its own, and Qwen's Hermes wording (Qwen2.5, Qwen3),
+        // are held to their Jinja; any other template knows no tools (or words them its own way)
+        // and gets the generic declaration, which nothing verifies.
         match family.native_tools() {
-            Some(syntax) => self.verify_tools(family, syntax),
+            Some(syntax) => self.verify_tools(family, crate::tools::ToolFormat { syntax, native: true }),
+            None if self.qwen_tools => self.verify_tools(family, crate::tools::ToolFormat::default()),
             None => Ok(()),
         }
     }
@@ -674,7 +745,7 @@ mod tests {
         // result as an `ipython` turn holding a JSON string.
         let tools = [serde_json::json!({"type": "function", "function": {"name": "f", "description": "it's <x>", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}})];
         let call = crate::tools::ToolSyntax::Llama3Json.render_call("f", r#"{"a":1}"#);
-        let r = t.render_with_tools(&[m("user", "Q"), m("assistant", &call), m("tool", "{\"ok\": true}")], true, Some(&tools)).unwrap();
+        let r = t.render_with_tools(&[m("user", "Q"), m("assistant", &call), m("tool", "{\"ok\": true}")], true, Some(PromptTools::Functions(&tools))).unwrap();
         let decl = "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"f\",\n        \"description\": \"it's <x>\",\n        \"parameters\": {\n            \"type\": \"object\",\n            \"properties\": {\n                \"a\": {\n                    \"type\": \"integer\"\n                }\n            }\n        }\n    }\n}";
         assert_eq!(
             r,
@@ -683,9 +754,9 @@ mod tests {
             )
         );
         // As the Jinja: tools need a first message after the system message to sit in.
-        assert!(t.render_with_tools(&[m("system", "S")], true, Some(&tools)).is_err());
+        assert!(t.render_with_tools(&[m("system", "S")], true, Some(PromptTools::Functions(&tools))).is_err());
         // Other families have no tool declarations of their own.
-        assert!(ChatTemplate::Chatml { default_system: None }.render_with_tools(&[m("user", "Q")], true, Some(&tools)).is_err());
+        assert!(ChatTemplate::Chatml { default_system: None }.render_with_tools(&[m("user", "Q")], true, Some(PromptTools::Functions(&tools))).is_err());
         // Llama 3.1's template: the same layout with the fixed date (no `strftime_now`).
         let fixed = src.replace("strftime_now is defined", "false");
         let t31 = ChatTemplate::from_jinja(&fixed, "<|begin_of_text|>", "<|eot_id|>").unwrap();
@@ -696,6 +767,35 @@ mod tests {
         let e = ChatTemplate::from_jinja(&odd, "<|begin_of_text|>", "<|eot_id|>").unwrap_err().to_string();
         assert!(e.contains("tool probe"), "{e}");
         assert_eq!(serde_json::from_str::<ChatTemplate>(&t.to_json()).unwrap(), t);
+    }
+
+    #[test]
+    fn qwen_templates_tools_are_reproduced_by_the_hermes_declaration() {
+        // Qwen2.5: the default system prompt goes before the declaration when there is no
+        // system message. (Its tool probes ran in `from_jinja`.)
+        let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/templates/qwen2.5.jinja")).unwrap();
+        let t = ChatTemplate::from_jinja(&src, "", "<|im_end|>").unwrap();
+        let default = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+        assert_eq!(t, ChatTemplate::Chatml { default_system: Some(default.into()) });
+        let tool = crate::tools::Tool { name: "f".into(), description: Some("it's".into()), parameters: serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}}}) };
+        let block = crate::tools::ToolSpec::new(vec![tool], crate::tools::Choice::Auto, true).unwrap().system_block();
+        let m = ChatMessage::new;
+        let r = t.render_with_tools(&[m("user", "Q")], true, Some(PromptTools::SystemText(&block))).unwrap();
+        assert!(r.starts_with(&format!("<|im_start|>system\n{default}\n\n# Tools\n\n")), "{r}");
+        assert!(r.contains("\n{\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": \"it's\", \"parameters\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}}}\n</tools>"), "{r}");
+        // Qwen3 (no default) takes the declaration alone, after a system message's text.
+        let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/templates/qwen3.jinja")).unwrap();
+        let q3 = ChatTemplate::from_jinja(&src, "", "<|im_end|>").unwrap();
+        let r = q3.render_with_tools(&[m("user", "Q")], true, Some(PromptTools::SystemText(&block))).unwrap();
+        assert!(r.starts_with("<|im_start|>system\n# Tools\n\n"), "{r}");
+        let r = q3.render_with_tools(&[m("system", "S"), m("user", "Q")], true, Some(PromptTools::SystemText(&block))).unwrap();
+        assert!(r.starts_with("<|im_start|>system\nS\n\n# Tools\n\n"), "{r}");
+        // A Qwen template whose tool wording drifted is refused at build, not served inexactly.
+        let odd = src.replace("within <tools></tools> XML tags", "within <tools> tags");
+        let e = ChatTemplate::from_jinja(&odd, "", "<|im_end|>").unwrap_err().to_string();
+        assert!(e.contains("tool probe"), "{e}");
+        // A template that knows no tools (SmolLM2's) is not held to them.
+        assert!(ChatTemplate::from_jinja(SMOLLM, "<|im_start|>", "<|im_end|>").is_ok());
     }
 
     #[test]

@@ -357,9 +357,11 @@ impl ToolSpec {
             .collect()
     }
 
-    /// The text appended to the system prompt that declares the tools, for a template without
-    /// tool declarations of its own: Qwen2.5's wording (Hermes), or the wording Llama 3.1's
-    /// template puts in the system turn (the JSON form).
+    /// The text that declares the tools in the system message, for a template without tool
+    /// declarations of its own: Qwen2.5's and Qwen3's wording (Hermes; exactly what their
+    /// templates write, verified at build), or the wording Llama 3.1's template puts in the
+    /// system turn (the JSON form). The mode (`required`, a named tool) is not told: the grammar
+    /// holds the answer to it from the first token, and the text stays the template's.
     pub fn system_block(&self) -> String {
         if self.syntax == ToolSyntax::Llama3Json {
             let mut s = String::from("You have access to the following functions. To call a function, please respond with JSON for a function call.Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use variables.");
@@ -373,17 +375,13 @@ impl ToolSpec {
             "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>",
         );
         for d in self.declarations() {
+            // As the template's `tojson` writes it (Python's `json.dumps`).
             s.push('\n');
-            s.push_str(&d.to_string());
+            s.push_str(&crate::tokenizer::py_json(&d, None));
         }
         s.push_str(
             "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
         );
-        if let Choice::Named(n) = &self.choice {
-            s.push_str(&format!("\n\nCall the function {n:?} now."));
-        } else if self.choice == Choice::Required {
-            s.push_str("\n\nCall one of the functions now.");
-        }
         s
     }
 }
@@ -407,9 +405,11 @@ fn clip(s: &str) -> String {
     if s.chars().count() <= 80 { s.to_string() } else { format!("{}…", s.chars().take(80).collect::<String>()) }
 }
 
-/// One call in the history, written as the model writes it.
+/// One call in the history in the Hermes form, the arguments as Qwen's templates write them
+/// (`tojson`, Python's `json.dumps`); arguments that are not JSON are written as given.
 pub fn render_call(name: &str, arguments: &str) -> String {
-    format!("{CALL_OPEN}{{\"name\": {}, \"arguments\": {arguments}}}{CALL_CLOSE}", json!(name))
+    let args = serde_json::from_str::<Value>(arguments).map(|v| crate::tokenizer::py_json(&v, None)).unwrap_or_else(|_| arguments.to_string());
+    format!("{CALL_OPEN}{{\"name\": {}, \"arguments\": {args}}}{CALL_CLOSE}", json!(name))
 }
 
 /// One tool result, as it is given back to the model (in a user turn).
