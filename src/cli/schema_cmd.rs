@@ -48,6 +48,10 @@ pub struct ToolsBenchArgs {
     /// Seed of the draws (the same seed draws the same sets).
     #[arg(long, default_value_t = 26)]
     pub seed: u64,
+    /// The call syntax the grammars are built for: `hermes` (`<tool_call>` markers, parallel
+    /// calls) or `llama3-json` (the answer is one `{"name", "parameters"}` call).
+    #[arg(long, value_name = "SYNTAX", default_value = "hermes", value_parser = clap::builder::PossibleValuesParser::new(crate::tools::ToolSyntax::NAMES))]
+    pub syntax: String,
     /// Print one JSON object instead of a summary.
     #[arg(long)]
     pub json: bool,
@@ -157,11 +161,12 @@ fn tools_bench(a: ToolsBenchArgs) -> Result<(), CliError> {
     if a.tools == 0 || a.tools > crate::tools::MAX_TOOLS {
         return Err(CliError::Usage(format!("--tools must be between 1 and {}", crate::tools::MAX_TOOLS)));
     }
-    let r = crate::tools::bench::run(&pool, &vocab, a.tools, a.sets, a.seed, &mut progress_printer(a.sets));
+    let syntax = crate::tools::ToolSyntax::from_name(&a.syntax).ok_or_else(|| CliError::Usage(format!("--syntax {:?} is not one of {}", a.syntax, crate::tools::ToolSyntax::NAMES.join(", "))))?;
+    let r = crate::tools::bench::run(&pool, &vocab, a.tools, a.sets, a.seed, syntax, &mut progress_printer(a.sets));
     if a.json {
         return write_json(&r);
     }
-    println!("{} sets of {} tools (from {} corpus tools) against {} tokens, cold (nothing cached)", r.sets, r.tools_per_set, r.pool, tokens.len());
+    println!("{} sets of {} tools (from {} corpus tools) against {} tokens, {} syntax, cold (nothing cached)", r.sets, r.tools_per_set, r.pool, tokens.len(), syntax.name());
     println!("  grammars compiled   {} ({} refused)", r.compiled, r.refused.len());
     for (name, p) in [("all modes", &r.compile_ms), ("auto", &r.auto_ms), ("required", &r.required_ms), ("named", &r.named_ms)] {
         println!("  {name:<18}  median {:.1} ms, p90 {:.1} ms, max {:.0} ms", p.median, p.p90, p.max);

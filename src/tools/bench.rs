@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{Choice, Tool, ToolSpec};
+use super::{Choice, Tool, ToolSpec, ToolSyntax};
 use crate::schema::corpus::{Case, Percentiles};
 use crate::schema::{CompileOptions, CompiledSchema, Vocabulary};
 
@@ -49,9 +49,9 @@ pub fn pool(cases: &[Case]) -> Vec<Tool> {
 }
 
 /// Compiles `sets` random sets of `k` tools from `pool` (seeded), each in `auto`, `required` and
-/// named mode, cold (no cache), one after another as requests compile them (the token-mask pass
-/// runs on the rayon pool, as in the server).
-pub fn run(pool: &[Tool], vocab: &Arc<Vocabulary>, k: usize, sets: usize, seed: u64, progress: &mut dyn FnMut(usize, &str)) -> Report {
+/// named mode in `syntax`, cold (no cache), one after another as requests compile them (the
+/// token-mask pass runs on the rayon pool, as in the server).
+pub fn run(pool: &[Tool], vocab: &Arc<Vocabulary>, k: usize, sets: usize, seed: u64, syntax: ToolSyntax, progress: &mut dyn FnMut(usize, &str)) -> Report {
     let mut rng = seed | 1;
     let mut next = move |n: usize| {
         rng ^= rng << 13;
@@ -73,7 +73,8 @@ pub fn run(pool: &[Tool], vocab: &Arc<Vocabulary>, k: usize, sets: usize, seed: 
         progress(s, &picked.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(","));
         let named = picked[next(picked.len())].name.clone();
         for (m, choice) in [Choice::Auto, Choice::Required, Choice::Named(named)].into_iter().enumerate() {
-            let Ok(spec) = ToolSpec::new(picked.clone(), choice, true) else { continue };
+            let Ok(mut spec) = ToolSpec::new(picked.clone(), choice, true) else { continue };
+            spec.syntax = syntax;
             let Some((schema, frame)) = spec.grammar() else { continue };
             let t0 = Instant::now();
             let r = CompiledSchema::compile_with(&schema, vocab, &CompileOptions { frame: Some(frame), ..Default::default() });
