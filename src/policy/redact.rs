@@ -532,7 +532,7 @@ impl FrameRedactor {
             return free.push(&std::mem::take(&mut self.held));
         }
         if self.marker.is_empty() {
-            match self.held.trim_start().chars().next() {
+            match self.held.trim_start_matches(crate::tools::JSON_WS).chars().next() {
                 // Only whitespace so far: undecided.
                 None => {}
                 Some('{') => {
@@ -730,6 +730,9 @@ mod tests {
             // Text is redacted as any answer, braces and quotes included.
             assert_eq!(run(text, step), r.redact(text).0, "pieces of {step}");
             assert_eq!(run("  \n", step), "  \n", "whitespace alone stays");
+            // After a space that is not JSON's, `{` is text (as the grammar and the reader have it).
+            let nbsp = "\u{a0}{\"who\": \"John Smith\"}";
+            assert_eq!(run(nbsp, step), r.redact(nbsp).0);
         }
     }
 

@@ -439,38 +439,32 @@ fn anthropic_message(v: &Value, path: &str, role: &str, format: ToolFormat) -> R
     let Value::Array(blocks) = v.get("content").ok_or_else(|| ApiError::bad(path, "required field is missing"))? else {
         return Ok(vec![ChatMessage::new(role, &text_content(&v["content"], path, false)?)]);
     };
-    if !format.native && format.syntax.parallel() {
-        return Ok(vec![ChatMessage::new(role, &anthropic_content(blocks, path, role, format)?)]);
+    // The message whole, blocks in order: unless results are messages of their own (`native`)
+    // or an assistant's calls are one per message. (Checked whole first either way, so that an
+    // error names the block's own path.)
+    let whole = anthropic_content(blocks, path, role, format)?;
+    let split = if role == "user" { format.native } else { !format.syntax.parallel() };
+    if !split {
+        return Ok(vec![ChatMessage::new(role, &whole)]);
     }
-    // One call per message, or results as messages of their own. (Checked whole first, so
-    // that an error names the block's own path.)
-    anthropic_content(blocks, path, role, format)?;
     let (mut text, mut calls, mut results) = (String::new(), Vec::new(), Vec::new());
     for (i, b) in blocks.iter().enumerate() {
         let bp = format!("{path}[{i}]");
-        let piece = anthropic_content(std::slice::from_ref(b), &bp, role, format)?;
         match b.get("type").and_then(Value::as_str) {
-            Some("tool_use") => calls.push(piece),
-            Some("tool_result") if format.native => results.push(ChatMessage::new("tool", &tool_result_text(b, &bp)?)),
-            Some("tool_result") => calls.push(piece),
+            Some("tool_use") => calls.push(anthropic_content(std::slice::from_ref(b), &bp, role, format)?),
+            Some("tool_result") => results.push(ChatMessage::new("tool", &tool_result_text(b, &bp)?)),
             _ => {
                 if !text.is_empty() {
                     text.push('\n');
                 }
-                text.push_str(&piece);
+                text.push_str(&anthropic_content(std::slice::from_ref(b), &bp, role, format)?);
             }
         }
     }
     if role == "assistant" {
         return Ok(vec![ChatMessage::new(role, &history_calls(format, text, calls, path)?)]);
     }
-    // A user turn: results (in the user turn when not native), then its text.
-    for c in calls {
-        if !text.is_empty() {
-            text.push('\n');
-        }
-        text.push_str(&c);
-    }
+    // A user turn with results: each a `tool` message, then the turn's text (if any).
     if !text.is_empty() || results.is_empty() {
         results.push(ChatMessage::new(role, &text));
     }
@@ -534,7 +528,7 @@ fn anthropic_content(blocks: &[Value], path: &str, role: &str, format: ToolForma
 /// `POST /v1/messages` (and `count_tokens`, with `counting` = true: no `max_tokens` needed).
 ///
 /// `format`: how the bundle's model writes tool calls and reads results (the server's
-/// [`crate::runtime::Runtime::tool_format`]).
+/// [`crate::runtime::LoadedBundle::tool_format`]).
 pub fn parse_anthropic(m: &Map<String, Value>, counting: bool, format: ToolFormat) -> Result<ChatRequest, ApiError> {
     let o = Obj::new(m, "");
     // Accepted and ignored: routing and caching hints that do not change the answer here.

@@ -25,7 +25,8 @@ pub enum PromptError {
     /// A message holds control-token text that cannot be told apart from the template's own.
     #[error("message text contains control-token text that cannot be separated from the chat template; remove it")]
     Inseparable,
-    /// A tool declaration the template writes itself holds control-token text.
+    /// A tool declaration (prompt text the request supplies outside its messages) holds
+    /// control-token text.
     #[error("a tool declaration (name, description or parameter schema) contains control-token text ({0:?}); remove it")]
     ToolText(String),
 }

@@ -14,9 +14,11 @@
 //! with the date, and their own tool syntax), Mistral (`[INST]`), Gemma (`<start_of_turn>`), Phi-3
 //! (`<|user|>`, `<|end|>`).
 //!
-//! A family with a tool syntax of its own ([`ChatTemplate::native_tools`]) renders the declared
-//! tools itself, as its Jinja does with `tools` set ([`ChatTemplate::render_with_tools`]), and is
-//! verified with tool conversations too: declarations, calls in the history, tool results.
+//! Tools ([`ChatTemplate::render_with_tools`]): a family with a tool syntax of its own
+//! ([`ChatTemplate::native_tools`], Llama 3.1–3.3) renders the declared tools itself, as its Jinja
+//! does with `tools` set; any other family gets a declaration text in the system message. Both
+//! are verified with tool conversations (declarations, calls in the history, tool results) where
+//! the template has tools of its own or words them as Qwen's do (the Hermes declaration).
 
 use std::path::Path;
 

@@ -56,8 +56,7 @@ pub const CALL_CLOSE: &str = "\n</tool_call>";
 pub const CALL_SEP: &str = "\n";
 
 /// How a model writes a tool call, and how calls and results are written back into its prompt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum ToolSyntax {
     /// `<tool_call>\n{"name": N, "arguments": A}\n</tool_call>`, several in one answer; results
     /// as `<tool_response>` blocks in a user turn (Hermes, Qwen2.5/3, the generic wrapper).
@@ -122,10 +121,7 @@ impl ToolSyntax {
     pub fn render_call(self, name: &str, arguments: &str) -> String {
         match self {
             ToolSyntax::Hermes => render_call(name, arguments),
-            ToolSyntax::Llama3Json => {
-                let args = serde_json::from_str::<Value>(arguments).map(|v| crate::tokenizer::py_json(&v, None)).unwrap_or_else(|_| arguments.to_string());
-                format!("{{\"name\": {}, \"parameters\": {args}}}", json!(name))
-            }
+            ToolSyntax::Llama3Json => format!("{{\"name\": {}, \"parameters\": {}}}", json!(name), history_args(arguments)),
         }
     }
 }
@@ -166,6 +162,9 @@ impl ToolFormat {
         Ok(ToolFormat { syntax, native: false })
     }
 }
+
+/// The whitespace that may come before a call in a syntax without a marker (JSON's).
+pub const JSON_WS: [char; 4] = [' ', '\t', '\n', '\r'];
 
 /// Most tools one request may declare.
 pub const MAX_TOOLS: usize = 128;
@@ -408,8 +407,13 @@ fn clip(s: &str) -> String {
 /// One call in the history in the Hermes form, the arguments as Qwen's templates write them
 /// (`tojson`, Python's `json.dumps`); arguments that are not JSON are written as given.
 pub fn render_call(name: &str, arguments: &str) -> String {
-    let args = serde_json::from_str::<Value>(arguments).map(|v| crate::tokenizer::py_json(&v, None)).unwrap_or_else(|_| arguments.to_string());
-    format!("{CALL_OPEN}{{\"name\": {}, \"arguments\": {args}}}{CALL_CLOSE}", json!(name))
+    format!("{CALL_OPEN}{{\"name\": {}, \"arguments\": {}}}{CALL_CLOSE}", json!(name), history_args(arguments))
+}
+
+/// A call's arguments in the history as chat templates write a client's arguments object
+/// (`tojson`: Python's `json.dumps`); arguments that are not JSON as given.
+fn history_args(arguments: &str) -> String {
+    serde_json::from_str::<Value>(arguments).map(|v| crate::tokenizer::py_json(&v, None)).unwrap_or_else(|_| arguments.to_string())
 }
 
 /// One tool result, as it is given back to the model (in a user turn).
@@ -521,11 +525,13 @@ impl StreamParser {
         let (open, close) = (self.syntax.open(), self.syntax.close());
         match self.phase {
             Phase::Text if open.is_empty() => {
-                // No marker: a call is the answer itself, so its first character decides.
-                match p.trim_start().chars().next() {
+                // No marker: a call is the answer itself, so its first character after JSON's
+                // whitespace (the grammar's, not Unicode's) decides.
+                let rest = p.trim_start_matches(JSON_WS);
+                match rest.chars().next() {
                     None => {}
                     Some('{') => {
-                        self.pending.drain(..p.len() - p.trim_start().len());
+                        self.pending.drain(..p.len() - rest.len());
                         self.phase = Phase::Open;
                     }
                     Some(_) => self.phase = Phase::Plain,

@@ -284,6 +284,11 @@ fn json_form_frame_accepts_exactly_its_language() {
     assert_eq!(parse(&format!("\n {call}"), false, ToolSyntax::Llama3Json), want);
     assert_eq!(parse(call, true, ToolSyntax::Llama3Json), want);
     assert_eq!(parse("It is {sunny}.", false, ToolSyntax::Llama3Json), Outcome::Text("It is {sunny}.".into()));
+    // Only JSON's whitespace comes before a call: after any other space, `{` is text (as the
+    // grammar has it).
+    assert!(accepts("\u{a0}{\"name\""));
+    assert_eq!(parse("\u{a0}{x", false, ToolSyntax::Llama3Json), Outcome::Text("\u{a0}{x".into()));
+    assert_eq!(parse("\u{b}{x", false, ToolSyntax::Llama3Json), Outcome::Text("\u{b}{x".into()));
     assert_eq!(parse(&call[..call.len() - 3], false, ToolSyntax::Llama3Json), Outcome::Incomplete { text: String::new() });
     assert_eq!(parse(&format!("{call}{call}"), true, ToolSyntax::Llama3Json), Outcome::Incomplete { text: String::new() });
     // Streamed in pieces, the same outcome and the arguments byte for byte.
