@@ -82,8 +82,14 @@ pub enum ChatTemplate {
     Llama31 { bos: String, today: bool },
     /// `{bos}[INST] {user} [/INST]{assistant}{eos}`, strictly alternating, user first (Mistral v0.1).
     Mistral { bos: String, eos: String },
-    /// `{bos}<start_of_turn>{user|model}\n{content|trim}<end_of_turn>\n`, alternating, no system.
-    Gemma { bos: String },
+    /// `{bos}<start_of_turn>{user|model}\n{content|trim}<end_of_turn>\n`, alternating. A system
+    /// message is refused (Gemma 1/2), or, with `system_in_first_turn` (Gemma 3), its text and a
+    /// blank line open the first turn after it (untrimmed; the turns then alternate from there).
+    Gemma {
+        bos: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        system_in_first_turn: bool,
+    },
     /// `<|{role}|>{nl}{content}<|end|>{nl}` per message (`nl` a newline in Phi-3/3.5, nothing in
     /// Phi-4-mini); the generation prompt `<|assistant|>{nl}`, else `eos` after the last message.
     /// `skip_empty_system`: a system message with empty content is left out (Phi-3.5).
@@ -234,12 +240,17 @@ impl ChatTemplate {
                     }
                 }
             }
-            ChatTemplate::Gemma { bos } => {
+            ChatTemplate::Gemma { bos, system_in_first_turn } => {
                 out.push_str(bos);
-                for (i, m) in messages.iter().enumerate() {
+                let (prefix, turns) = match messages.split_first() {
+                    Some((s, rest)) if *system_in_first_turn && s.role == "system" => (format!("{}\n\n", s.content), rest),
+                    _ => (String::new(), messages),
+                };
+                for (i, m) in turns.iter().enumerate() {
                     check_alternation(i, &m.role)?;
                     let role = if m.role == "assistant" { "model" } else { "user" };
-                    out.push_str(&format!("<start_of_turn>{role}\n{}<end_of_turn>\n", m.content.trim()));
+                    let prefix = if i == 0 { prefix.as_str() } else { "" };
+                    out.push_str(&format!("<start_of_turn>{role}\n{prefix}{}<end_of_turn>\n", m.content.trim()));
                 }
                 if add_generation_prompt {
                     out.push_str("<start_of_turn>model\n");
@@ -296,7 +307,8 @@ impl ChatTemplate {
             candidates.push(ChatTemplate::Mistral { bos: bos_token.into(), eos: eos_token.into() });
         }
         if source.contains("<start_of_turn>") {
-            candidates.push(ChatTemplate::Gemma { bos: bos_token.into() });
+            candidates.push(ChatTemplate::Gemma { bos: bos_token.into(), system_in_first_turn: false });
+            candidates.push(ChatTemplate::Gemma { bos: bos_token.into(), system_in_first_turn: true });
         }
         if source.contains("<|end|>") && source.contains("<|assistant|>") {
             // The layout's details, read off what the template renders.
@@ -798,6 +810,31 @@ mod tests {
         assert!(e.contains("tool probe"), "{e}");
         // A template that knows no tools (SmolLM2's) is not held to them.
         assert!(ChatTemplate::from_jinja(SMOLLM, "<|im_start|>", "<|im_end|>").is_ok());
+    }
+
+    #[test]
+    fn recognises_gemma3s_system_in_the_first_turn() {
+        let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/templates/gemma3.jinja")).unwrap();
+        let t = ChatTemplate::from_jinja(&src, "<bos>", "<eos>").unwrap();
+        assert_eq!(t, ChatTemplate::Gemma { bos: "<bos>".into(), system_in_first_turn: true });
+        let m = ChatMessage::new;
+        let r = t.render(&[m("system", " Be brief. "), m("user", " Hi "), m("assistant", "Hello"), m("user", "More")], true).unwrap();
+        assert_eq!(r, "<bos><start_of_turn>user\n Be brief. \n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n<start_of_turn>user\nMore<end_of_turn>\n<start_of_turn>model\n");
+        // Tools named by a recipe (`llama3-json`) go into the system message, so into that turn.
+        let tool = crate::tools::Tool { name: "f".into(), description: None, parameters: serde_json::json!({"type": "object"}) };
+        let mut spec = crate::tools::ToolSpec::new(vec![tool], crate::tools::Choice::Auto, true).unwrap();
+        spec.syntax = crate::tools::ToolSyntax::Llama3Json;
+        let block = spec.system_block();
+        let r = t.render_with_tools(&[m("user", "Q")], true, Some(PromptTools::SystemText(&block))).unwrap();
+        assert!(r.starts_with("<bos><start_of_turn>user\nYou have access to the following functions.") && r.ends_with("\n\nQ<end_of_turn>\n<start_of_turn>model\n"), "{r}");
+        // Gemma 1/2's template refuses a system message: the same family without the option. The
+        // JSON a bundle stores for it is unchanged.
+        let old = ChatTemplate::from_jinja(GEMMA, "<bos>", "<eos>").unwrap();
+        assert_eq!(old, ChatTemplate::Gemma { bos: "<bos>".into(), system_in_first_turn: false });
+        assert!(old.render(&[m("system", "S"), m("user", "Q")], true).is_err());
+        assert_eq!(serde_json::from_str::<ChatTemplate>(r#"{"family": "gemma", "bos": "<bos>"}"#).unwrap(), old);
+        assert!(!old.to_json().contains("system_in_first_turn"));
+        assert_eq!(serde_json::from_str::<ChatTemplate>(&t.to_json()).unwrap(), t);
     }
 
     #[test]
