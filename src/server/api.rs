@@ -410,26 +410,11 @@ fn declare_tools(spec: Option<&mut ToolSpec>, format: ToolFormat, has_schema: bo
     Ok(())
 }
 
-/// One assistant message's calls as the model sees them. A syntax with one call per answer takes
-/// one (its template refuses more), and the call alone is the message, as its template writes it.
+/// One assistant message's calls as the model sees them ([`ToolFormat::assistant_turn`]).
 fn history_calls(format: ToolFormat, text: String, calls: Vec<String>, path: &str) -> Result<String, ApiError> {
-    if calls.is_empty() {
-        return Ok(text);
-    }
-    if !format.syntax.parallel() {
-        if calls.len() > 1 {
-            return Err(ApiError::unsupported(path, format!("this model's tool syntax ({}) has one tool call per assistant message; got {}", format.syntax.name(), calls.len())));
-        }
-        return Ok(calls.concat());
-    }
-    let mut out = text;
-    for c in calls {
-        if !out.is_empty() {
-            out.push('\n');
-        }
-        out.push_str(&c);
-    }
-    Ok(out)
+    format
+        .assistant_turn(text, calls)
+        .map_err(|n| ApiError::unsupported(path, format!("this model's tool syntax ({}) has one tool call per assistant message; got {n}", format.syntax.name())))
 }
 
 /// An Anthropic message as the model sees it: text blocks as they are, `tool_use` blocks
@@ -701,20 +686,7 @@ pub fn parse_openai(m: &Map<String, Value>, format: ToolFormat) -> Result<ChatRe
         };
         if role == "tool" {
             mo.req_str("tool_call_id")?;
-            if format.native {
-                // The template takes results as messages of their own.
-                messages.push(ChatMessage::new("tool", &content));
-                continue;
-            }
-            // Tool results go back to the model in a user turn; consecutive results share one.
-            let r = tools::render_result(&content);
-            match messages.last_mut() {
-                Some(m) if last_was_tool => {
-                    m.content.push('\n');
-                    m.content.push_str(&r);
-                }
-                _ => messages.push(ChatMessage::new("user", &r)),
-            }
+            format.push_result(&mut messages, &content, last_was_tool);
             last_was_tool = true;
             continue;
         }

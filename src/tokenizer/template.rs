@@ -594,27 +594,20 @@ impl<'a> JinjaProbe<'a> {
         ];
         for (i, (tools, msgs, gen)) in probes.iter().enumerate() {
             let want = self.render_json(msgs, Some(tools), *gen);
+            // The conversation as the API parsers write it (`ToolFormat`'s history helpers).
             let mut ours: Vec<ChatMessage> = Vec::new();
             let mut last_was_result = false;
             for m in msgs.as_array().into_iter().flatten() {
                 let role = m["role"].as_str().unwrap_or_default();
                 let content = m["content"].as_str().unwrap_or_default();
-                if role == "tool" && !format.native {
-                    let r = crate::tools::render_result(content);
-                    match ours.last_mut() {
-                        Some(prev) if last_was_result => prev.content = format!("{}\n{r}", prev.content),
-                        _ => ours.push(ChatMessage::new("user", &r)),
-                    }
+                if role == "tool" {
+                    format.push_result(&mut ours, content, last_was_result);
                     last_was_result = true;
                     continue;
                 }
                 last_was_result = false;
                 let calls: Vec<String> = m["tool_calls"].as_array().into_iter().flatten().map(|c| format.syntax.render_call(c["function"]["name"].as_str().unwrap_or_default(), &c["function"]["arguments"].to_string())).collect();
-                let text = match (calls.is_empty(), format.syntax.parallel()) {
-                    (true, _) => content.to_string(),
-                    (false, false) => calls.concat(),
-                    (false, true) => std::iter::once(content.to_string()).filter(|c| !c.is_empty()).chain(calls).collect::<Vec<_>>().join("\n"),
-                };
+                let text = format.assistant_turn(content.to_string(), calls).map_err(|n| format!("tool probe {i}: {n} calls in one message"))?;
                 ours.push(ChatMessage::new(role, &text));
             }
             let functions: Vec<serde_json::Value> = tools.as_array().cloned().unwrap_or_default();

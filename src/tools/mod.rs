@@ -140,6 +140,45 @@ pub struct ToolFormat {
 pub const TOOLS_PATH: &str = "tools.json";
 
 impl ToolFormat {
+    /// An assistant message that made calls (each written by [`ToolSyntax::render_call`]), as
+    /// the model sees it: the calls after the message's text, one per line; or, in a syntax with
+    /// one call per answer, the call alone, as its template writes it (`Err(n)`: `n` calls, which
+    /// its template refuses).
+    pub fn assistant_turn(self, text: String, calls: Vec<String>) -> Result<String, usize> {
+        if calls.is_empty() {
+            return Ok(text);
+        }
+        if !self.syntax.parallel() {
+            return if calls.len() == 1 { Ok(calls.concat()) } else { Err(calls.len()) };
+        }
+        let mut out = text;
+        for c in calls {
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            out.push_str(&c);
+        }
+        Ok(out)
+    }
+
+    /// Adds one tool result to the conversation as the model sees it: a `tool` message of its
+    /// own (`native`), or a `<tool_response>` block ([`render_result`]) in a user turn, which
+    /// consecutive results share (`after_result`: the last message added was a result).
+    pub fn push_result(self, messages: &mut Vec<crate::tokenizer::ChatMessage>, content: &str, after_result: bool) {
+        if self.native {
+            messages.push(crate::tokenizer::ChatMessage::new("tool", content));
+            return;
+        }
+        let r = render_result(content);
+        match messages.last_mut() {
+            Some(m) if after_result => {
+                m.content.push('\n');
+                m.content.push_str(&r);
+            }
+            _ => messages.push(crate::tokenizer::ChatMessage::new("user", &r)),
+        }
+    }
+
     /// A bundle's format: its template's own syntax where it has one (Llama 3.1–3.3), else the
     /// syntax its `tools.json` names (the recipe's `[tools]`), else Hermes.
     pub fn for_bundle(template: &crate::tokenizer::ChatTemplate, root: &std::path::Path) -> Result<ToolFormat, String> {
