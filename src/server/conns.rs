@@ -12,6 +12,12 @@
 //! The evicted connection's slot goes to the connection that evicted it, directly (a hand-over,
 //! not the semaphore's queue): under a flood of new connections each arrival waits only for its
 //! own victim to close, never behind every earlier arrival's eviction.
+//!
+//! A new connection enters the table the moment it is admitted, while it still waits for its
+//! victim's slot: under a flood the table always holds the newest arrivals as idle candidates,
+//! so a later arrival never finds "no idle victim" just because every listed connection was
+//! already chosen and the arrivals that chose them were not yet listed. An arrival evicted while
+//! it waits passes the slot it then receives straight on to its own evictor.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -46,12 +52,12 @@ pub struct ConnTable {
     conns: Mutex<HashMap<u64, Arc<Conn>>>,
 }
 
-/// What [`ConnTable::admit`] decided for a new connection.
+/// What [`ConnTable::admit`] decided for a new connection; the entry is already in the table.
 pub enum Admit {
     /// A free slot: serve it.
-    Slot(OwnedSemaphorePermit),
+    Slot(OwnedSemaphorePermit, Arc<Conn>),
     /// An idle connection was told to close; wait (off the accept loop) for its slot.
-    AfterEviction(oneshot::Receiver<OwnedSemaphorePermit>),
+    AfterEviction(oneshot::Receiver<OwnedSemaphorePermit>, Arc<Conn>),
     /// Every slot is busy: close the new connection.
     Full,
 }
@@ -69,25 +75,30 @@ impl ConnTable {
         self.conns.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Decide for a newly accepted connection (see the module docs).
-    pub fn admit(&self) -> Admit {
+    /// Decide for a newly accepted connection and enter it in the table (see the module docs);
+    /// it leaves the table by [`Conn::close`].
+    pub fn admit(self: &Arc<Self>) -> Admit {
         if let Ok(p) = self.slots.clone().try_acquire_owned() {
-            return Admit::Slot(p);
+            let c = self.entry();
+            self.lock().insert(c.id, c.clone());
+            return Admit::Slot(p, c);
         }
         // Choose, mark and remove under one lock: a connection closing meanwhile
         // ([`Conn::close`] takes the lock before [`Conn::release`]) is either not chosen or
         // finds its hand-over set.
         let mut conns = self.lock();
-        let Some(v) = conns.values().filter(|c| c.busy.load(Ordering::SeqCst) == 0).min_by_key(|c| c.idle_since_ms.load(Ordering::SeqCst)).cloned() else {
+        let Some(v) = conns.values().filter(|c| c.busy.load(Ordering::SeqCst) == 0).min_by_key(|c| (c.idle_since_ms.load(Ordering::SeqCst), c.id)).cloned() else {
             return Admit::Full;
         };
         let (tx, rx) = oneshot::channel();
         *v.handover.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
-        // Out of the table at once, so the next arrival picks another victim.
+        // Out of the table at once, so the next arrival picks another victim; the newcomer in.
         conns.remove(&v.id);
+        let c = self.entry();
+        conns.insert(c.id, c.clone());
         drop(conns);
         v.evict.notify_one();
-        Admit::AfterEviction(rx)
+        Admit::AfterEviction(rx, c)
     }
 
     /// Wait for the slot of the connection evicted for this one ([`Admit::AfterEviction`]);
@@ -96,19 +107,17 @@ impl ConnTable {
         tokio::time::timeout(EVICT_WAIT, slot).await.ok()?.ok()
     }
 
-    /// Enter a connection that holds a slot; it leaves the table when the returned entry drops.
-    pub fn register(self: &Arc<Self>) -> Arc<Conn> {
+    /// A new, idle entry (not yet in the table).
+    fn entry(self: &Arc<Self>) -> Arc<Conn> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let c = Arc::new(Conn {
+        Arc::new(Conn {
             id,
             busy: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(self.now_ms()),
             evict: Notify::new(),
             handover: Mutex::new(None),
             table: self.clone(),
-        });
-        self.lock().insert(id, c.clone());
-        c
+        })
     }
 
     /// Open connections in the table.
@@ -200,40 +209,64 @@ mod tests {
     #[tokio::test]
     async fn the_longest_idle_connection_is_evicted_and_busy_ones_never() {
         let t = ConnTable::new(2);
-        let Admit::Slot(p1) = t.admit() else { panic!("free slot") };
-        let a = t.register();
+        let Admit::Slot(p1, a) = t.admit() else { panic!("free slot") };
         tokio::time::sleep(Duration::from_millis(5)).await;
-        let Admit::Slot(p2) = t.admit() else { panic!("free slot") };
-        let b = t.register();
-        // Both idle: the older (a) goes first.
-        let Admit::AfterEviction(slot) = t.admit() else { panic!("evicts") };
+        let Admit::Slot(p2, b) = t.admit() else { panic!("free slot") };
+        // Both idle: the older (a) goes first; the newcomer is listed at once.
+        let Admit::AfterEviction(slot, c) = t.admit() else { panic!("evicts") };
         tokio::time::timeout(Duration::from_secs(1), a.evicted()).await.expect("a notified");
-        assert_eq!(t.len(), 1);
+        assert_eq!(t.len(), 2);
         // a's task ends and hands its slot to the newcomer, not to the semaphore's queue.
         a.close();
         a.release(p1);
         assert!(t.slots.available_permits() == 0);
         let p3 = ConnTable::slot_after_eviction(slot).await.expect("slot");
-        let c = t.register();
         // b busy, c idle: c goes, even though b is older.
         let g = b.busy();
-        let Admit::AfterEviction(_) = t.admit() else { panic!("evicts") };
+        let Admit::AfterEviction(_, d) = t.admit() else { panic!("evicts") };
         tokio::time::timeout(Duration::from_secs(1), c.evicted()).await.expect("c notified");
-        // Only b is left and it is busy: a newcomer is refused.
+        // The newcomer d is idle and listed: the next arrival evicts it, never busy b.
+        let Admit::AfterEviction(_, e) = t.admit() else { panic!("evicts the waiting newcomer") };
+        tokio::time::timeout(Duration::from_secs(1), d.evicted()).await.expect("d notified");
+        // Only b and e: e busy as well, so a newcomer is refused.
+        let ge = e.busy();
         assert!(matches!(t.admit(), Admit::Full));
-        drop(g);
-        assert!(matches!(t.admit(), Admit::AfterEviction(_)), "b idle again");
+        drop((g, ge));
+        assert!(matches!(t.admit(), Admit::AfterEviction(..)), "b idle again");
         drop((p2, p3));
+    }
+
+    /// The flood race (stop 42's CI failure): every listed connection already chosen, the
+    /// arrivals that chose them still waiting for their slots. The next arrival must find one of
+    /// those waiting arrivals to evict, and the slot must travel down the chain.
+    #[tokio::test]
+    async fn arrivals_waiting_for_a_slot_are_evictable_and_pass_the_slot_on() {
+        let t = ConnTable::new(1);
+        let Admit::Slot(p, a) = t.admit() else { panic!("free slot") };
+        let Admit::AfterEviction(to_b, b) = t.admit() else { panic!("evicts a") };
+        let Admit::AfterEviction(to_c, c) = t.admit() else { panic!("evicts the waiting b, not refused") };
+        tokio::time::timeout(Duration::from_secs(1), b.evicted()).await.expect("b notified");
+        // a closes: its slot goes to b, which was evicted meanwhile and passes it on to c.
+        a.close();
+        a.release(p);
+        let pb = ConnTable::slot_after_eviction(to_b).await.expect("b's slot");
+        b.close();
+        b.release(pb);
+        let pc = ConnTable::slot_after_eviction(to_c).await.expect("c's slot");
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.slots.available_permits(), 0);
+        drop(pc);
+        c.close();
+        assert!(t.is_empty());
     }
 
     #[tokio::test]
     async fn a_tracked_body_keeps_its_connection_busy_until_dropped() {
         let t = ConnTable::new(1);
-        let Admit::Slot(_p) = t.admit() else { panic!() };
-        let c = t.register();
+        let Admit::Slot(_p, c) = t.admit() else { panic!() };
         let body = track(Body::from("x"), c.busy());
         assert!(matches!(t.admit(), Admit::Full));
         drop(body);
-        assert!(matches!(t.admit(), Admit::AfterEviction(_)));
+        assert!(matches!(t.admit(), Admit::AfterEviction(..)));
     }
 }

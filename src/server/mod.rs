@@ -758,14 +758,12 @@ async fn accept_loop(listener: UnixListener, current: Arc<Current>, metrics: Arc
         };
         // Over the connection cap, the connection idle the longest makes room; when every
         // connection is busy the new one is closed at once (the client sees EOF).
-        let admit = table.admit();
-        let evicted = matches!(admit, conns::Admit::AfterEviction(_));
-        if evicted {
-            metrics.connection_evicted();
-        }
-        let pending = match admit {
-            conns::Admit::Slot(p) => Ok(p),
-            conns::Admit::AfterEviction(slot) => Err(slot),
+        let (pending, conn) = match table.admit() {
+            conns::Admit::Slot(p, c) => (Ok(p), c),
+            conns::Admit::AfterEviction(slot, c) => {
+                metrics.connection_evicted();
+                (Err(slot), c)
+            }
             conns::Admit::Full => {
                 metrics.connection_refused();
                 drop(stream);
@@ -774,24 +772,37 @@ async fn accept_loop(listener: UnixListener, current: Arc<Current>, metrics: Arc
         };
         let peer = match Peer::of(&stream) {
             Ok(p) => p,
-            Err(_) => continue,
+            Err(_) => {
+                // Its slot (or the one coming to it) goes on at once: to its own evictor, if any.
+                conn.close();
+                match pending {
+                    Ok(p) => conn.release(p),
+                    Err(slot) => {
+                        tokio::spawn(async move {
+                            if let Some(p) = conns::ConnTable::slot_after_eviction(slot).await {
+                                conn.release(p);
+                            }
+                        });
+                    }
+                }
+                continue;
+            }
         };
         let cur = current.clone();
         let m = metrics.clone();
         let stop = stop.clone();
-        let table = table.clone();
         tokio::spawn(async move {
             let permit = match pending {
                 Ok(p) => p,
                 Err(slot) => match conns::ConnTable::slot_after_eviction(slot).await {
                     Some(p) => p,
                     None => {
+                        conn.close();
                         m.connection_refused();
                         return;
                     }
                 },
             };
-            let conn = table.register();
             m.connections_add(1);
             serve_conn(stream, peer, cur, header_timeout, stop, conn.clone()).await;
             conn.close();
