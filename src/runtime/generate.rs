@@ -57,12 +57,71 @@ pub struct GenSpec {
     pub constraints: Option<Constraints>,
     /// Output redaction and mandatory prefix/suffix; `None` = the model's text as is.
     pub pipeline: Option<TextPipeline>,
+    /// A cap on the reasoning block the answer starts in; `None` = as long as the model needs.
+    pub thinking: Option<ThinkingBudget>,
 }
 
 impl GenSpec {
     /// Plain sampling: no constraints, stops or pipeline.
     pub fn plain(params: SamplingParams, max_tokens: usize) -> GenSpec {
-        GenSpec { params, max_tokens, stop: Vec::new(), constraints: None, pipeline: None }
+        GenSpec { params, max_tokens, stop: Vec::new(), constraints: None, pipeline: None, thinking: None }
+    }
+}
+
+/// A cap on a reasoning block's length (Anthropic's `thinking.budget_tokens`), for a sequence
+/// whose prompt opened the block (`PromptBuilder::chat_thinking`). Once the model has written
+/// `tokens` tokens in the block without closing it, the `close` tokens (`\n</think>\n\n`) are
+/// forced, one per step, and the model answers after them. The forced tokens are output tokens
+/// like any other (counted in usage and against `max_tokens`).
+#[derive(Debug, Clone)]
+pub struct ThinkingBudget {
+    pub tokens: usize,
+    pub close: Vec<u32>,
+}
+
+/// A [`ThinkingBudget`] being kept.
+struct Thinking {
+    budget: ThinkingBudget,
+    /// Tokens generated in the block so far.
+    used: usize,
+    /// Close tokens forced so far.
+    forced: usize,
+    /// The block is still open.
+    open: bool,
+    /// The end of the model's text, where its own `</think>` is looked for.
+    tail: String,
+}
+
+impl Thinking {
+    /// The token to force now, if any.
+    fn forced(&self) -> Option<u32> {
+        (self.open && self.used >= self.budget.tokens).then(|| self.budget.close.get(self.forced).copied()).flatten()
+    }
+
+    /// After a token (`piece`: its text) was generated.
+    fn after(&mut self, piece: &str, was_forced: bool) {
+        if !self.open {
+            return;
+        }
+        self.used += 1;
+        if was_forced {
+            self.forced += 1;
+            self.open = self.forced < self.budget.close.len();
+            return;
+        }
+        self.tail.push_str(piece);
+        if self.tail.contains(crate::tokenizer::reasoning::CLOSE) {
+            self.open = false;
+            return;
+        }
+        let keep = crate::tokenizer::reasoning::CLOSE.len();
+        if self.tail.len() > 4 * keep {
+            let mut cut = self.tail.len() - keep;
+            while !self.tail.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            self.tail.drain(..cut);
+        }
     }
 }
 
@@ -91,6 +150,7 @@ pub struct SeqGen {
     max_context: usize,
     eog: Arc<[u32]>,
     ended: Option<End>,
+    thinking: Option<Thinking>,
 }
 
 impl SeqGen {
@@ -113,6 +173,7 @@ impl SeqGen {
             max_context,
             eog,
             ended: None,
+            thinking: spec.thinking.filter(|b| !b.close.is_empty()).map(|budget| Thinking { budget, used: 0, forced: 0, open: true, tail: String::new() }),
         }
     }
 
@@ -156,6 +217,15 @@ impl SeqGen {
                 return self.end(None, StopReason::Policy, None);
             }
         }
+        // A reasoning block past its budget: only the next close token may follow.
+        let forced = self.thinking.as_ref().and_then(Thinking::forced);
+        if let Some(f) = forced {
+            for (i, x) in logits.iter_mut().enumerate() {
+                if i != f as usize {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
         let Some(tok) = self.sampler.sample(logits, &self.history, None) else {
             return self.end(None, StopReason::EndTurn, None);
         };
@@ -169,6 +239,9 @@ impl SeqGen {
         }
         self.history.push(tok);
         let piece = self.decoder.push(tok);
+        if let Some(t) = self.thinking.as_mut() {
+            t.after(&piece, forced == Some(tok));
+        }
         let (text, hit) = self.stops.push(&piece);
         let mut text = self.emit(text);
         if let Some(stop) = hit {
@@ -374,6 +447,34 @@ mod tests {
 
     fn byte(c: u8) -> u32 {
         2 + c as u32
+    }
+
+    /// A reasoning block past its budget: the close tokens are forced whatever the model
+    /// prefers, then the model goes on; a model that closes the block itself is not forced.
+    #[test]
+    fn a_thinking_budget_forces_the_block_closed() {
+        let tok = crate::tokenizer::tests::tiny();
+        let v = tok.vocab_size();
+        let eog: Arc<[u32]> = vec![1].into();
+        let close = tok.encode("\n</think>\n\n", false).unwrap();
+        let run = |model: &[u8], budget: usize| {
+            let spec = GenSpec { thinking: Some(ThinkingBudget { tokens: budget, close: close.clone() }), ..GenSpec::plain(greedy(), 40) };
+            let mut g = SeqGen::new(vec![0], spec, tok.stream_decoder(), eog.clone(), 64);
+            let mut text = String::new();
+            for &c in model {
+                let s = g.step(&mut favour(byte(c), v));
+                text.push_str(&s.text);
+            }
+            text
+        };
+        // The model would write `x` forever: 3 tokens, then the close, then the model again.
+        let want = format!("xxx\n</think>\n\n{}", "x".repeat(20 - 3 - close.len()));
+        assert_eq!(run(&[b'x'; 20], 3), want);
+        // A model that closes within its budget is left alone.
+        let own = b"ab</think>\n\nyy";
+        assert_eq!(run(own, 12), "ab</think>\n\nyy");
+        // A budget of 0 closes at once.
+        assert!(run(&[b'x'; 14], 0).starts_with("\n</think>\n\nx"));
     }
 
     #[test]

@@ -117,7 +117,18 @@ impl LoadedBundle {
     pub fn spec(&self, preset: Option<&Preset>, adhoc: Option<Arc<CompiledSchema>>, params: SamplingParams, max_tokens: usize, stop: Vec<String>) -> GenSpec {
         let constraints = self.policy.constraints(preset, adhoc, self.config.vocab_size);
         let pipeline = preset.map(|p| self.policy.pipeline(Some(p)));
-        GenSpec { params, max_tokens, stop, constraints: Some(constraints), pipeline }
+        GenSpec { params, max_tokens, stop, constraints: Some(constraints), pipeline, thinking: None }
+    }
+
+    /// A cap of `tokens` on the reasoning block of a model that reasons (see
+    /// [`generate::ThinkingBudget`]); `None` for a model that does not.
+    pub fn thinking_budget(&self, tokens: usize) -> Option<generate::ThinkingBudget> {
+        if !self.template.reasons() {
+            return None;
+        }
+        let close = format!("\n{}\n\n", crate::tokenizer::reasoning::CLOSE);
+        let close = self.tokenizer.encode(&close, true).ok().filter(|c| !c.is_empty())?;
+        Some(generate::ThinkingBudget { tokens, close })
     }
 
     /// One sequence's generation state for `prompt` (see [`SeqGen`]).

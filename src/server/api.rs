@@ -14,6 +14,8 @@
 //!   413 body too large, 429 queue full (with `Retry-After`), 503 loading, draining or audit log
 //!   unwritable, 500 engine failure.
 
+use std::sync::Arc;
+
 use axum::body::Body;
 use bytes::{BufMut as _, Bytes, BytesMut};
 use hyper::Response;
@@ -126,6 +128,12 @@ pub struct ChatRequest {
     /// OpenAI `reasoning_effort: "none"`); a reasoning model (Qwen3) then answers directly, as its
     /// template's `enable_thinking=false` has it. `None`: the model's default.
     pub thinking: Option<bool>,
+    /// Anthropic `thinking: {"type": "enabled", "budget_tokens": N}`: at most N tokens of
+    /// reasoning (`runtime::generate::ThinkingBudget`).
+    pub thinking_budget: Option<usize>,
+    /// The client asked to see the reasoning (Anthropic `thinking` enabled or adaptive: `thinking`
+    /// content blocks). OpenAI clients always get it, as `reasoning_content`.
+    pub show_thinking: bool,
 }
 
 impl ChatRequest {
@@ -496,10 +504,27 @@ fn anthropic_content(blocks: &[Value], path: &str, role: &str, format: ToolForma
                 format.syntax.render_call(o.req_str("name")?, &input.to_string())
             }
             ("tool_result", "user") => tools::render_result(&tool_result_text(b, &bp)?),
+            // The model's own reasoning, sent back: before the rest of the turn, as the model
+            // wrote it (its template drops or keeps it); an encrypted one has nothing to give.
+            ("thinking", "assistant") => {
+                o.str("signature")?;
+                out.insert_str(0, &reasoning_prefix(o.req_str("thinking")?));
+                continue;
+            }
+            ("redacted_thinking", "assistant") => {
+                o.req_str("data")?;
+                continue;
+            }
+            ("thinking" | "redacted_thinking", _) => return Err(ApiError::bad(&format!("{bp}.type"), format!("a {ty:?} block belongs in an assistant message"))),
             ("tool_use" | "tool_result", _) => {
                 return Err(ApiError::bad(&format!("{bp}.type"), format!("a {ty:?} block belongs in {} message", if ty == "tool_use" { "an assistant" } else { "a user" })))
             }
-            _ => return Err(ApiError::unsupported(&format!("{bp}.type"), format!("content blocks of type {ty:?} are not supported (only \"text\", \"tool_use\" and \"tool_result\")"))),
+            _ => {
+                return Err(ApiError::unsupported(
+                    &format!("{bp}.type"),
+                    format!("content blocks of type {ty:?} are not supported (only \"text\", \"thinking\", \"tool_use\" and \"tool_result\")"),
+                ))
+            }
         };
         if !out.is_empty() {
             out.push('\n');
@@ -619,15 +644,57 @@ pub fn parse_anthropic(m: &Map<String, Value>, counting: bool, format: ToolForma
     }
     let preset = o.str("preset")?.map(str::to_owned);
     declare_tools(tools.as_mut(), format, schema.is_some(), "output_config")?;
-    let thinking = anthropic_thinking(&o)?;
-    Ok(ChatRequest { model, messages, max_tokens, sampling, seed: None, stop, stream, include_usage: false, overrides, schema, preset, prompt: None, tools, thinking })
+    let t = anthropic_thinking(&o)?;
+    if t.show {
+        // As Anthropic's API: reasoning cannot come before an answer held from its first token.
+        if tools.as_ref().is_some_and(|t| t.active() && t.choice != tools::Choice::Auto) {
+            return Err(ApiError::bad("thinking", "thinking cannot be enabled when tool_choice forces tool use (\"any\" or \"tool\"); use \"auto\" or turn thinking off"));
+        }
+        if schema.is_some() {
+            return Err(ApiError::unsupported("thinking", "an output format holds the answer to its schema from the first token, which leaves no room for thinking; turn thinking off"));
+        }
+    }
+    if let (Some(b), Some(m)) = (t.budget, max_tokens) {
+        if b >= m {
+            return Err(ApiError::bad("thinking.budget_tokens", format!("{b} must be less than max_tokens ({m}): the answer comes after the thinking")));
+        }
+    }
+    Ok(ChatRequest {
+        model,
+        messages,
+        max_tokens,
+        sampling,
+        seed: None,
+        stop,
+        stream,
+        include_usage: false,
+        overrides,
+        schema,
+        preset,
+        prompt: None,
+        tools,
+        thinking: t.on,
+        thinking_budget: t.budget,
+        show_thinking: t.show,
+    })
 }
 
-/// Anthropic's `thinking`: `{"type": "disabled"}` turns a reasoning model's thinking off. Enabling
-/// it with a token budget is refused: the budget would not be enforced (thinking is the model's
-/// default, without a budget, when the field is absent).
-fn anthropic_thinking(o: &Obj) -> Result<Option<bool>, ApiError> {
-    let Some(v) = o.get("thinking") else { return Ok(None) };
+/// What Anthropic's `thinking` field asks.
+struct AnthropicThinking {
+    on: Option<bool>,
+    budget: Option<usize>,
+    show: bool,
+}
+
+/// Anthropic's `thinking`, for a model that reasons (Qwen3; for other models nothing changes):
+/// - absent: the model's default (a reasoning model thinks; its reasoning is not returned, as
+///   Anthropic's API returns none when thinking is not enabled);
+/// - `{"type": "disabled"}`: thinking off;
+/// - `{"type": "enabled", "budget_tokens": N}`: at most N tokens of reasoning, returned as a
+///   `thinking` block before the answer;
+/// - `{"type": "adaptive"}`: as long as the model needs, returned.
+fn anthropic_thinking(o: &Obj) -> Result<AnthropicThinking, ApiError> {
+    let Some(v) = o.get("thinking") else { return Ok(AnthropicThinking { on: None, budget: None, show: false }) };
     let Value::Object(tm) = v else {
         return Err(ApiError::bad("thinking", format!("expected an object, got {}", kind(v))));
     };
@@ -635,14 +702,28 @@ fn anthropic_thinking(o: &Obj) -> Result<Option<bool>, ApiError> {
     match t.req_str("type")? {
         "disabled" => {
             t.reject_unknown(&["type"], &[])?;
-            Ok(Some(false))
+            Ok(AnthropicThinking { on: Some(false), budget: None, show: false })
         }
-        "enabled" | "adaptive" => Err(ApiError::unsupported(
-            "thinking.type",
-            "thinking budgets are not enforced by this server: omit `thinking` (a reasoning model then thinks as long as it needs) or send {\"type\": \"disabled\"}",
-        )),
-        other => Err(ApiError::bad("thinking.type", format!("expected \"disabled\" or \"enabled\", got {other:?}"))),
+        "enabled" => {
+            t.reject_unknown(&["type", "budget_tokens"], &[])?;
+            let Some(b) = t.uint("budget_tokens")? else { return Err(ApiError::bad("thinking.budget_tokens", "required field is missing")) };
+            if b == 0 {
+                return Err(ApiError::bad("thinking.budget_tokens", "must be at least 1"));
+            }
+            Ok(AnthropicThinking { on: Some(true), budget: Some(b as usize), show: true })
+        }
+        "adaptive" => {
+            t.reject_unknown(&["type"], &[])?;
+            Ok(AnthropicThinking { on: Some(true), budget: None, show: true })
+        }
+        other => Err(ApiError::bad("thinking.type", format!("expected \"enabled\", \"adaptive\" or \"disabled\", got {other:?}"))),
     }
+}
+
+/// A history message's reasoning, as the model wrote it before its answer.
+fn reasoning_prefix(r: &str) -> String {
+    use crate::tokenizer::reasoning::{CLOSE, OPEN};
+    format!("{OPEN}\n{r}\n{CLOSE}\n\n")
 }
 
 /// `POST /v1/chat/completions`.
@@ -667,7 +748,7 @@ pub fn parse_openai(m: &Map<String, Value>, format: ToolFormat) -> Result<ChatRe
             return Err(ApiError::bad(&p, format!("expected a message object, got {}", kind(v))));
         };
         let mo = Obj::new(mm, &p);
-        mo.reject_unknown(&["role", "content", "name", "tool_calls", "tool_call_id", "refusal"], &["function_call", "audio"])?;
+        mo.reject_unknown(&["role", "content", "name", "tool_calls", "tool_call_id", "refusal", "reasoning_content"], &["function_call", "audio"])?;
         let role = mo.req_str("role")?;
         let role = match role {
             "system" | "developer" => "system",
@@ -691,6 +772,12 @@ pub fn parse_openai(m: &Map<String, Value>, format: ToolFormat) -> Result<ChatRe
             continue;
         }
         last_was_tool = false;
+        if let Some(r) = mo.str("reasoning_content")? {
+            if role != "assistant" {
+                return Err(ApiError::bad(&format!("{p}.reasoning_content"), "only assistant messages carry reasoning"));
+            }
+            content.insert_str(0, &reasoning_prefix(r));
+        }
         if let Some(calls) = mo.get("tool_calls") {
             if role != "assistant" {
                 return Err(ApiError::bad(&format!("{p}.tool_calls"), "only assistant messages carry tool calls"));
@@ -853,7 +940,7 @@ fn openai_params(o: &Obj<'_>) -> Result<ChatRequest, ApiError> {
     }
     overrides.seed = seed;
     let preset = o.str("preset")?.map(str::to_owned);
-    Ok(ChatRequest { model, messages: Vec::new(), max_tokens: mt.map(|x| x as usize), sampling, seed, stop, stream, include_usage, overrides, schema, preset, prompt: None, tools: None, thinking: None })
+    Ok(ChatRequest { model, messages: Vec::new(), max_tokens: mt.map(|x| x as usize), sampling, seed, stop, stream, include_usage, overrides, schema, preset, prompt: None, tools: None, thinking: None, thinking_budget: None, show_thinking: false })
 }
 
 // ---- responses ----
@@ -902,6 +989,17 @@ pub fn anthropic_message_start(id: &str, model: &str, input_tokens: usize) -> St
         q(id),
         q(model)
     )
+}
+
+/// Anthropic's text-delta event for the text block at `index` (0, or 1 after a thinking block),
+/// built once per index.
+pub fn anthropic_text_delta(index: usize) -> Arc<SseTemplate> {
+    static DELTA: [std::sync::OnceLock<Arc<SseTemplate>>; 2] = [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    let build = move || Arc::new(SseTemplate::new(Some("content_block_delta"), |t| json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": t}})));
+    match DELTA.get(index) {
+        Some(cell) => cell.get_or_init(build).clone(),
+        None => build(),
+    }
 }
 
 /// A server-sent event whose JSON is fixed but for one string: rendered once with a marker in
@@ -1009,8 +1107,10 @@ pub(crate) fn completion_body(id: &str, model: &str, fingerprint: &str, text: &s
 }
 
 /// The body of a whole (non-streamed) answer: an Anthropic message or an OpenAI chat completion.
-pub(crate) fn chat_body(flavor: Flavor, id: &str, model: &str, fingerprint: &str, text: &str, f: &Finish, n: usize) -> Value {
-    match flavor {
+/// `reasoning`: the model's reasoning, to return apart ([`add_reasoning`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn chat_body(flavor: Flavor, id: &str, model: &str, fingerprint: &str, text: &str, reasoning: Option<&str>, f: &Finish, n: usize) -> Value {
+    let mut body = match flavor {
         Flavor::Anthropic => json!({
             "id": id, "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "text", "text": text}],
@@ -1024,6 +1124,27 @@ pub(crate) fn chat_body(flavor: Flavor, id: &str, model: &str, fingerprint: &str
             "usage": {"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens,
                       "prompt_tokens_details": {"cached_tokens": f.cached_tokens}},
         }),
+    };
+    add_reasoning(flavor, &mut body, reasoning);
+    body
+}
+
+/// The reasoning of a model that thinks, apart from its answer: Anthropic a `thinking` block
+/// first (its `signature` is empty: the block is not encrypted, and a client may send it back
+/// as it is), OpenAI the message's `reasoning_content`.
+pub(crate) fn add_reasoning(flavor: Flavor, body: &mut Value, reasoning: Option<&str>) {
+    let Some(r) = reasoning else { return };
+    match flavor {
+        Flavor::Anthropic => {
+            if let Some(Value::Array(c)) = body.get_mut("content") {
+                c.insert(0, json!({"type": "thinking", "thinking": r, "signature": ""}));
+            }
+        }
+        Flavor::OpenAi => {
+            if let Some(Value::Object(m)) = body.pointer_mut("/choices/0/message") {
+                m.insert("reasoning_content".into(), json!(r));
+            }
+        }
     }
 }
 
@@ -1057,7 +1178,17 @@ pub(crate) fn call_input(arguments: &str) -> Result<Option<Value>, ApiError> {
 /// the body's text: an `input` serde_json cannot hold ([`call_input`]) is written as the model
 /// wrote it, in place of a placeholder no other string can equal.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn tool_calls_body(flavor: Flavor, id: &str, model: &str, fingerprint: &str, text: &str, calls: &[(String, tools::Call)], f: &Finish, n: usize) -> Result<String, ApiError> {
+pub(crate) fn tool_calls_body(
+    flavor: Flavor,
+    id: &str,
+    model: &str,
+    fingerprint: &str,
+    text: &str,
+    reasoning: Option<&str>,
+    calls: &[(String, tools::Call)],
+    f: &Finish,
+    n: usize,
+) -> Result<String, ApiError> {
     Ok(match flavor {
         Flavor::Anthropic => {
             let mut content = Vec::new();
@@ -1081,8 +1212,9 @@ pub(crate) fn tool_calls_body(flavor: Flavor, id: &str, model: &str, fingerprint
                 "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
                 "stop_reason": "tool_use", "stop_sequence": Value::Null,
                 "usage": {"input_tokens": n, "output_tokens": f.output_tokens},
-            })
-            .to_string();
+            });
+            add_reasoning(flavor, &mut body, reasoning);
+            let mut body = body.to_string();
             for (mark, text) in raw {
                 body = body.replacen(&mark, text, 1);
             }
@@ -1090,14 +1222,15 @@ pub(crate) fn tool_calls_body(flavor: Flavor, id: &str, model: &str, fingerprint
         }
         Flavor::OpenAi => {
             let tc: Vec<Value> = calls.iter().map(|(cid, c)| json!({"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})).collect();
-            json!({
+            let mut body = json!({
                 "id": id, "object": "chat.completion", "created": unix_now(), "model": model,
                 "system_fingerprint": fingerprint,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": if text.is_empty() { Value::Null } else { json!(text) }, "refusal": Value::Null, "tool_calls": tc}, "logprobs": Value::Null, "finish_reason": "tool_calls"}],
                 "usage": {"prompt_tokens": n, "completion_tokens": f.output_tokens, "total_tokens": n + f.output_tokens,
                           "prompt_tokens_details": {"cached_tokens": f.cached_tokens}},
-            })
-            .to_string()
+            });
+            add_reasoning(flavor, &mut body, reasoning);
+            body.to_string()
         }
     })
 }
@@ -1204,14 +1337,29 @@ mod tests {
     }
 
     #[test]
-    fn thinking_can_be_turned_off_on_both_apis_and_budgets_are_refused() {
-        let a = |extra: &str| parse_anthropic(&obj(&format!(r#"{{"model":"m","max_tokens":5,"messages":[{{"role":"user","content":"a"}}]{extra}}}"#)), false, ToolFormat::default());
-        assert_eq!(a("").unwrap().thinking, None);
+    fn thinking_on_off_and_budgets_on_both_apis() {
+        let a = |extra: &str| parse_anthropic(&obj(&format!(r#"{{"model":"m","max_tokens":50,"messages":[{{"role":"user","content":"a"}}]{extra}}}"#)), false, ToolFormat::default());
+        let r = a("").unwrap();
+        assert_eq!((r.thinking, r.thinking_budget, r.show_thinking), (None, None, false));
         assert_eq!(a(r#","thinking":{"type":"disabled"}"#).unwrap().thinking, Some(false));
-        let e = a(r#","thinking":{"type":"enabled","budget_tokens":1024}"#).unwrap_err();
-        assert_eq!((e.status, e.message.contains("thinking.type") && e.message.contains("disabled")), (422, true), "{}", e.message);
+        let r = a(r#","thinking":{"type":"enabled","budget_tokens":20}"#).unwrap();
+        assert_eq!((r.thinking, r.thinking_budget, r.show_thinking), (Some(true), Some(20), true));
+        let r = a(r#","thinking":{"type":"adaptive"}"#).unwrap();
+        assert_eq!((r.thinking, r.thinking_budget, r.show_thinking), (Some(true), None, true));
+        // As Anthropic's API: the budget is below max_tokens, and given.
+        let e = a(r#","thinking":{"type":"enabled","budget_tokens":50}"#).unwrap_err();
+        assert_eq!((e.status, e.message.starts_with("thinking.budget_tokens")), (400, true), "{}", e.message);
+        assert_eq!(a(r#","thinking":{"type":"enabled"}"#).unwrap_err().status, 400);
+        assert_eq!(a(r#","thinking":{"type":"enabled","budget_tokens":0}"#).unwrap_err().status, 400);
+        assert_eq!(a(r#","thinking":{"type":"enabled","budget_tokens":-1}"#).unwrap_err().status, 400);
+        assert_eq!(a(r#","thinking":{"type":"enabled","budget_tokens":5,"x":1}"#).unwrap_err().status, 400);
         assert_eq!(a(r#","thinking":{"type":"sometimes"}"#).unwrap_err().status, 400);
         assert_eq!(a(r#","thinking":"off""#).unwrap_err().status, 400);
+        // Thinking cannot come before an answer held from its first token.
+        let forced = r#","tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"any"},"thinking":{"type":"adaptive"}"#;
+        assert_eq!(a(forced).unwrap_err().status, 400);
+        let schema = r#","output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}},"thinking":{"type":"adaptive"}"#;
+        assert_eq!(a(schema).unwrap_err().status, 422);
         // count_tokens takes it too (the prompt it counts is the one the answer would get).
         let c = parse_anthropic(&obj(r#"{"model":"m","messages":[{"role":"user","content":"a"}],"thinking":{"type":"disabled"}}"#), true, ToolFormat::default()).unwrap();
         assert_eq!(c.thinking, Some(false));
@@ -1220,6 +1368,45 @@ mod tests {
         assert_eq!(o(r#","reasoning_effort":"none""#).unwrap().thinking, Some(false));
         let e = o(r#","reasoning_effort":"high""#).unwrap_err();
         assert_eq!((e.status, e.message.starts_with("reasoning_effort")), (422, true), "{}", e.message);
+    }
+
+    /// The model's reasoning sent back in the history (an agent's next turn) reaches the
+    /// template as the model wrote it: `<think>` block first, then the turn's text and calls.
+    #[test]
+    fn reasoning_in_the_history_is_given_back_to_the_template() {
+        let a = parse_anthropic(
+            &obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"},
+                {"role":"assistant","content":[{"type":"thinking","thinking":"hmm","signature":""},{"type":"redacted_thinking","data":"x"},{"type":"text","text":"A"}]},
+                {"role":"user","content":"again"}]}"#),
+            false,
+            ToolFormat::default(),
+        )
+        .unwrap();
+        assert!(a.messages[1].content.starts_with("<think>\nhmm\n</think>\n\n") && a.messages[1].content.ends_with('A'), "{:?}", a.messages[1].content);
+        let e = parse_anthropic(&obj(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"thinking","thinking":"x","signature":""}]}]}"#), false, ToolFormat::default()).unwrap_err();
+        assert_eq!(e.status, 400, "{}", e.message);
+        let o = parse_openai(
+            &obj(r#"{"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant","content":"A","reasoning_content":"hmm"},{"role":"user","content":"again"}]}"#),
+            ToolFormat::default(),
+        )
+        .unwrap();
+        assert_eq!(o.messages[1].content, "<think>\nhmm\n</think>\n\nA");
+        let e = parse_openai(&obj(r#"{"model":"m","messages":[{"role":"user","content":"q","reasoning_content":"x"}]}"#), ToolFormat::default()).unwrap_err();
+        assert_eq!(e.status, 400);
+    }
+
+    #[test]
+    fn reasoning_is_returned_apart_in_both_apis_bodies() {
+        let f = Finish { reason: super::super::scheduler::StopReason::EndTurn, output_tokens: 9, stop_sequence: None, ttft: None, cached_tokens: 0 };
+        let b = chat_body(Flavor::Anthropic, "msg_1", "m", "fp", "answer", Some("why"), &f, 3);
+        assert_eq!(b["content"], json!([{"type": "thinking", "thinking": "why", "signature": ""}, {"type": "text", "text": "answer"}]));
+        let b = chat_body(Flavor::OpenAi, "c", "m", "fp", "answer", Some("why"), &f, 3);
+        assert_eq!((b["choices"][0]["message"]["content"].as_str(), b["choices"][0]["message"]["reasoning_content"].as_str()), (Some("answer"), Some("why")));
+        let b = chat_body(Flavor::OpenAi, "c", "m", "fp", "answer", None, &f, 3);
+        assert!(b["choices"][0]["message"].get("reasoning_content").is_none());
+        let calls = vec![("toolu_1".to_string(), tools::Call { name: "f".into(), arguments: "{}".into() })];
+        let v: Value = serde_json::from_str(&tool_calls_body(Flavor::Anthropic, "msg_1", "m", "fp", "", Some("why"), &calls, &f, 3).unwrap()).unwrap();
+        assert_eq!((v["content"][0]["type"].as_str(), v["content"][1]["type"].as_str()), (Some("thinking"), Some("tool_use")));
     }
 
     #[test]
@@ -1356,17 +1543,17 @@ mod tool_body_tests {
         // another id's mark.
         let text = "\u{0}applianced-raw-input-toolu_z";
         let calls = vec![("toolu_a".to_string(), big.clone()), ("toolu_b".to_string(), ok.clone())];
-        let body = tool_calls_body(Flavor::Anthropic, "msg_1", "m", "fp", text, &calls, &f, 3).unwrap();
+        let body = tool_calls_body(Flavor::Anthropic, "msg_1", "m", "fp", text, None, &calls, &f, 3).unwrap();
         assert!(serde_json::from_str::<serde::de::IgnoredAny>(&body).is_ok(), "not JSON: {body}");
         assert!(body.contains(&format!(r#""input":{}"#, big.arguments)), "{body}");
         assert!(body.contains(r#""input":{"z":2}"#), "{body}");
         assert_eq!(body.matches("applianced-raw-input").count(), 1, "only the text's own spelling is left: {body}");
         assert!(body.contains(r#""text":"\u0000applianced-raw-input-toolu_z""#), "{body}");
         // The same body for parseable arguments is an ordinary value.
-        let v: Value = serde_json::from_str(&tool_calls_body(Flavor::Anthropic, "msg_1", "m", "fp", "", &calls[1..], &f, 3).unwrap()).unwrap();
+        let v: Value = serde_json::from_str(&tool_calls_body(Flavor::Anthropic, "msg_1", "m", "fp", "", None, &calls[1..], &f, 3).unwrap()).unwrap();
         assert_eq!(v["content"][0]["input"], json!({"z": 2}));
         // Text that is not JSON at all stays an error.
         let bad = vec![("toolu_c".to_string(), tools::Call { name: "f".into(), arguments: "{\"x\": }".into() })];
-        assert_eq!(tool_calls_body(Flavor::Anthropic, "msg_1", "m", "fp", "", &bad, &f, 3).unwrap_err().status, 500);
+        assert_eq!(tool_calls_body(Flavor::Anthropic, "msg_1", "m", "fp", "", None, &bad, &f, 3).unwrap_err().status, 500);
     }
 }

@@ -202,25 +202,49 @@ enum Kind {
 /// connection's own worker thread (tens of microseconds); longer ones on a blocking thread.
 const INLINE_PROMPT_BYTES: usize = 2048;
 
+/// How a request's answer starts, for a model that reasons (`PromptBuilder::chat_thinking`).
+#[derive(Debug, Clone, Copy)]
+struct AnswerStart {
+    /// An Anthropic request's trailing assistant message: the answer's start, as the client wrote it.
+    prefill: bool,
+    /// The client's choice, or off where the answer's start leaves no room for reasoning.
+    thinking: Option<bool>,
+}
+
+impl AnswerStart {
+    /// `fixed_start`: the preset's mandatory text opens the answer.
+    fn of(creq: &ChatRequest, flavor: Flavor, fixed_start: bool) -> AnswerStart {
+        // A grammar that holds from the first token (a request schema, tools the model must
+        // call), or a preset's mandatory opening text, leaves no room for reasoning before the
+        // answer: a reasoning model is then given its thinking-off prompt, the form it was
+        // trained to answer directly from.
+        let from_first_token = creq.schema.is_some() || creq.tools.as_ref().is_some_and(|t| t.active() && t.choice != crate::tools::Choice::Auto);
+        let thinking = creq.thinking.or((from_first_token || fixed_start).then_some(false));
+        AnswerStart { prefill: flavor == Flavor::Anthropic && creq.ends_with_prefill(), thinking }
+    }
+
+    /// `Some(inside)` where the output is to be split into reasoning and answer
+    /// (`tokenizer::reasoning`; `inside`: the prompt opened the reasoning block).
+    fn reasoning(self, state: &State) -> Option<bool> {
+        (state.rt.template.reasons() && self.thinking != Some(false)).then(|| state.rt.prompts().starts_in_reasoning(self.prefill, self.thinking))
+    }
+}
+
 /// The prompt text and its tokens.
 ///
 /// The conversation as the model reads it (the runtime's injection-safe prompt builder; an
 /// Anthropic request's trailing assistant message is the start of the answer).
-fn build_prompt(state: &State, creq: &ChatRequest, flavor: Flavor) -> Result<(String, Vec<u32>), ApiError> {
+fn build_prompt(state: &State, creq: &ChatRequest, start: AnswerStart) -> Result<(String, Vec<u32>), ApiError> {
     if let Some(text) = &creq.prompt {
         return match state.rt.prompts().raw(text) {
             Ok(p) => Ok((p.text, p.tokens)),
             Err(e) => Err(ApiError::new(400, e.to_string())),
         };
     }
-    let prefill = flavor == Flavor::Anthropic && creq.ends_with_prefill();
+    let prefill = start.prefill;
     let msgs = if prefill { &creq.messages[..creq.messages.len() - 1] } else { &creq.messages[..] };
     let prefill_text = if prefill { creq.messages.last().map(|m| m.content.as_str()) } else { None };
-    // A grammar that holds from the first token (a request schema, tools the model must call)
-    // leaves no room for reasoning: a reasoning model is then given its thinking-off prompt, the
-    // form it was trained to answer directly from.
-    let from_first_token = creq.schema.is_some() || creq.tools.as_ref().is_some_and(|t| t.active() && t.choice != crate::tools::Choice::Auto);
-    let thinking = creq.thinking.or(from_first_token.then_some(false));
+    let thinking = start.thinking;
     // The declared tools: to a template that declares them itself (Llama 3.1's), else as the
     // syntax's text in the system message.
     let active = creq.tools.as_ref().filter(|t| t.active());
@@ -322,19 +346,20 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         }
     }
     let creq = Arc::new(creq);
+    let start = AnswerStart::of(&creq, flavor, preset.as_ref().is_some_and(|p| !p.mandatory.prefix.is_empty()));
     // Template and tokenize (counted too): inline for a short conversation, where this thread's
     // caches still hold the request, and on a blocking thread for a long one, whose tokenizing
     // would hold up the other connections this worker serves.
     let content_bytes: usize = creq.messages.iter().map(|m| m.content.len()).sum::<usize>() + creq.prompt.as_ref().map_or(0, String::len);
     let built = if content_bytes <= INLINE_PROMPT_BYTES {
-        Ok(build_prompt(state, &creq, flavor))
+        Ok(build_prompt(state, &creq, start))
     } else {
         rec.overhead += cpu_since(cpu0);
         let st = state.clone();
         let c2 = creq.clone();
         let r = tokio::task::spawn_blocking(move || {
             let c = thread_cpu();
-            let r = build_prompt(&st, &c2, flavor);
+            let r = build_prompt(&st, &c2, start);
             (r, cpu_since(c))
         })
         .await;
@@ -460,6 +485,13 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
             mandatory = p.for_tool_calls(state.rt.tool_format().syntax.open());
         }
     }
+    // A model that reasons: its output is split into reasoning and answer; reasoning shown to
+    // OpenAI clients always (`reasoning_content`), to Anthropic clients that enabled thinking.
+    let reasoning = if kind == Kind::Completion { None } else { start.reasoning(state) };
+    let show_reasoning = flavor == Flavor::OpenAi || creq.show_thinking;
+    if reasoning == Some(true) {
+        spec.thinking = creq.thinking_budget.and_then(|b| state.rt.thinking_budget(b));
+    }
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let gr = GenRequest {
         gen: state.rt.generation(tokens, spec, max_ctx),
@@ -478,7 +510,8 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     let model = state.bundle.name.clone();
     if creq.stream {
         let tools = tool_mode.map(|calls_only| crate::tools::Framed::new(calls_only, state.rt.tool_format().syntax, mandatory));
-        let s = Streamer::new(rx, rec, flavor, kind == Kind::Completion, model, n, creq.include_usage, tools, guard);
+        let split = reasoning.map(|inside| (crate::tokenizer::reasoning::ReasoningSplitter::new(inside), show_reasoning));
+        let s = Streamer::new(rx, rec, flavor, kind == Kind::Completion, model, n, creq.include_usage, tools, split, guard);
         let body = Body::from_stream(futures::stream::unfold(s, |mut s| async move { s.next().await.map(|b| (Ok::<Bytes, Infallible>(b), s)) }));
         let mut r = response(200, "text/event-stream; charset=utf-8", body);
         r.headers_mut().insert(hyper::header::CACHE_CONTROL, hyper::header::HeaderValue::from_static("no-cache"));
@@ -504,6 +537,12 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     rec.stop_reason = Some(api::anthropic_stop(f.reason));
     rec.ttft = f.ttft;
     rec.response = Some(text.clone());
+    // A reasoning model's reasoning apart from its answer; the answer is read as usual.
+    let (thought, text) = match reasoning {
+        Some(inside) => crate::tokenizer::reasoning::split(&text, inside),
+        None => (None, text),
+    };
+    let thought = thought.as_deref().filter(|_| show_reasoning);
     // Tool calls: complete calls are presented as calls; output cut inside a call (max_tokens,
     // a stop sequence) is presented as the text before it only (as the stream sent it).
     let outcome = tool_mode.map(|calls_only| crate::tools::parse_framed(&text, calls_only, state.rt.tool_format().syntax, &mandatory));
@@ -513,13 +552,13 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
             rec.stop_reason = Some("tool_use");
             rec.set_tool_calls(calls);
             let with_ids: Vec<(String, crate::tools::Call)> = calls.iter().map(|c| (api::call_id(flavor), c.clone())).collect();
-            match api::tool_calls_body(flavor, &rec.id, &model, &state.bundle.identity, said, &with_ids, &f, n) {
+            match api::tool_calls_body(flavor, &rec.id, &model, &state.bundle.identity, said, thought, &with_ids, &f, n) {
                 Ok(b) => body = Some(b),
                 Err(e) => return rec.fail(flavor, e),
             }
         }
         Some(crate::tools::Outcome::Incomplete { text: said } | crate::tools::Outcome::Text(said)) => {
-            body = Some(api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, said, &f, n).to_string());
+            body = Some(api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, said, thought, &f, n).to_string());
         }
         None => {}
     }
@@ -530,7 +569,7 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
     let body = match (body, kind) {
         (Some(b), _) => b,
         (None, Kind::Completion) => api::completion_body(&rec.id, &model, &state.bundle.identity, &text, &f, n).to_string(),
-        (None, _) => api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, &text, &f, n).to_string(),
+        (None, _) => api::chat_body(flavor, &rec.id, &model, &state.bundle.identity, &text, thought, &f, n).to_string(),
     };
     let r = response(200, "application/json", body);
     rec.report_overhead(cpu_since(t_out));

@@ -34,7 +34,22 @@ pub(super) struct Streamer {
     done: bool,
     /// A request with tools: the output read as text or calls while it streams.
     tools: Option<ToolStream>,
+    /// A model that reasons: its output split into reasoning and answer while it streams.
+    reasoning: Option<ReasoningStream>,
+    /// Anthropic: the index of the first block after the thinking block (1 once one was sent).
+    base: usize,
+    /// Anthropic, no tools: the text block has been opened.
+    text_started: bool,
     _guard: InflightGuard,
+}
+
+/// A reasoning model's stream state.
+struct ReasoningStream {
+    splitter: crate::tokenizer::reasoning::ReasoningSplitter,
+    /// The client sees the reasoning (else it is dropped from the stream).
+    show: bool,
+    /// Anthropic: the thinking block (index 0) is open.
+    open: bool,
 }
 
 /// A tools request's stream state (see `crate::tools::Framed`).
@@ -54,8 +69,8 @@ struct ToolStream {
 
 impl Streamer {
     #[allow(clippy::too_many_arguments)]
-    /// `tools`: the reader of a request whose answer may be tool calls.
-    #[allow(clippy::too_many_arguments)]
+    /// `tools`: the reader of a request whose answer may be tool calls. `reasoning`: the splitter
+    /// of a model that reasons, and whether the client sees the reasoning.
     pub(super) fn new(
         rx: UnboundedReceiver<Event>,
         rec: Record,
@@ -65,6 +80,7 @@ impl Streamer {
         input_tokens: usize,
         include_usage: bool,
         tools: Option<crate::tools::Framed>,
+        reasoning: Option<(crate::tokenizer::reasoning::ReasoningSplitter, bool)>,
         guard: InflightGuard,
     ) -> Streamer {
         let t0 = thread_cpu();
@@ -90,20 +106,13 @@ impl Streamer {
                 first_call_block: 0,
                 any_block: false,
             }),
+            reasoning: reasoning.map(|(splitter, show)| ReasoningStream { splitter, show, open: false }),
+            base: 0,
+            text_started: false,
             _guard: guard,
         };
         s.delta = match flavor {
-            Flavor::Anthropic => {
-                // The same for every stream: built once.
-                static DELTA: std::sync::OnceLock<Arc<api::SseTemplate>> = std::sync::OnceLock::new();
-                DELTA
-                    .get_or_init(|| {
-                        Arc::new(api::SseTemplate::new(Some("content_block_delta"), |t| {
-                            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}})
-                        }))
-                    })
-                    .clone()
-            }
+            Flavor::Anthropic => api::anthropic_text_delta(0),
             Flavor::OpenAi if completion => Arc::new(api::SseTemplate::new(None, |t| s.text_chunk(t, Value::Null))),
             Flavor::OpenAi => Arc::new(api::SseTemplate::new(None, |t| s.chunk(json!({"content": t}), Value::Null))),
         };
@@ -111,9 +120,11 @@ impl Streamer {
             Flavor::Anthropic => {
                 let start = api::anthropic_message_start(&s.rec.id, &s.model, input_tokens);
                 s.queue.push_back(Bytes::from(start));
-                // With tools, the first block's kind (text or tool_use) is known later.
-                if s.tools.is_none() {
+                // With tools, the first block's kind (text or tool_use) is known later; so it is
+                // when a thinking block may come first.
+                if s.tools.is_none() && !s.reasoning.as_ref().is_some_and(|r| r.show) {
                     s.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_START));
+                    s.text_started = true;
                 }
                 s.queue.push_back(Bytes::from_static(api::PING));
             }
@@ -173,6 +184,93 @@ impl Streamer {
         }
     }
 
+    /// Anthropic: a text block opens at `index`.
+    fn text_block_start(&mut self, index: usize) {
+        if index == 0 {
+            self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_START));
+        } else {
+            self.event("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}));
+        }
+    }
+
+    /// Anthropic: the block at `index` closes.
+    fn block_stop(&mut self, index: usize) {
+        if index == 0 {
+            self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_STOP));
+        } else {
+            self.event("content_block_stop", json!({"type": "content_block_stop", "index": index}));
+        }
+    }
+
+    /// Output text: split into reasoning and answer (a model that reasons), then sent.
+    fn output(&mut self, text: &str) {
+        use crate::tokenizer::reasoning::Part;
+        let parts = match self.reasoning.as_mut() {
+            Some(r) => r.splitter.feed(text),
+            None => vec![Part::Answer(text.to_string())],
+        };
+        self.parts(parts);
+    }
+
+    fn parts(&mut self, parts: Vec<crate::tokenizer::reasoning::Part>) {
+        use crate::tokenizer::reasoning::Part;
+        for p in parts {
+            match p {
+                Part::Reasoning(r) => self.reasoning_piece(&r),
+                Part::Answer(a) => {
+                    self.close_thinking();
+                    if let Some(ts) = self.tools.as_mut() {
+                        let pieces = ts.parser.feed(&a);
+                        self.tool_pieces(pieces);
+                    } else {
+                        if self.flavor == Flavor::Anthropic && !self.text_started {
+                            self.text_started = true;
+                            self.text_block_start(self.base);
+                        }
+                        let b = self.delta.render_into(&a, &mut self.buf);
+                        self.queue.push_back(b);
+                    }
+                }
+            }
+        }
+        // The block closed: say so at once, before any answer arrives.
+        if self.reasoning.as_ref().is_some_and(|r| r.open && r.splitter.answering()) {
+            self.close_thinking();
+        }
+    }
+
+    /// A piece of reasoning, as the API shows it (or not at all).
+    fn reasoning_piece(&mut self, text: &str) {
+        let Some(r) = self.reasoning.as_mut().filter(|r| r.show) else { return };
+        match self.flavor {
+            Flavor::OpenAi => {
+                let c = self.chunk(json!({"reasoning_content": text}), Value::Null);
+                self.data(&c);
+            }
+            Flavor::Anthropic => {
+                if !r.open {
+                    r.open = true;
+                    self.event("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}));
+                }
+                self.event("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": text}}));
+            }
+        }
+    }
+
+    /// Anthropic: the thinking block ends (its signature is empty: see `api::add_reasoning`),
+    /// and the blocks after it are numbered from 1.
+    fn close_thinking(&mut self) {
+        let Some(r) = self.reasoning.as_mut().filter(|r| r.open) else { return };
+        r.open = false;
+        self.event("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": ""}}));
+        self.block_stop(0);
+        self.base = 1;
+        self.delta = api::anthropic_text_delta(1);
+        if let Some(ts) = self.tools.as_mut() {
+            ts.first_call_block = 1;
+        }
+    }
+
     /// The events of tool-stream pieces.
     fn tool_pieces(&mut self, pieces: Vec<crate::tools::Piece>) {
         use crate::tools::Piece;
@@ -201,7 +299,7 @@ impl Streamer {
                     if !ts.text_open {
                         ts.text_open = true;
                         ts.any_block = true;
-                        self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_START));
+                        self.text_block_start(self.base);
                     }
                     let b = self.delta.render_into(&t, &mut self.buf);
                     self.queue.push_back(b);
@@ -209,15 +307,18 @@ impl Streamer {
                 (Flavor::Anthropic, Piece::CallStart { index, name }) => {
                     let id = api::call_id(Flavor::Anthropic);
                     ts.ids.push(id.clone());
-                    // Text came first: its block (index 0) closes, the calls' blocks follow it.
-                    if ts.text_open {
+                    // Text came first: its block closes, the calls' blocks follow it.
+                    let text_closes = ts.text_open;
+                    if text_closes {
                         ts.text_open = false;
-                        ts.first_call_block = 1;
-                        self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_STOP));
+                        ts.first_call_block = self.base + 1;
                     }
                     let index = index + ts.first_call_block;
                     ts.call_open = Some(index);
                     ts.any_block = true;
+                    if text_closes {
+                        self.block_stop(self.base);
+                    }
                     self.event(
                         "content_block_start",
                         json!({"type": "content_block_start", "index": index, "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
@@ -242,6 +343,12 @@ impl Streamer {
         self.rec.ttft = f.ttft;
         self.rec.response = Some(std::mem::take(&mut self.text));
         self.rec.status = 200;
+        // What the reasoning splitter held back (a block cut short is reasoning).
+        if let Some(r) = self.reasoning.as_mut() {
+            let parts = r.splitter.finish();
+            self.parts(parts);
+            self.close_thinking();
+        }
         // Tools: the held-back text, then how the answer ended (calls only when complete).
         let mut calls = false;
         if let Some(ts) = self.tools.as_mut() {
@@ -259,18 +366,26 @@ impl Streamer {
         let queued = self.queue.len();
         match self.flavor {
             Flavor::Anthropic => {
+                let base = self.base;
                 match self.tools.as_ref() {
-                    None => self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_STOP)),
+                    None => {
+                        // (No answer after the thinking: an empty text block, as the whole
+                        // answer has.)
+                        if !self.text_started {
+                            self.text_block_start(base);
+                        }
+                        self.block_stop(base);
+                    }
                     Some(ts) => {
                         // Close what is open: the text block, a call cut short, or (nothing
                         // at all was generated) an empty text block.
                         if let Some(i) = ts.call_open {
                             self.event("content_block_stop", json!({"type": "content_block_stop", "index": i}));
                         } else if ts.text_open {
-                            self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_STOP));
+                            self.block_stop(base);
                         } else if !ts.any_block {
-                            self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_START));
-                            self.queue.push_back(Bytes::from_static(api::CONTENT_BLOCK_STOP));
+                            self.text_block_start(base);
+                            self.block_stop(base);
                         }
                     }
                 }
@@ -310,11 +425,10 @@ impl Streamer {
                 return None;
             }
             let event = self.rx.recv().await;
-            if let (Some(Event::Text(t)), true) = (&event, self.tools.is_some()) {
+            if let (Some(Event::Text(t)), true) = (&event, self.tools.is_some() || self.reasoning.is_some()) {
                 let t0 = Instant::now();
                 self.text.push_str(t);
-                let pieces = self.tools.as_mut().map(|ts| ts.parser.feed(t)).unwrap_or_default();
-                self.tool_pieces(pieces);
+                self.output(t);
                 self.rec.overhead += t0.elapsed();
                 continue;
             }

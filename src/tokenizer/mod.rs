@@ -19,6 +19,7 @@
 mod fast;
 pub mod template;
 pub mod prompt;
+pub mod reasoning;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

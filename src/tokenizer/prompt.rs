@@ -88,15 +88,27 @@ impl<'a> PromptBuilder<'a> {
         Ok(Prompt { text, tokens })
     }
 
-    /// [`PromptBuilder::chat`], with the model's reasoning turned off when `thinking` is
-    /// `Some(false)` (Qwen3: its empty `<think>` block starts the answer, as its template renders
-    /// `enable_thinking=false`; other families do not think, and it changes nothing).
+    /// [`PromptBuilder::chat`] for a model that may reason (Qwen3; other families do not think,
+    /// and `thinking` changes nothing for them):
+    /// - `Some(false)`: reasoning off. The empty `<think>` block starts the answer, as the
+    ///   template renders `enable_thinking=false`.
+    /// - otherwise, with no prefill of the client's, the answer starts inside the reasoning block
+    ///   ([`ChatTemplate::THINKING_PREFILL`]), so the output is reasoning until `</think>`
+    ///   ([`PromptBuilder::starts_in_reasoning`]). A client's prefill is the start of the answer
+    ///   as the client wrote it, and is left alone.
+    ///
     /// `tools`: the declared tools ([`PromptBuilder::chat_tools`]).
     pub fn chat_thinking(&self, msgs: &[ChatMessage], prefill: Option<&str>, thinking: Option<bool>, tools: Option<PromptTools<'_>>) -> Result<Prompt, PromptError> {
         match (thinking, self.template.thinking_off_prefill()) {
             (Some(false), Some(off)) => self.chat_tools(msgs, Some(&format!("{off}{}", prefill.unwrap_or(""))), tools),
+            _ if self.starts_in_reasoning(prefill.is_some(), thinking) => self.chat_tools(msgs, Some(ChatTemplate::THINKING_PREFILL), tools),
             _ => self.chat_tools(msgs, prefill, tools),
         }
+    }
+
+    /// Whether [`PromptBuilder::chat_thinking`] opens the answer inside a reasoning block.
+    pub fn starts_in_reasoning(&self, prefill: bool, thinking: Option<bool>) -> bool {
+        self.template.reasons() && !prefill && thinking != Some(false)
     }
 
     /// Plain text as the model sees it, with no chat template: a completion prompt
@@ -222,8 +234,14 @@ mod tests {
         let msgs = [ChatMessage::new("user", "q")];
         let qwen3 = ChatTemplate::Qwen3;
         let b = PromptBuilder::new(&tok, &qwen3, &cfg());
+        // Thinking on (the default, or asked for): the answer opens the reasoning block.
         let on = b.chat_thinking(&msgs, None, None, None).unwrap();
-        assert!(on.text.ends_with("<|im_start|>assistant\n"), "{:?}", on.text);
+        assert!(on.text.ends_with("<|im_start|>assistant\n<think>\n"), "{:?}", on.text);
+        assert!(b.starts_in_reasoning(false, None) && b.starts_in_reasoning(false, Some(true)));
+        assert_eq!(b.chat_thinking(&msgs, None, Some(true), None).unwrap(), on);
+        // A client's prefill is the answer's start as written: no block opened for it.
+        let pre = b.chat_thinking(&msgs, Some("A"), None, None).unwrap();
+        assert!(pre.text.ends_with("<|im_start|>assistant\nA") && !b.starts_in_reasoning(true, None), "{:?}", pre.text);
         let off = b.chat_thinking(&msgs, Some("A"), Some(false), None).unwrap();
         assert!(off.text.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\nA"), "{:?}", off.text);
         assert_eq!(tok.decode(&off.tokens), off.text);
@@ -231,6 +249,8 @@ mod tests {
         let chatml = ChatTemplate::Chatml { default_system: None };
         let b = PromptBuilder::new(&tok, &chatml, &cfg());
         assert_eq!(b.chat_thinking(&msgs, None, Some(false), None).unwrap(), b.chat(&msgs, None).unwrap());
+        assert_eq!(b.chat_thinking(&msgs, None, None, None).unwrap(), b.chat(&msgs, None).unwrap());
+        assert!(!b.starts_in_reasoning(false, None));
     }
 
     #[test]

@@ -134,7 +134,17 @@ impl ChatTemplate {
     /// What goes before the answer when the client turns thinking off: Qwen3's empty reasoning
     /// block; `None` for a family that does not think.
     pub fn thinking_off_prefill(&self) -> Option<&'static str> {
-        matches!(self, ChatTemplate::Qwen3).then_some(Self::NO_THINKING_PREFILL)
+        self.reasons().then_some(Self::NO_THINKING_PREFILL)
+    }
+
+    /// What opens the answer when thinking is on: the reasoning block's opening, as the model
+    /// writes it first (and as Qwen3's thinking-only models' templates put it in the generation
+    /// prompt), so the output starts as reasoning ([`crate::tokenizer::reasoning`]).
+    pub const THINKING_PREFILL: &'static str = "<think>\n";
+
+    /// Whether the model reasons in a `<think>` block before it answers (the `qwen3` family).
+    pub fn reasons(&self) -> bool {
+        matches!(self, ChatTemplate::Qwen3)
     }
 
     /// Family name ("chatml", "llama3", "llama31", "mistral", "gemma", "phi3", "qwen3"; "none"
