@@ -67,6 +67,21 @@ fn build_bundle(dir: &str, prepare: impl FnOnce(&Path, &mut applianced::import::
     Some((out, pubkey))
 }
 
+/// The real model with Qwen3's chat template in place of its own (SmolLM2 speaks ChatML, as
+/// Qwen3's template does): a model that reasons, as far as the server can tell. It does not
+/// know to close its `<think>` block, so a thinking budget is what ends its reasoning.
+fn qwen3_form_bundle() -> Option<&'static (PathBuf, PathBuf)> {
+    static B: OnceLock<Option<(PathBuf, PathBuf)>> = OnceLock::new();
+    B.get_or_init(|| {
+        build_bundle("server_e2e_qwen3", |src, summary| {
+            let t = applianced::tokenizer::ChatTemplate::Qwen3;
+            std::fs::write(src.join(applianced::model::CHAT_TEMPLATE_PATH), t.to_json()).unwrap();
+            summary.chat_template = t.family().into();
+        })
+    })
+    .as_ref()
+}
+
 macro_rules! need_model {
     () => {
         match bundle() {
@@ -581,6 +596,103 @@ fn e2e_tools_in_llama3s_own_form() {
             println!("{}", all.trim());
         }
         None => println!("skipped tool SDK checks: set APPLIANCED_TEST_PYTHON (scripts/setup-test-env.sh)"),
+    }
+}
+
+/// Issue 25: a model that reasons (a bundle with Qwen3's template) has its reasoning returned
+/// apart: Anthropic `thinking` blocks when thinking is enabled (the budget enforced), OpenAI
+/// `reasoning_content`; whole and streamed alike; then the SDKs (tests/py/reasoning_client.py).
+#[test]
+fn e2e_reasoning_returned_apart() {
+    let Some(b) = qwen3_form_bundle() else {
+        println!("skipped: set APPLIANCED_TEST_GGUF");
+        return;
+    };
+    let s = start(b, "[audit]\nlog_text = true\n");
+    let ask = r#""messages":[{"role":"user","content":"What is 17 times 3?"}]"#;
+    let record = |id: &Value| s.records().into_iter().rev().find(|r| r["request_id"] == *id).expect("audit record");
+    // Anthropic, thinking enabled with a budget of 6: the block is forced closed after 6 tokens.
+    let body = format!(r#"{{"model":"{MODEL}","max_tokens":40,"temperature":0,{ask},"thinking":{{"type":"enabled","budget_tokens":6}}}}"#);
+    let r = s.post("/v1/messages", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let m = r.json();
+    let content = m["content"].as_array().unwrap();
+    assert_eq!((content.len(), &content[0]["type"], &content[1]["type"]), (2, &Value::from("thinking"), &Value::from("text")), "{m}");
+    let thinking = content[0]["thinking"].as_str().unwrap().to_string();
+    let text = content[1]["text"].as_str().unwrap().to_string();
+    let rec = record(&m["id"]);
+    let prompt = rec["prompt"].as_str().unwrap();
+    assert!(prompt.ends_with("<|im_start|>assistant\n<think>\n"), "the answer opens the block: {prompt:?}");
+    let response = rec["response"].as_str().unwrap();
+    assert!(response.contains("\n</think>\n\n"), "the close was forced: {response:?}");
+    let (before, after) = response.split_once("</think>").unwrap();
+    assert_eq!((before.trim_matches('\n'), after.trim_start_matches('\n')), (thinking.as_str(), text.as_str()));
+    // Six tokens of the model's, then the forced close: the reasoning is short.
+    let tok = applianced::tokenizer::Tokenizer::load(&std::path::PathBuf::from(std::env::var("APPLIANCED_TEST_TOKENIZER_JSON").unwrap_or_default())).ok();
+    if let Some(tok) = tok {
+        let n = tok.encode(before, false).unwrap().len();
+        assert!(n <= 6 + 2, "{n} tokens of reasoning over a budget of 6: {before:?}");
+    }
+    assert!(m["usage"]["output_tokens"].as_u64().unwrap() <= 40);
+    // Streamed: a thinking block (index 0, its deltas, an empty signature), then the text
+    // block (index 1); the pieces make the whole answer's blocks.
+    let r = s.post("/v1/messages", &body.replacen('{', r#"{"stream":true,"#, 1));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let ev: Vec<(String, Value)> = sse_events(&r.body).into_iter().map(|(n, d)| (n, serde_json::from_str(&d).unwrap())).collect();
+    let starts: Vec<(u64, String)> = ev.iter().filter(|e| e.0 == "content_block_start").map(|e| (e.1["index"].as_u64().unwrap(), e.1["content_block"]["type"].as_str().unwrap().to_string())).collect();
+    assert_eq!(starts, vec![(0, "thinking".to_string()), (1, "text".to_string())], "{}", r.body);
+    let pieces = |kind: &str, field: &str, index: u64| -> String {
+        ev.iter().filter(|e| e.1["delta"]["type"] == kind && e.1["index"] == index).map(|e| e.1["delta"][field].as_str().unwrap()).collect()
+    };
+    assert_eq!(pieces("thinking_delta", "thinking", 0), thinking);
+    assert_eq!(pieces("text_delta", "text", 1), text);
+    assert_eq!(ev.iter().filter(|e| e.1["delta"]["type"] == "signature_delta").count(), 1);
+    let stop0 = ev.iter().position(|e| e.0 == "content_block_stop" && e.1["index"] == 0).unwrap();
+    let start1 = ev.iter().position(|e| e.0 == "content_block_start" && e.1["index"] == 1).unwrap();
+    assert!(stop0 < start1, "{}", r.body);
+    // Without `thinking`: the model still reasons (its default), but only the answer comes back.
+    let r = s.post("/v1/messages", &format!(r#"{{"model":"{MODEL}","max_tokens":8,"temperature":0,{ask}}}"#));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let m = r.json();
+    assert_eq!(m["content"].as_array().unwrap().iter().map(|b| b["type"].as_str().unwrap()).collect::<Vec<_>>(), vec!["text"], "{m}");
+    // OpenAI: reasoning_content apart; cut by max_tokens inside the block, the content is empty.
+    let r = s.post("/v1/chat/completions", &format!(r#"{{"max_tokens":8,"temperature":0,{ask}}}"#));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let c = r.json();
+    let msg = &c["choices"][0]["message"];
+    let rc = msg["reasoning_content"].as_str().expect("reasoning_content").to_string();
+    let rec = record(&c["id"]);
+    assert_eq!(rc, rec["response"].as_str().unwrap().trim_matches('\n'), "{c}");
+    assert_eq!((msg["content"].as_str(), c["choices"][0]["finish_reason"].as_str()), (Some(""), Some("length")), "{c}");
+    let r = s.post("/v1/chat/completions", &format!(r#"{{"max_tokens":8,"temperature":0,"stream":true,{ask}}}"#));
+    let streamed: String = sse_events(&r.body)
+        .into_iter()
+        .filter(|(_, d)| d != "[DONE]")
+        .filter_map(|(_, d)| serde_json::from_str::<Value>(&d).unwrap()["choices"][0]["delta"]["reasoning_content"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(streamed, rc);
+    // Thinking off: the template's empty block, no reasoning returned.
+    let r = s.post("/v1/chat/completions", &format!(r#"{{"max_tokens":8,"temperature":0,"reasoning_effort":"none",{ask}}}"#));
+    let c = r.json();
+    assert!(c["choices"][0]["message"].get("reasoning_content").is_none(), "{c}");
+    assert!(record(&c["id"])["prompt"].as_str().unwrap().ends_with("<think>\n\n</think>\n\n"));
+    // Tools under `auto` with thinking: the thinking block comes first, whatever follows.
+    let tools = r#""tools":[{"name":"get_weather","input_schema":{"type":"object","properties":{"city":{"type":"string","maxLength":20}},"required":["city"]}}]"#;
+    let r = s.post("/v1/messages", &format!(r#"{{"model":"{MODEL}","max_tokens":40,"temperature":0,"stream":true,{ask},{tools},"thinking":{{"type":"enabled","budget_tokens":4}}}}"#));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let ev: Vec<(String, Value)> = sse_events(&r.body).into_iter().map(|(n, d)| (n, serde_json::from_str(&d).unwrap())).collect();
+    let starts: Vec<&Value> = ev.iter().filter(|e| e.0 == "content_block_start").map(|e| &e.1).collect();
+    assert_eq!((&starts[0]["index"], &starts[0]["content_block"]["type"]), (&Value::from(0), &Value::from("thinking")), "{}", r.body);
+    assert!(starts[1..].iter().enumerate().all(|(i, s)| s["index"] == i + 1 && s["content_block"]["type"] != "thinking"), "{}", r.body);
+    match std::env::var_os("APPLIANCED_TEST_PYTHON") {
+        Some(py) => {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let out = Command::new(&py).arg(dir.join("tests/py/reasoning_client.py")).args([s.sock.as_os_str(), MODEL.as_ref()]).output().unwrap();
+            let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "reasoning SDK checks failed:\n{all}\nserver log:\n{}", s.log());
+            println!("{}", all.trim());
+        }
+        None => println!("skipped reasoning SDK checks: set APPLIANCED_TEST_PYTHON (scripts/setup-test-env.sh)"),
     }
 }
 
