@@ -249,6 +249,12 @@ fn an_unknown_architecture_is_named() {
 /// proved as the GGUF one is above. The GGUF rows of these families are already in Hugging Face
 /// order; Phi-3's fused tensors keep their Hugging Face names and layout.
 fn hf_directory_imports_like_the_gguf(family: TinyFamily, hf_config: serde_json::Value) {
+    hf_directory_imports_like_the_gguf_with(family, hf_config, false)
+}
+
+/// `template_file`: the chat template in `chat_template.jinja` (as recent transformers save it),
+/// not in tokenizer_config.json.
+fn hf_directory_imports_like_the_gguf_with(family: TinyFamily, hf_config: serde_json::Value, template_file: bool) {
     use applianced::import::{quant::dequantize, ImportOptions};
     use applianced::model::{self, ModelConfig, TensorType};
     let tmp = tempfile::tempdir().unwrap();
@@ -274,10 +280,16 @@ fn hf_directory_imports_like_the_gguf(family: TinyFamily, hf_config: serde_json:
                     "attn_q.weight" => "self_attn.q_proj.weight",
                     "attn_k.weight" => "self_attn.k_proj.weight",
                     "attn_v.weight" => "self_attn.v_proj.weight",
+                    "attn_q.bias" => "self_attn.q_proj.bias",
+                    "attn_k.bias" => "self_attn.k_proj.bias",
+                    "attn_v.bias" => "self_attn.v_proj.bias",
                     "attn_qkv.weight" => "self_attn.qkv_proj.weight",
                     "attn_q_norm.weight" => "self_attn.q_norm.weight",
                     "attn_k_norm.weight" => "self_attn.k_norm.weight",
                     "attn_output.weight" => "self_attn.o_proj.weight",
+                    "ffn_norm.weight" if family == TinyFamily::Gemma3 => "pre_feedforward_layernorm.weight",
+                    "post_attention_norm.weight" => "post_attention_layernorm.weight",
+                    "post_ffw_norm.weight" => "post_feedforward_layernorm.weight",
                     "ffn_norm.weight" => "post_attention_layernorm.weight",
                     "ffn_gate.weight" => "mlp.gate_proj.weight",
                     "ffn_up.weight" if family.arch() == "phi3" => "mlp.gate_up_proj.weight",
@@ -288,15 +300,29 @@ fn hf_directory_imports_like_the_gguf(family: TinyFamily, hf_config: serde_json:
                 format!("model.layers.{i}.{m}")
             }
         };
-        let x = dequantize(t.ty, g.tensor_data(t)).unwrap();
+        let mut x = dequantize(t.ty, g.tensor_data(t)).unwrap();
+        if family == TinyFamily::Gemma3 && t.name.ends_with("norm.weight") {
+            // Gemma's norms as Hugging Face stores them: `w`, applied as `1 + w`.
+            x.iter_mut().for_each(|v| *v -= 1.0);
+        }
         tensors.push((hf_name, t.shape(), x.iter().flat_map(|v| v.to_le_bytes()).collect()));
     }
     let views: Vec<(String, safetensors::tensor::TensorView)> =
         tensors.iter().map(|(n, s, d)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap())).collect();
     safetensors::serialize_to_file(views, &None, &hf.join("model.safetensors")).unwrap();
     std::fs::copy(from_gguf.join(model::TOKENIZER_PATH), hf.join("tokenizer.json")).unwrap();
-    let Some(Value::String(template)) = g.metadata.get("tokenizer.chat_template") else { panic!("no template") };
-    let tc = serde_json::json!({"chat_template": template, "bos_token": "<|im_start|>", "eos_token": "<|endoftext|>", "add_bos_token": false});
+    // (A model without a template is a base model: neither file has one.)
+    let template = match g.metadata.get("tokenizer.chat_template") {
+        Some(Value::String(t)) => Some(t.clone()),
+        _ => None,
+    };
+    let mut tc = serde_json::json!({"chat_template": template, "bos_token": "<|im_start|>", "eos_token": "<|endoftext|>", "add_bos_token": false});
+    if template_file || template.is_none() {
+        tc.as_object_mut().unwrap().remove("chat_template");
+    }
+    if let (true, Some(t)) = (template_file, &template) {
+        std::fs::write(hf.join("chat_template.jinja"), t).unwrap();
+    }
     std::fs::write(hf.join("tokenizer_config.json"), tc.to_string()).unwrap();
     let mut cfg = serde_json::json!({
         "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -317,6 +343,50 @@ fn hf_directory_imports_like_the_gguf(family: TinyFamily, hf_config: serde_json:
     for f in [model::WEIGHTS_PATH, model::TOKENIZER_PATH, model::CHAT_TEMPLATE_PATH] {
         assert!(std::fs::read(from_gguf.join(f)).unwrap() == std::fs::read(from_hf.join(f)).unwrap(), "{}: {f} differs", family.name());
     }
+}
+
+/// Gemma 3 (`Gemma3ForCausalLM`, the 270M and 1B): the sandwich norms under their Hugging Face
+/// names and stored as `w`, the sliding-window pattern as `layer_types`, QK-norm, tied
+/// embeddings. A second directory with `sliding_window_pattern` instead and the template in
+/// `chat_template.jinja` (as recent transformers save it) imports the same.
+#[test]
+fn gemma3_hf_directory_imports_like_the_gguf() {
+    let cfg = serde_json::json!({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_key_value_heads": 2, "head_dim": 32,
+        "max_position_embeddings": 256, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "sliding_window": TinyFamily::GEMMA3_WINDOW,
+        "layer_types": ["sliding_attention", "sliding_attention"], "query_pre_attn_scalar": 32, "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": null, "attn_logit_softcapping": null, "rope_scaling": null});
+    hf_directory_imports_like_the_gguf(TinyFamily::Gemma3, cfg.clone());
+    let mut other = cfg.clone();
+    other.as_object_mut().unwrap().remove("layer_types");
+    other["sliding_window_pattern"] = 6.into();
+    other["tie_word_embeddings"] = true.into();
+    hf_directory_imports_like_the_gguf_with(TinyFamily::Gemma3, other, true);
+    // What the engine cannot run is refused by key, not run wrong.
+    let refused = |change: serde_json::Value, needle: &str| {
+        let mut bad = cfg.clone();
+        for (k, v) in change.as_object().unwrap() {
+            bad[k] = v.clone();
+        }
+        let e = std::panic::catch_unwind(|| hf_directory_imports_like_the_gguf(TinyFamily::Gemma3, bad)).unwrap_err();
+        let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains(needle), "{needle}: {msg}");
+    };
+    refused(serde_json::json!({"layer_types": ["sliding_attention", "full_attention"]}), "layer_types");
+    refused(serde_json::json!({"final_logit_softcapping": 30.0}), "final_logit_softcapping");
+    refused(serde_json::json!({"rope_scaling": {"rope_type": "linear", "factor": 8.0}}), "rope_scaling");
+    refused(serde_json::json!({"hidden_activation": "gelu"}), "hidden_activation");
+    refused(serde_json::json!({"architectures": ["Gemma3ForConditionalGeneration"]}), "Gemma3ForCausalLM");
+}
+
+/// A directory without a chat template (a base model's) imports as the GGUF without one does:
+/// a completion model.
+#[test]
+fn base_model_hf_directory_imports_like_the_gguf() {
+    hf_directory_imports_like_the_gguf(
+        TinyFamily::Qwen2,
+        serde_json::json!({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_key_value_heads": 2,
+            "max_position_embeddings": 256, "rope_theta": 1_000_000.0, "tie_word_embeddings": false}),
+    );
 }
 
 #[test]

@@ -1,9 +1,13 @@
 //! Hugging Face model directory reader: `config.json`, `*.safetensors` (one or more shards),
-//! `tokenizer.json`, `tokenizer_config.json` (with `chat_template`). Architectures: Llama, Mistral,
-//! Qwen2, Qwen3 (QK-norm) and Phi-3 (fused `qkv_proj` and `gate_up_proj`, LongRoPE).
+//! `tokenizer.json`, `tokenizer_config.json` (with `chat_template`, or a `chat_template.jinja`
+//! beside it; neither: a base model, served as a completion model). Architectures: Llama,
+//! Mistral, Qwen2, Qwen3 (QK-norm), Phi-3 (fused `qkv_proj` and `gate_up_proj`, LongRoPE) and the
+//! text-only Gemma 3 (`Gemma3ForCausalLM`: 270M, 1B).
 //!
 //! Tensor names are mapped to GGUF llama names (as llama.cpp's `convert_hf_to_gguf.py` does) and Q/K
 //! projection rows (and biases) are permuted from rotary-halves order to adjacent-pairs order.
+//! Gemma's norms are stored as `w` and applied as `1 + w`: the reader adds the 1, as the GGUF
+//! converter does, so both forms import to the same weights.
 #![allow(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -22,8 +26,8 @@ fn fmt_err(path: &Path, msg: impl Into<String>) -> ImportError {
     ImportError::Format { path: path.to_path_buf(), msg: msg.into() }
 }
 
-/// GGUF name for a Hugging Face llama-family tensor name.
-fn gguf_name(hf: &str) -> Option<String> {
+/// GGUF name for a Hugging Face tensor name of `arch`.
+fn gguf_name(arch: &str, hf: &str) -> Option<String> {
     Some(match hf {
         "model.embed_tokens.weight" => "token_embd.weight".into(),
         "model.norm.weight" => "output_norm.weight".into(),
@@ -46,6 +50,10 @@ fn gguf_name(hf: &str) -> Option<String> {
                 "self_attn.k_norm.weight" => "attn_k_norm.weight",
                 "self_attn.qkv_proj.weight" => "attn_qkv.weight",
                 "mlp.gate_up_proj.weight" => "ffn_up.weight",
+                // Gemma's four norms per block: after attention, and around the MLP.
+                "post_attention_layernorm.weight" if arch == "gemma3" => "post_attention_norm.weight",
+                "pre_feedforward_layernorm.weight" if arch == "gemma3" => "ffn_norm.weight",
+                "post_feedforward_layernorm.weight" if arch == "gemma3" => "post_ffw_norm.weight",
                 "post_attention_layernorm.weight" => "ffn_norm.weight",
                 "mlp.gate_proj.weight" => "ffn_gate.weight",
                 "mlp.up_proj.weight" => "ffn_up.weight",
@@ -83,6 +91,13 @@ pub(crate) fn read(dir: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&s
         Some("Qwen2ForCausalLM" | "qwen2") => "qwen2",
         Some("Qwen3ForCausalLM" | "qwen3") => "qwen3",
         Some("Phi3ForCausalLM" | "phi3") => "phi3",
+        Some("Gemma3ForCausalLM" | "gemma3_text") => "gemma3",
+        Some("Gemma3ForConditionalGeneration" | "gemma3") => {
+            return Err(fmt_err(
+                &cfg_path,
+                "Gemma3ForConditionalGeneration (the multimodal Gemma 3, 4B and up) is not read from Hugging Face directories: import its GGUF, or a text-only Gemma3ForCausalLM (270M, 1B)",
+            ))
+        }
         Some(other) => return Err(ImportError::UnsupportedArchitecture { arch: other.to_string() }),
         None => return Err(fmt_err(&cfg_path, "no architectures / model_type")),
     };
@@ -146,20 +161,38 @@ pub(crate) fn read(dir: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&s
     let tc_bytes = std::fs::read(&tc_path).map_err(|e| ImportError::io(&tc_path, e))?;
     hash_file("tokenizer_config.json", &tc_bytes);
     let tc: Json = serde_json::from_slice(&tc_bytes).map_err(|e| fmt_err(&tc_path, format!("invalid JSON: {e}")))?;
-    let template_src = match tc.get("chat_template") {
-        Some(Json::String(s)) => s.clone(),
-        Some(Json::Array(list)) => list
-            .iter()
-            .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
-            .and_then(|t| t.get("template").and_then(Json::as_str))
-            .map(str::to_owned)
-            .ok_or_else(|| fmt_err(&tc_path, "chat_template list has no \"default\" entry"))?,
-        _ => return Err(fmt_err(&tc_path, "no chat_template")),
+    // The chat template: in tokenizer_config.json, or (as recent transformers save it) in
+    // chat_template.jinja; neither is a base model's directory.
+    let jinja_path = dir.join("chat_template.jinja");
+    let (template_src, template_path) = match tc.get("chat_template") {
+        Some(Json::String(s)) => (Some(s.clone()), tc_path.clone()),
+        Some(Json::Array(list)) => (
+            Some(
+                list.iter()
+                    .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
+                    .and_then(|t| t.get("template").and_then(Json::as_str))
+                    .map(str::to_owned)
+                    .ok_or_else(|| fmt_err(&tc_path, "chat_template list has no \"default\" entry"))?,
+            ),
+            tc_path.clone(),
+        ),
+        Some(Json::Null) | None if jinja_path.is_file() => {
+            let b = std::fs::read(&jinja_path).map_err(|e| ImportError::io(&jinja_path, e))?;
+            hash_file("chat_template.jinja", &b);
+            (Some(String::from_utf8(b).map_err(|_| fmt_err(&jinja_path, "not UTF-8"))?), jinja_path.clone())
+        }
+        Some(Json::Null) | None => (None, tc_path.clone()),
+        Some(_) => return Err(fmt_err(&tc_path, "chat_template is neither a string nor a list of named templates")),
     };
     let bos_text = token_text(tc.get("bos_token"));
     let eos_text = token_text(tc.get("eos_token"));
-    let template = ChatTemplate::from_jinja(&template_src, &bos_text, &eos_text)
-        .map_err(|source| ImportError::ChatTemplate { path: tc_path.clone(), source })?;
+    let template = match template_src {
+        Some(src) => ChatTemplate::from_jinja(&src, &bos_text, &eos_text).map_err(|source| ImportError::ChatTemplate { path: template_path, source })?,
+        None => {
+            progress("no chat template: a base model, served as a completion model");
+            ChatTemplate::None
+        }
+    };
     let id_of = |key: &str, text: &str| -> Option<u32> {
         cfg.get(key).and_then(|v| v.as_u64().or_else(|| v.as_array()?.first()?.as_u64())).map(|v| v as u32).or_else(|| tok.token_id(text))
     };
@@ -191,11 +224,11 @@ pub(crate) fn read(dir: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&s
         n_kv_heads,
         head_dim,
         context_length: num("max_position_embeddings")?,
-        rms_norm_eps: cfg.get("rms_norm_eps").and_then(Json::as_f64).unwrap_or(1e-5) as f32,
+        rms_norm_eps: cfg.get("rms_norm_eps").and_then(Json::as_f64).unwrap_or(if arch == "gemma3" { 1e-6 } else { 1e-5 }) as f32,
         rope_theta: cfg.get("rope_theta").and_then(Json::as_f64).unwrap_or(10000.0) as f32,
         rope_scaling,
         attention_bias: cfg.get("attention_bias").and_then(Json::as_bool).unwrap_or(arch == "qwen2"),
-        tie_embeddings: cfg.get("tie_word_embeddings").and_then(Json::as_bool).unwrap_or(false),
+        tie_embeddings: cfg.get("tie_word_embeddings").and_then(Json::as_bool).unwrap_or(arch == "gemma3"),
         bos_token_id: bos,
         eos_token_id: eos,
         eog_token_ids: eog,
@@ -204,6 +237,9 @@ pub(crate) fn read(dir: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&s
     };
     // Qwen3: RMSNorm over each head of Q and K before RoPE.
     config.block.qk_norm = arch == "qwen3";
+    if arch == "gemma3" {
+        gemma3_config(&cfg, &mut config).map_err(|(key, msg)| key_err(&key, &msg))?;
+    }
     check_config(&cfg_path, &config)?;
 
     // Weights: every *.safetensors shard, in name order.
@@ -232,7 +268,7 @@ pub(crate) fn read(dir: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&s
     for (i, (p, m)) in maps.iter().enumerate() {
         let st = safetensors::SafeTensors::deserialize(m).map_err(|e| fmt_err(p, format!("not a safetensors file: {e}")))?;
         for name in st.names() {
-            match gguf_name(name) {
+            match gguf_name(arch, name) {
                 Some(g) => {
                     found.insert(g, (i, name.to_string()));
                 }
@@ -280,6 +316,13 @@ pub(crate) fn read(dir: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&s
             }
             None => view.data().to_vec(),
         };
+        // Gemma applies its norms as `1 + w`: stored here as the GGUF converter stores them, in f32.
+        let mut ty = ty;
+        if arch == "gemma3" && name.ends_with("norm.weight") {
+            let w = super::quant::dequantize(ty, &data).ok_or_else(|| terr("cannot be read as numbers".into()))?;
+            data = super::quant::f32_bytes(&w.iter().map(|x| x + 1.0).collect::<Vec<_>>());
+            ty = TensorType::F32;
+        }
         let heads = if name.contains(".attn_q.") {
             Some(config.n_heads)
         } else if name.contains(".attn_k.") {
@@ -311,4 +354,48 @@ pub(crate) fn read(dir: &Path, opts: &ImportOptions, progress: &mut dyn FnMut(&s
         source_format: "huggingface",
         source_sha256: hex::encode(Sha256::digest(&listing)),
     })
+}
+
+/// The Gemma 3 block from a `Gemma3ForCausalLM` config, as the GGUF reader sets it for `gemma3`
+/// (`import::read_gguf`), with what the engine cannot run refused by key.
+fn gemma3_config(cfg: &Json, config: &mut ModelConfig) -> Result<(), (String, String)> {
+    let err = |k: &str, m: String| (k.to_string(), m);
+    let act = cfg.get("hidden_activation").or(cfg.get("hidden_act")).and_then(Json::as_str).unwrap_or("gelu_pytorch_tanh");
+    if act != "gelu_pytorch_tanh" {
+        return Err(err("hidden_activation", format!("{act:?}: Gemma 3 runs with \"gelu_pytorch_tanh\" only")));
+    }
+    for k in ["final_logit_softcapping", "attn_logit_softcapping"] {
+        if cfg.get(k).is_some_and(|v| !v.is_null()) {
+            return Err(err(k, "logit soft-capping (Gemma 2) is not supported".into()));
+        }
+    }
+    if cfg.get("rope_scaling").is_some_and(|v| !v.is_null()) {
+        return Err(err("rope_scaling", "RoPE scaling of the global layers (the 4B and larger Gemma 3) is not supported".into()));
+    }
+    let window = cfg.get("sliding_window").and_then(Json::as_u64).ok_or_else(|| err("sliding_window", "missing or not an integer".into()))? as usize;
+    // Five sliding-window layers, then a global one: as `sliding_window_pattern` (6) or as
+    // `layer_types`, which newer configs list layer by layer.
+    if let Some(p) = cfg.get("sliding_window_pattern").and_then(Json::as_u64).filter(|&p| p != 6) {
+        return Err(err("sliding_window_pattern", format!("{p}: only Gemma 3's 6 (five local layers, then a global one) is supported")));
+    }
+    if let Some(types) = cfg.get("layer_types").and_then(Json::as_array) {
+        let want = |i: usize| if i % 6 == 5 { "full_attention" } else { "sliding_attention" };
+        if types.len() != config.n_layers || types.iter().enumerate().any(|(i, t)| t.as_str() != Some(want(i))) {
+            return Err(err("layer_types", "only Gemma 3's pattern (five sliding_attention layers, then a full_attention one) is supported".into()));
+        }
+    }
+    let scalar = cfg.get("query_pre_attn_scalar").and_then(Json::as_f64).map_or(config.head_dim as f32, |x| x as f32);
+    config.architecture = "gemma3".into();
+    config.attention_bias = false;
+    config.block = crate::model::BlockOptions {
+        activation: crate::model::Activation::GeluTanh,
+        sliding_window: window,
+        sliding_window_pattern: 6,
+        rope_theta_local: Some(cfg.get("rope_local_base_freq").and_then(Json::as_f64).unwrap_or(10_000.0) as f32),
+        qk_norm: true,
+        post_norms: true,
+        scale_embeddings: true,
+        query_pre_attn_scalar: (scalar != config.head_dim as f32).then_some(scalar),
+    };
+    Ok(())
 }

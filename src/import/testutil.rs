@@ -30,6 +30,9 @@ pub const PHI3_CHAT_TEMPLATE: &str = "{% for message in messages %}{% if message
 /// The Qwen3 instruct models' chat template (tests/data/templates/qwen3.jinja, with its provenance).
 pub const QWEN3_CHAT_TEMPLATE: &str = include_str!("../../tests/data/templates/qwen3.jinja");
 
+/// Gemma 3's instruct chat template (tests/data/templates/gemma3.jinja, with its provenance).
+pub const GEMMA3_CHAT_TEMPLATE: &str = include_str!("../../tests/data/templates/gemma3.jinja");
+
 /// Mistral-7B-Instruct-v0.1's chat template.
 pub const MISTRAL_CHAT_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
 
@@ -178,6 +181,12 @@ pub enum TinyFamily {
     /// Mistral as llama.cpp converts it (`llama`): θ 1 000 000, 4 query heads on one KV head, a
     /// head size of 32 with width 64 (not width / heads, as Mistral Nemo), Mistral's template.
     Mistral,
+    /// `gemma3` as llama.cpp converts it: a sliding window of 8 on every layer (both of the two
+    /// are local layers), QK-norm, four norms per block stored as `1 + w`, tied embeddings, head
+    /// size 32 with width 64, Gemma 3's instruct template. Not in [`TinyFamily::ALL`]: it has no
+    /// llama.cpp reference data of its own (the real Gemma 3 270M is compared with llama.cpp);
+    /// it proves the Hugging Face reader against the GGUF one.
+    Gemma3,
 }
 
 impl TinyFamily {
@@ -198,6 +207,7 @@ impl TinyFamily {
             TinyFamily::Phi3 => "phi3",
             TinyFamily::Phi3LongRope => "phi3-longrope",
             TinyFamily::Mistral => "mistral",
+            TinyFamily::Gemma3 => "gemma3",
         }
     }
 
@@ -212,8 +222,12 @@ impl TinyFamily {
             TinyFamily::Qwen2 => "qwen2",
             TinyFamily::Qwen3 => "qwen3",
             TinyFamily::Phi3 | TinyFamily::Phi3LongRope => "phi3",
+            TinyFamily::Gemma3 => "gemma3",
         }
     }
+
+    /// The sliding window of [`TinyFamily::Gemma3`].
+    pub const GEMMA3_WINDOW: usize = 8;
 }
 
 /// The tiny model of `family` as GGUF bytes (2 layers, width 64, 4 heads, 2 kv heads (phi3: 4),
@@ -232,7 +246,7 @@ pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
     }
     let n_vocab = tokens.len();
     let arch = family.arch();
-    let head_dim = if matches!(family, TinyFamily::Qwen3 | TinyFamily::Mistral) { 32 } else { 16 };
+    let head_dim = if matches!(family, TinyFamily::Qwen3 | TinyFamily::Mistral | TinyFamily::Gemma3) { 32 } else { 16 };
     let kv_heads = match family {
         _ if family.is_phi3() => TINY_HEADS,
         TinyFamily::Mistral => 1,
@@ -240,7 +254,7 @@ pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
     };
     let theta = match family {
         TinyFamily::Llama3 => 500_000.0,
-        TinyFamily::Qwen2 | TinyFamily::Qwen3 | TinyFamily::Mistral => 1_000_000.0,
+        TinyFamily::Qwen2 | TinyFamily::Qwen3 | TinyFamily::Mistral | TinyFamily::Gemma3 => 1_000_000.0,
         TinyFamily::Phi3 | TinyFamily::Phi3LongRope => 10_000.0,
     };
     let context = if family == TinyFamily::Phi3LongRope { 4 * TINY_CONTEXT } else { TINY_CONTEXT };
@@ -259,8 +273,11 @@ pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
         .kv(&k("attention.head_count_kv"), u(kv_heads))
         .kv(&k("rope.freq_base"), Value::F32(theta))
         .kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6));
-    if matches!(family, TinyFamily::Qwen3 | TinyFamily::Mistral) {
+    if matches!(family, TinyFamily::Qwen3 | TinyFamily::Mistral | TinyFamily::Gemma3) {
         w.kv(&k("attention.key_length"), u(head_dim)).kv(&k("attention.value_length"), u(head_dim));
+    }
+    if family == TinyFamily::Gemma3 {
+        w.kv(&k("attention.sliding_window"), u(TinyFamily::GEMMA3_WINDOW));
     }
     if family.is_phi3() {
         w.kv(&k("rope.dimension_count"), u(head_dim));
@@ -285,6 +302,9 @@ pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
     }
     if family == TinyFamily::Qwen3 {
         w.kv("tokenizer.chat_template", s(QWEN3_CHAT_TEMPLATE));
+    }
+    if family == TinyFamily::Gemma3 {
+        w.kv("tokenizer.chat_template", s(GEMMA3_CHAT_TEMPLATE));
     }
 
     let matrix = |rows: usize, cols: usize, rng: &mut Rng| -> Vec<f32> {
@@ -325,6 +345,16 @@ pub fn tiny_family_gguf_bytes(family: TinyFamily, seed: u64) -> Vec<u8> {
         let name = |s: &str| format!("blk.{i}.{s}");
         w.tensor(&name("attn_norm.weight"), &[h as u64], TensorType::F32, norm(h, &mut rng));
         w.tensor(&name("ffn_norm.weight"), &[h as u64], TensorType::F32, norm(h, &mut rng));
+        if family == TinyFamily::Gemma3 {
+            // The sandwich norms (as `1 + w`, as the converter stores them) and QK-norm: values
+            // in [0.5, 4), where `(x - 1) + 1 == x` in f32, so the Hugging Face form (`w`) of
+            // these weights gives back exactly these bits.
+            w.tensor(&name("post_attention_norm.weight"), &[h as u64], TensorType::F32, norm(h, &mut rng));
+            w.tensor(&name("post_ffw_norm.weight"), &[h as u64], TensorType::F32, norm(h, &mut rng));
+            let qk_norm = |rng: &mut Rng| quant::f32_bytes(&(0..head_dim).map(|_| 2.0 + 0.3 * rng.uniform()).collect::<Vec<_>>());
+            w.tensor(&name("attn_q_norm.weight"), &[head_dim as u64], TensorType::F32, qk_norm(&mut rng));
+            w.tensor(&name("attn_k_norm.weight"), &[head_dim as u64], TensorType::F32, qk_norm(&mut rng));
+        }
         if family.is_phi3() {
             put(&mut w, &name("attn_qkv.weight"), q + 2 * kv, h, i == 0, &mut rng);
             put(&mut w, &name("ffn_up.weight"), 2 * f, h, i == 1, &mut rng);
