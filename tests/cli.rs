@@ -100,6 +100,10 @@ fn build_verify_inspect_install_run() {
     assert!(o1.status.success(), "{}", stderr(&o1));
     let o2 = run(&args);
     assert_eq!(o1.stdout, o2.stdout);
+    // A thinking budget for a model that does not reason is refused, not ignored.
+    let o = run(&[&args[..], &["--thinking-budget", "4"]].concat());
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--thinking-budget needs a model that reasons"), "{}", stderr(&o));
 }
 
 #[test]

@@ -95,10 +95,12 @@ macro_rules! need_model {
 }
 
 /// `applianced serve` on the real bundle in a fresh directory under the test's temp root, with
-/// two threads, `--log-requests` and `config` (see `common::Server::start`).
+/// two threads, `--log-requests` and `config` (see `common::Server::start`). The directories are
+/// apart from the bundles' (`build_bundle` clears its own directory when it first runs, which
+/// may be while another test's server is up).
 fn start(b: &(PathBuf, PathBuf), config: &str) -> Server {
     static N: AtomicUsize = AtomicUsize::new(0);
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("server_e2e").join(format!("srv-{}", N.fetch_add(1, Ordering::Relaxed)));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("server_e2e_servers").join(format!("srv-{}", N.fetch_add(1, Ordering::Relaxed)));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let args = ["--bundle".into(), b.0.display().to_string(), "--trust".into(), b.1.display().to_string(), "--store".into(), dir.join("store").display().to_string(), "--log-requests".into()];
@@ -684,6 +686,17 @@ fn e2e_reasoning_returned_apart() {
     let starts: Vec<&Value> = ev.iter().filter(|e| e.0 == "content_block_start").map(|e| &e.1).collect();
     assert_eq!((&starts[0]["index"], &starts[0]["content_block"]["type"]), (&Value::from(0), &Value::from("thinking")), "{}", r.body);
     assert!(starts[1..].iter().enumerate().all(|(i, s)| s["index"] == i + 1 && s["content_block"]["type"] != "thinking"), "{}", r.body);
+    // `applianced run` shows the block the prompt opened, and keeps the budget too (a model
+    // that does not reason refuses the flag: tests/cli.rs).
+    let store = s.sock.parent().unwrap().join("run-store");
+    let run = |bundle: &(PathBuf, PathBuf), extra: &[&str]| {
+        let mut args = vec!["run".to_string(), bundle.0.display().to_string(), "--trust".into(), bundle.1.display().to_string(), "--store".into(), store.display().to_string()];
+        args.extend(["-p", "What is 17 times 3?", "--max-tokens", "30"].iter().chain(extra).map(|x| x.to_string()));
+        Command::new(BIN).args(&args).output().unwrap()
+    };
+    let o = run(b, &["--thinking-budget", "5"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success() && out.starts_with("<think>\n") && out.matches("</think>").count() == 1, "{out}{}", String::from_utf8_lossy(&o.stderr));
     match std::env::var_os("APPLIANCED_TEST_PYTHON") {
         Some(py) => {
             let dir = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -33,6 +33,10 @@ pub struct RunArgs {
     /// template's `enable_thinking=false`). Models that do not think are unaffected.
     #[arg(long, conflicts_with = "raw")]
     pub no_thinking: bool,
+    /// A reasoning model (Qwen3) thinks for at most N tokens: then `</think>` is forced and it
+    /// answers (the reasoning is shown between `<think>` and `</think>`, as the model writes it).
+    #[arg(long, value_name = "N", conflicts_with_all = ["raw", "no_thinking"])]
+    pub thinking_budget: Option<usize>,
     /// A preset of the bundle (sampling, safety level, redaction, mandatory text, schema).
     /// Default: the bundle's default preset. Flags below override it only where the preset allows.
     #[arg(long)]
@@ -144,6 +148,19 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
     if raw && system.is_some() {
         return Err(CliError::Usage("--system needs a chat template: a raw prompt (--raw, or a base model) has no system message".into()));
     }
+    // As the server: an answer held to a schema from its first token, or opened by the preset's
+    // mandatory text, leaves no room for reasoning.
+    let fixed_start = a.schema.is_some() || preset.is_some_and(|p| p.schema.is_some() || !p.mandatory.prefix.is_empty());
+    let thinking = (a.no_thinking || fixed_start).then_some(false);
+    // The prompt opens a reasoning model's `<think>` block: shown, so the output reads as the
+    // model's whole answer.
+    let opened = !raw && rt.prompts().starts_in_reasoning(false, thinking);
+    if a.thinking_budget.is_some() && !rt.template.reasons() {
+        return Err(CliError::Usage("--thinking-budget needs a model that reasons (a qwen3-family chat template); this one answers directly".into()));
+    }
+    if a.thinking_budget.is_some() && !opened {
+        return Err(CliError::Usage("--thinking-budget: this answer has no room for reasoning (a schema, or the preset's mandatory opening text)".into()));
+    }
     let prompt = if raw {
         rt.prompts().raw(&user)
     } else {
@@ -152,7 +169,7 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
             msgs.push(crate::tokenizer::ChatMessage::new("system", s));
         }
         msgs.push(crate::tokenizer::ChatMessage::new("user", &user));
-        rt.prompts().chat_thinking(&msgs, None, a.no_thinking.then_some(false), None)
+        rt.prompts().chat_thinking(&msgs, None, thinking, None)
     };
     let ids = prompt.map_err(|e| CliError::Usage(e.to_string()))?.tokens;
     let ctx = engine.max_context();
@@ -165,12 +182,16 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
         None => None,
     };
     let n_prompt = ids.len();
-    let spec = rt.spec(preset, adhoc, params, max_new, a.stop.clone());
+    let mut spec = rt.spec(preset, adhoc, params, max_new, a.stop.clone());
+    spec.thinking = a.thinking_budget.and_then(|n| rt.thinking_budget(n));
     let mut gen = rt.generation(ids, spec, ctx);
     let seq = engine.new_seq()?;
     engine.set_steering(seq, preset.and_then(|p| rt.policy.steering(p)))?;
     let t0 = Instant::now();
     let mut out = std::io::stdout().lock();
+    if opened {
+        let _ = out.write_all(crate::tokenizer::ChatTemplate::THINKING_PREFILL.as_bytes());
+    }
     let _ = out.write_all(gen.start().as_bytes());
     let _ = out.flush();
     let mut logits = engine.prefill(seq, gen.prompt(), PREFILL_CHUNK)?;

@@ -212,7 +212,7 @@ struct AnswerStart {
 }
 
 impl AnswerStart {
-    /// `fixed_start`: the preset's mandatory text opens the answer.
+    /// `fixed_start`: the preset's schema or mandatory text holds the answer from its start.
     fn of(creq: &ChatRequest, flavor: Flavor, fixed_start: bool) -> AnswerStart {
         // A grammar that holds from the first token (a request schema, tools the model must
         // call), or a preset's mandatory opening text, leaves no room for reasoning before the
@@ -346,7 +346,14 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         }
     }
     let creq = Arc::new(creq);
-    let start = AnswerStart::of(&creq, flavor, preset.as_ref().is_some_and(|p| !p.mandatory.prefix.is_empty()));
+    // A preset whose schema holds the answer from its first token, or whose mandatory text opens
+    // it, leaves no room for reasoning: asking for thinking there is refused, not ignored.
+    let fixed_start = preset.as_ref().is_some_and(|p| p.schema.is_some() || !p.mandatory.prefix.is_empty());
+    if fixed_start && creq.thinking == Some(true) && state.rt.template.reasons() {
+        let name = preset.as_ref().map(|p| p.name.clone()).unwrap_or_default();
+        return rec.fail(flavor, ApiError::unsupported("thinking", format!("preset {name:?} holds its answer to a schema or opens it with mandatory text, which leaves no room for thinking; turn thinking off or choose another preset")));
+    }
+    let start = AnswerStart::of(&creq, flavor, fixed_start);
     // Template and tokenize (counted too): inline for a short conversation, where this thread's
     // caches still hold the request, and on a blocking thread for a long one, whose tokenizing
     // would hold up the other connections this worker serves.
