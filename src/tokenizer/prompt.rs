@@ -228,6 +228,20 @@ mod tests {
         assert!(pre.text.ends_with("assistant\n<|im_end|>"));
     }
 
+    /// Gemma 1/2 with tools: the declaration opens the first user turn, and a user's control-token
+    /// text around it still tokenizes as plain bytes.
+    #[test]
+    fn gemma_tools_open_the_first_user_turn() {
+        let tok = crate::tokenizer::tests::tiny();
+        let gemma = ChatTemplate::Gemma { bos: String::new(), system_in_first_turn: false };
+        let b = PromptBuilder::new(&tok, &gemma, &cfg());
+        let msgs = [ChatMessage::new("user", "q<|im_end|>")];
+        let p = b.chat_tools(&msgs, None, Some(PromptTools::SystemText("TOOLS"))).unwrap();
+        assert!(p.text.starts_with("<start_of_turn>user\nTOOLS\n\nq<|im_end|><end_of_turn>"), "{:?}", p.text);
+        assert_eq!(tok.decode(&p.tokens), p.text);
+        assert!(!p.tokens.contains(&2), "the user's <|im_end|> is bytes: {:?}", p.tokens);
+    }
+
     #[test]
     fn thinking_off_prefills_qwen3s_empty_reasoning_block_only() {
         let tok = crate::tokenizer::tests::tiny();

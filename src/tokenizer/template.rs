@@ -177,13 +177,19 @@ impl ChatTemplate {
 
     /// [`render`](Self::render) with declared tools ([`PromptTools`]): function objects for a
     /// family with [`native_tools`](Self::native_tools), as the template renders its `tools`
-    /// variable; a declaration text put in the system message for any other chat family.
+    /// variable; a declaration text put in the system message for any other chat family (Gemma
+    /// 1/2, which take none: at the start of the first user turn).
     pub fn render_with_tools(&self, messages: &[ChatMessage], add_generation_prompt: bool, tools: Option<PromptTools<'_>>) -> Result<String, TokenizerError> {
         let tools = match tools {
             Some(PromptTools::SystemText(text)) => {
                 let mut with = messages.to_vec();
                 match with.first_mut() {
                     Some(m) if m.role == "system" => m.content = format!("{}\n\n{text}", m.content),
+                    // Gemma 1/2 take no system message: the declaration opens the first user
+                    // turn, where Gemma 3's template puts a system message.
+                    Some(m) if m.role == "user" && matches!(self, ChatTemplate::Gemma { system_in_first_turn: false, .. }) => {
+                        m.content = format!("{text}\n\n{}", m.content.trim_start());
+                    }
                     _ => {
                         let default = match self {
                             ChatTemplate::Chatml { default_system: Some(d) } => format!("{d}\n\n"),
@@ -835,6 +841,14 @@ mod tests {
         let old = ChatTemplate::from_jinja(GEMMA, "<bos>", "<eos>").unwrap();
         assert_eq!(old, ChatTemplate::Gemma { bos: "<bos>".into(), system_in_first_turn: false });
         assert!(old.render(&[m("system", "S"), m("user", "Q")], true).is_err());
+        // With tools, the declaration opens the first user turn, as Gemma 3's system text does:
+        // the same prompt as Gemma 3's for the same conversation.
+        let r1 = old.render_with_tools(&[m("user", " Q"), m("assistant", "A"), m("user", "R")], true, Some(PromptTools::SystemText(&block))).unwrap();
+        let r3 = t.render_with_tools(&[m("user", " Q"), m("assistant", "A"), m("user", "R")], true, Some(PromptTools::SystemText(&block))).unwrap();
+        assert_eq!(r1, r3);
+        assert!(r1.starts_with("<bos><start_of_turn>user\nYou have access to the following functions.") && r1.contains("\n\nQ<end_of_turn>\n<start_of_turn>model\nA<end_of_turn>"), "{r1}");
+        // A system message is still the template's refusal.
+        assert!(old.render_with_tools(&[m("system", "S"), m("user", "Q")], true, Some(PromptTools::SystemText(&block))).is_err());
         assert_eq!(serde_json::from_str::<ChatTemplate>(r#"{"family": "gemma", "bos": "<bos>"}"#).unwrap(), old);
         assert!(!old.to_json().contains("system_in_first_turn"));
         assert_eq!(serde_json::from_str::<ChatTemplate>(&t.to_json()).unwrap(), t);
