@@ -15,28 +15,12 @@ Exits non-zero with a message on the first failed check; prints "reasoning: ok (
 import sys
 
 import anthropic
-import openai
-import anthropic._base_client as _ab
-import openai._base_client as _ob
+
+from uds_clients import Checks, sdk_clients
 
 SOCK, MODEL = sys.argv[1], sys.argv[2]
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        print(f"reasoning: FAILED: {what}", file=sys.stderr)
-        sys.exit(1)
-    checks += 1
-
-
-def http(mod):
-    return mod.Client(transport=mod.HTTPTransport(uds=SOCK), timeout=300)
-
-
-ant = anthropic.Anthropic(api_key="unused", base_url="http://applianced", http_client=http(getattr(_ab, "httpx2", None) or _ab.httpx), max_retries=0)
-oai = openai.OpenAI(api_key="unused", base_url="http://applianced/v1", http_client=http(getattr(_ob, "httpx2", None) or _ob.httpx), max_retries=0)
+check = Checks("reasoning")
+ant, oai = sdk_clients(SOCK)
 ASK = [{"role": "user", "content": "What is 17 times 3?"}]
 
 # --- Anthropic ---
@@ -84,4 +68,4 @@ for ch in oai.chat.completions.create(model=MODEL, messages=ASK, max_tokens=10, 
 check(pieces == rc, f"openai stream: {pieces!r} vs {rc!r}")
 r = oai.chat.completions.create(model=MODEL, messages=ASK, max_tokens=10, temperature=0, reasoning_effort="none")
 check(getattr(r.choices[0].message, "reasoning_content", None) is None and r.choices[0].message.content, f"openai none: {r.choices[0].message}")
-print(f"reasoning: ok ({checks} checks)")
+print(f"reasoning: ok ({check.n} checks)")

@@ -23,28 +23,13 @@ import sys
 import anthropic
 import jsonschema
 import openai
-import anthropic._base_client as _ab
-import openai._base_client as _ob
+
+from uds_clients import Checks, sdk_clients
 
 SOCK, MODEL, SCHEMA_DIR, N_CORPUS = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 SYNTAX = sys.argv[5] if len(sys.argv) > 5 else "hermes"
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        print(f"tools: FAILED: {what}", file=sys.stderr)
-        sys.exit(1)
-    checks += 1
-
-
-def http(mod):
-    return mod.Client(transport=mod.HTTPTransport(uds=SOCK), timeout=300)
-
-
-ant = anthropic.Anthropic(api_key="unused", base_url="http://applianced", http_client=http(getattr(_ab, "httpx2", None) or _ab.httpx), max_retries=0)
-oai = openai.OpenAI(api_key="unused", base_url="http://applianced/v1", http_client=http(getattr(_ob, "httpx2", None) or _ob.httpx), max_retries=0)
+check = Checks("tools")
+ant, oai = sdk_clients(SOCK)
 
 WEATHER_SCHEMA = {
     "type": "object",
@@ -234,4 +219,4 @@ for i in range(N_CORPUS):
         if stream:
             check(pieces.get(j) == tc.function.arguments, "corpus: streamed pieces are the arguments")
         done += 1
-print(f"tools: ok ({checks} checks, {done} corpus calls valid, {cut} cut by max_tokens)")
+print(f"tools: ok ({check.n} checks, {done} corpus calls valid, {cut} cut by max_tokens)")
