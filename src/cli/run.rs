@@ -148,9 +148,9 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
     if raw && system.is_some() {
         return Err(CliError::Usage("--system needs a chat template: a raw prompt (--raw, or a base model) has no system message".into()));
     }
-    // As the server: an answer held to a schema from its first token, or opened by the preset's
+    // As the server: an answer held to a schema from its first token, or framed by the preset's
     // mandatory text, leaves no room for reasoning.
-    let fixed_start = a.schema.is_some() || preset.is_some_and(|p| p.schema.is_some() || !p.mandatory.prefix.is_empty());
+    let fixed_start = a.schema.is_some() || preset.is_some_and(|p| p.schema.is_some() || !p.mandatory.prefix.is_empty() || !p.mandatory.suffix.is_empty());
     let thinking = (a.no_thinking || fixed_start).then_some(false);
     // The prompt opens a reasoning model's `<think>` block: shown, so the output reads as the
     // model's whole answer.
@@ -159,7 +159,7 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
         return Err(CliError::Usage("--thinking-budget needs a model that reasons (a qwen3-family chat template); this one answers directly".into()));
     }
     if a.thinking_budget.is_some() && !opened {
-        return Err(CliError::Usage("--thinking-budget: this answer has no room for reasoning (a schema, or the preset's mandatory opening text)".into()));
+        return Err(CliError::Usage("--thinking-budget: this answer has no room for reasoning (a schema, or the preset's mandatory text)".into()));
     }
     let prompt = if raw {
         rt.prompts().raw(&user)

@@ -212,10 +212,10 @@ struct AnswerStart {
 }
 
 impl AnswerStart {
-    /// `fixed_start`: the preset's schema or mandatory text holds the answer from its start.
+    /// `fixed_start`: the preset's schema or mandatory text holds the answer.
     fn of(creq: &ChatRequest, flavor: Flavor, fixed_start: bool) -> AnswerStart {
         // A grammar that holds from the first token (a request schema, tools the model must
-        // call), or a preset's mandatory opening text, leaves no room for reasoning before the
+        // call), or a preset's mandatory text, leaves no room for reasoning before the
         // answer: a reasoning model is then given its thinking-off prompt, the form it was
         // trained to answer directly from.
         let from_first_token = creq.schema.is_some() || creq.tools.as_ref().is_some_and(|t| t.active() && t.choice != crate::tools::Choice::Auto);
@@ -346,12 +346,14 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         }
     }
     let creq = Arc::new(creq);
-    // A preset whose schema holds the answer from its first token, or whose mandatory text opens
-    // it, leaves no room for reasoning: asking for thinking there is refused, not ignored.
-    let fixed_start = preset.as_ref().is_some_and(|p| p.schema.is_some() || !p.mandatory.prefix.is_empty());
+    // A preset whose schema holds the answer from its first token, or that frames it with
+    // mandatory text (a disclaimer must be in the answer, never in reasoning a client may not
+    // see, as an answer cut inside the reasoning would leave a suffix), leaves no room for
+    // reasoning: asking for thinking there is refused, not ignored.
+    let fixed_start = preset.as_ref().is_some_and(|p| p.schema.is_some() || !p.mandatory.prefix.is_empty() || !p.mandatory.suffix.is_empty());
     if fixed_start && creq.thinking == Some(true) && state.rt.template.reasons() {
         let name = preset.as_ref().map(|p| p.name.clone()).unwrap_or_default();
-        return rec.fail(flavor, ApiError::unsupported("thinking", format!("preset {name:?} holds its answer to a schema or opens it with mandatory text, which leaves no room for thinking; turn thinking off or choose another preset")));
+        return rec.fail(flavor, ApiError::unsupported("thinking", format!("preset {name:?} holds its answer to a schema or frames it with mandatory text, which leaves no room for thinking; turn thinking off or choose another preset")));
     }
     let start = AnswerStart::of(&creq, flavor, fixed_start);
     // Template and tokenize (counted too): inline for a short conversation, where this thread's
@@ -599,6 +601,37 @@ async fn compile_schema(state: Arc<State>, schema: Value, opts: CompileOptions) 
 
 /// Stack of a schema-compile thread (reserved, touched only as deep as the compile goes).
 const SCHEMA_THREAD_STACK: usize = 64 << 20;
+
+#[cfg(test)]
+mod answer_start_tests {
+    use super::{AnswerStart, Flavor};
+    use crate::server::api::parse_anthropic;
+    use crate::tools::ToolFormat;
+
+    fn req(extra: &str) -> crate::server::api::ChatRequest {
+        let text = format!(r#"{{"model":"m","max_tokens":50,"messages":[{{"role":"user","content":"q"}}]{extra}}}"#);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        parse_anthropic(v.as_object().unwrap(), false, ToolFormat::default()).unwrap()
+    }
+
+    /// Where the answer is held from its start, a reasoning model answers directly; elsewhere
+    /// the client's choice (or the model's default) stands.
+    #[test]
+    fn thinking_only_where_the_answer_leaves_room() {
+        let t = |extra: &str, fixed: bool| AnswerStart::of(&req(extra), Flavor::Anthropic, fixed).thinking;
+        assert_eq!(t("", false), None);
+        assert_eq!(t(r#","thinking":{"type":"adaptive"}"#, false), Some(true));
+        assert_eq!(t("", true), Some(false), "a preset's schema or mandatory text");
+        assert_eq!(t(r#","output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}}"#, false), Some(false));
+        let tools = r#","tools":[{"name":"f","input_schema":{"type":"object"}}]"#;
+        assert_eq!(t(&format!(r#"{tools},"tool_choice":{{"type":"any"}}"#), false), Some(false));
+        assert_eq!(t(&format!(r#"{tools},"tool_choice":{{"type":"auto"}}"#), false), None);
+        let prefill = r#""messages":[{"role":"user","content":"q"},{"role":"assistant","content":"A"}]"#;
+        let v: serde_json::Value = serde_json::from_str(&format!(r#"{{"model":"m","max_tokens":5,{prefill}}}"#)).unwrap();
+        let r = parse_anthropic(v.as_object().unwrap(), false, ToolFormat::default()).unwrap();
+        assert!(AnswerStart::of(&r, Flavor::Anthropic, false).prefill && !AnswerStart::of(&r, Flavor::OpenAi, false).prefill);
+    }
+}
 
 #[cfg(test)]
 mod preset_name_tests {
