@@ -224,6 +224,47 @@ mod tests {
         }
     }
 
+    /// The rule of the module docs, written directly on the whole text.
+    fn reference(text: &str, inside: bool) -> (Option<String>, String) {
+        let body = if inside { Some(text) } else { text.trim_start().strip_prefix(OPEN) };
+        match body {
+            None => (None, text.to_string()),
+            Some(b) => match b.find(CLOSE) {
+                Some(p) => (Some(b[..p].trim_matches('\n').to_string()), b[p + CLOSE.len()..].trim_start_matches('\n').to_string()),
+                None => (Some(b.trim_matches('\n').to_string()), String::new()),
+            },
+        }
+    }
+
+    proptest::proptest! {
+        /// Any text, cut anywhere: the streamed pieces give what the rule gives for the whole.
+        #[test]
+        fn streamed_pieces_follow_the_rule(text in "(<think>|</think>|<th|</|</think|\n| |a|<|>|é){0,30}", inside: bool, cuts in proptest::collection::vec(1usize..9, 0..30)) {
+            let want = reference(&text, inside);
+            proptest::prop_assert_eq!(split(&text, inside), want.clone());
+            let chars: Vec<char> = text.chars().collect();
+            let mut s = ReasoningSplitter::new(inside);
+            let (mut r, mut a, mut at) = (String::new(), String::new(), 0);
+            let mut all = Vec::new();
+            for c in cuts.iter().chain(std::iter::repeat(&4)) {
+                if at >= chars.len() {
+                    break;
+                }
+                let end = (at + c).min(chars.len());
+                all.extend(s.feed(&chars[at..end].iter().collect::<String>()));
+                at = end;
+            }
+            all.extend(s.finish());
+            for p in all {
+                match p {
+                    Part::Reasoning(t) => r.push_str(&t),
+                    Part::Answer(t) => a.push_str(&t),
+                }
+            }
+            proptest::prop_assert_eq!((s.reasoned().then_some(r), a), want);
+        }
+    }
+
     #[test]
     fn reasoning_is_sent_as_soon_as_it_cannot_be_a_marker() {
         let mut s = ReasoningSplitter::new(true);
