@@ -82,6 +82,11 @@ fn qwen3_form_bundle() -> Option<&'static (PathBuf, PathBuf)> {
     .as_ref()
 }
 
+/// A streamed body's server-sent events, each with its data parsed as JSON.
+fn sse_json(body: &str) -> Vec<(String, Value)> {
+    sse_events(body).into_iter().map(|(n, d)| (n, serde_json::from_str(&d).unwrap())).collect()
+}
+
 macro_rules! need_model {
     () => {
         match bundle() {
@@ -454,7 +459,7 @@ fn e2e_tools() {
     // Anthropic, streamed: text block 0 (closed before the call), tool_use block 1.
     let r = s.post("/v1/messages", &an_auto);
     assert_eq!(r.status, 200, "{}", r.body);
-    let ev: Vec<(String, Value)> = sse_events(&r.body).into_iter().map(|(n, d)| (n, serde_json::from_str(&d).unwrap())).collect();
+    let ev = sse_json(&r.body);
     let text: String = ev.iter().filter(|e| e.1["delta"]["type"] == "text_delta").map(|e| e.1["delta"]["text"].as_str().unwrap().to_string()).collect();
     assert_eq!(text, said);
     let input: String = ev.iter().filter(|e| e.1["delta"]["type"] == "input_json_delta").map(|e| e.1["delta"]["partial_json"].as_str().unwrap().to_string()).collect();
@@ -573,7 +578,7 @@ fn e2e_tools_in_llama3s_own_form() {
     );
     let r = s.post("/v1/messages", &an);
     assert_eq!(r.status, 200, "{}", r.body);
-    let ev: Vec<(String, Value)> = sse_events(&r.body).into_iter().map(|(n, d)| (n, serde_json::from_str(&d).unwrap())).collect();
+    let ev = sse_json(&r.body);
     let starts: Vec<&Value> = ev.iter().filter(|e| e.0 == "content_block_start").map(|e| &e.1).collect();
     assert_eq!(starts.len(), 1, "{}", r.body);
     assert_eq!(starts[0]["content_block"]["type"], "tool_use");
@@ -640,7 +645,7 @@ fn e2e_reasoning_returned_apart() {
     // block (index 1); the pieces make the whole answer's blocks.
     let r = s.post("/v1/messages", &body.replacen('{', r#"{"stream":true,"#, 1));
     assert_eq!(r.status, 200, "{}", r.body);
-    let ev: Vec<(String, Value)> = sse_events(&r.body).into_iter().map(|(n, d)| (n, serde_json::from_str(&d).unwrap())).collect();
+    let ev = sse_json(&r.body);
     let starts: Vec<(u64, String)> = ev.iter().filter(|e| e.0 == "content_block_start").map(|e| (e.1["index"].as_u64().unwrap(), e.1["content_block"]["type"].as_str().unwrap().to_string())).collect();
     assert_eq!(starts, vec![(0, "thinking".to_string()), (1, "text".to_string())], "{}", r.body);
     let pieces = |kind: &str, field: &str, index: u64| -> String {
@@ -682,7 +687,7 @@ fn e2e_reasoning_returned_apart() {
     let tools = r#""tools":[{"name":"get_weather","input_schema":{"type":"object","properties":{"city":{"type":"string","maxLength":20}},"required":["city"]}}]"#;
     let r = s.post("/v1/messages", &format!(r#"{{"model":"{MODEL}","max_tokens":40,"temperature":0,"stream":true,{ask},{tools},"thinking":{{"type":"enabled","budget_tokens":4}}}}"#));
     assert_eq!(r.status, 200, "{}", r.body);
-    let ev: Vec<(String, Value)> = sse_events(&r.body).into_iter().map(|(n, d)| (n, serde_json::from_str(&d).unwrap())).collect();
+    let ev = sse_json(&r.body);
     let starts: Vec<&Value> = ev.iter().filter(|e| e.0 == "content_block_start").map(|e| &e.1).collect();
     assert_eq!((&starts[0]["index"], &starts[0]["content_block"]["type"]), (&Value::from(0), &Value::from("thinking")), "{}", r.body);
     assert!(starts[1..].iter().enumerate().all(|(i, s)| s["index"] == i + 1 && s["content_block"]["type"] != "thinking"), "{}", r.body);

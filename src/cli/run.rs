@@ -150,7 +150,7 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
     }
     // As the server: an answer held to a schema from its first token, or framed by the preset's
     // mandatory text, leaves no room for reasoning.
-    let fixed_start = a.schema.is_some() || preset.is_some_and(|p| p.schema.is_some() || !p.mandatory.prefix.is_empty() || !p.mandatory.suffix.is_empty());
+    let fixed_start = a.schema.is_some() || preset.is_some_and(|p| p.holds_answer());
     let thinking = (a.no_thinking || fixed_start).then_some(false);
     // The prompt opens a reasoning model's `<think>` block: shown, so the output reads as the
     // model's whole answer.

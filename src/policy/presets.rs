@@ -186,6 +186,14 @@ fn check_sampling(s: &Sampling, max_tokens: u32) -> Result<(), PolicyError> {
 }
 
 impl Preset {
+    /// Whether the preset holds the whole answer: a schema from its first token, or mandatory
+    /// text around it. Such an answer has no room for a reasoning model's thinking (a
+    /// disclaimer must land in the answer, never in reasoning a client may not see), so the
+    /// server and `applianced run` give it the thinking-off prompt.
+    pub fn holds_answer(&self) -> bool {
+        self.schema.is_some() || !self.mandatory.prefix.is_empty() || !self.mandatory.suffix.is_empty()
+    }
+
     /// Resolves a recipe preset (defaults from [`SamplingParams::default`], `max_tokens` 512).
     pub fn resolve(name: &str, spec: &PresetSpec, policy: &PolicySpec) -> Result<Preset, PolicyError> {
         check_name("presets", name, 64)?;

@@ -346,11 +346,9 @@ async fn chat(state: &Arc<State>, req: Request<Incoming>, flavor: Flavor, mut re
         }
     }
     let creq = Arc::new(creq);
-    // A preset whose schema holds the answer from its first token, or that frames it with
-    // mandatory text (a disclaimer must be in the answer, never in reasoning a client may not
-    // see, as an answer cut inside the reasoning would leave a suffix), leaves no room for
-    // reasoning: asking for thinking there is refused, not ignored.
-    let fixed_start = preset.as_ref().is_some_and(|p| p.schema.is_some() || !p.mandatory.prefix.is_empty() || !p.mandatory.suffix.is_empty());
+    // A preset that holds the answer (`Preset::holds_answer`) leaves no room for reasoning:
+    // asking for thinking there is refused, not ignored.
+    let fixed_start = preset.as_ref().is_some_and(|p| p.holds_answer());
     if fixed_start && creq.thinking == Some(true) && state.rt.template.reasons() {
         let name = preset.as_ref().map(|p| p.name.clone()).unwrap_or_default();
         return rec.fail(flavor, ApiError::unsupported("thinking", format!("preset {name:?} holds its answer to a schema or frames it with mandatory text, which leaves no room for thinking; turn thinking off or choose another preset")));

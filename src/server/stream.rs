@@ -68,9 +68,9 @@ struct ToolStream {
 }
 
 impl Streamer {
-    #[allow(clippy::too_many_arguments)]
     /// `tools`: the reader of a request whose answer may be tool calls. `reasoning`: the splitter
     /// of a model that reasons, and whether the client sees the reasoning.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         rx: UnboundedReceiver<Event>,
         rec: Record,
