@@ -154,6 +154,9 @@ struct Fault {
     trickle: Option<Duration>,
     /// Never answer a manifest request.
     stall_manifest: bool,
+    /// Answer a manifest request with spaces without end: `Some(true)` declaring a 1 GiB
+    /// Content-Length, `Some(false)` with none (the body ends when the connection does).
+    endless_manifest: Option<bool>,
     /// Answer a range request with the whole blob (200).
     ignore_range: bool,
 }
@@ -163,6 +166,8 @@ struct RegState {
     manifests: BTreeMap<String, Vec<u8>>,
     blobs: BTreeMap<String, Vec<u8>>,
     fault: Fault,
+    /// Bytes of the last endless manifest that the client took before it hung up.
+    endless_sent: usize,
     /// Requests served: "GET /v2/… KIND range".
     log: Vec<String>,
     /// When set, every request needs `Authorization: Basic <this>` (401 with a Basic challenge
@@ -267,6 +272,17 @@ fn serve_conn(mut c: TcpStream, st: &Mutex<RegState>) {
         };
         if kind == "manifest" && fault.stall_manifest {
             std::thread::sleep(Duration::from_secs(60));
+            return;
+        }
+        if let (true, Some(declared)) = (kind == "manifest", fault.endless_manifest) {
+            let len = if declared { "Content-Length: 1073741824\r\n" } else { "Connection: close\r\n" };
+            let _ = write!(c, "HTTP/1.1 200 OK\r\nContent-Type: {MANIFEST}\r\n{len}\r\n");
+            let chunk = [b' '; 64 << 10];
+            let mut sent = 0;
+            while sent < 1 << 30 && c.write_all(&chunk).is_ok() {
+                sent += chunk.len();
+                st.lock().unwrap().endless_sent = sent;
+            }
             return;
         }
         let ctype = if kind == "manifest" { MANIFEST } else { "application/octet-stream" };
@@ -393,6 +409,9 @@ fn hostile_registries_are_refused_and_leave_the_store_unchanged() {
         ("truncated layer", "apps/tiny:2".into(), vec![], Fault { cut_after: Some(layer_len / 3), ..Fault::default() }, 18, "run the pull again to resume", true),
         ("slow-loris layer", "apps/tiny:2".into(), vec!["--deadline", "3"], Fault { trickle: Some(Duration::from_millis(20)), ..Fault::default() }, 18, "the --deadline passed", true),
         ("registry never answers", "apps/tiny:2".into(), vec!["--stall-timeout", "1"], Fault { stall_manifest: true, ..Fault::default() }, 18, "fetching the manifest", false),
+        // Refused as the answer arrives, never read whole into memory (the client's cap).
+        ("manifest declared over the cap", "apps/tiny:2".into(), vec![], Fault { endless_manifest: Some(true), ..Fault::default() }, 4, "fetching the manifest: the registry's answer exceeds the 4194304-byte cap", false),
+        ("manifest without end", "apps/tiny:2".into(), vec![], Fault { endless_manifest: Some(false), ..Fault::default() }, 4, "fetching the manifest: the registry's answer exceeds the 4194304-byte cap", false),
     ];
     let n = cases.len();
     for (what, r, extra, fault, code, needle, layer_asked) in cases {
@@ -404,7 +423,7 @@ fn hostile_registries_are_refused_and_leave_the_store_unchanged() {
             expect_ok(&o);
             state_v2 = true;
         }
-        reg.fault(fault);
+        reg.fault(fault.clone());
         let _ = std::fs::remove_dir_all(&resume);
         let t = Instant::now();
         let mut args = vec!["--install", "--json"];
@@ -413,6 +432,12 @@ fn hostile_registries_are_refused_and_leave_the_store_unchanged() {
         let took = t.elapsed();
         let err = expect_fail(&o, code, needle);
         eprintln!("{what}: exit {code} after {:.1} s: {}", took.as_secs_f64(), err.trim_end());
+        if fault.endless_manifest.is_some() {
+            // The client stopped reading at the cap: what it took, and what the sockets'
+            // buffers held, is far below the 1 GiB on offer.
+            let sent = std::mem::take(&mut reg.state.lock().unwrap().endless_sent);
+            assert!(sent < 64 << 20, "{what}: the client read {sent} bytes");
+        }
         // Refusals of the bundle itself are the bundle reader's lines, as for `install`.
         if ![5, 8, 9].contains(&code) && what != "unsigned" {
             assert!(err.contains(&reg.host), "{what}: the line names the registry: {err}");
@@ -601,36 +626,148 @@ fn push_then_pull_from_a_real_registry() {
 
 /// A site CA (`openssl`), a registry serving HTTPS with a certificate it issued: pull and push
 /// succeed with `--ca-file`, and are refused without it (the system roots do not know the CA).
-#[test]
-fn tls_with_a_site_ca() {
-    let Ok(o) = Command::new("openssl").arg("version").output() else {
-        assert!(std::env::var_os("APPLIANCED_SLOW_TESTS").is_none(), "APPLIANCED_SLOW_TESTS is set but openssl is not installed");
-        eprintln!("skipped: no openssl");
-        return;
-    };
-    assert!(o.status.success());
-    let pki = tempfile::tempdir().unwrap();
-    let d = |f: &str| pki.path().join(f).to_string_lossy().into_owned();
-    let sh = |args: &[&str]| {
+/// A site PKI made with `openssl` in a temporary directory: a site CA (`ca`) and a server
+/// certificate for 127.0.0.1 (`srv`) signed by it; more CAs and client certificates on request.
+/// `None` (the test skips) without openssl, except under APPLIANCED_SLOW_TESTS.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Option<Pki> {
+        let Ok(o) = Command::new("openssl").arg("version").output() else {
+            assert!(std::env::var_os("APPLIANCED_SLOW_TESTS").is_none(), "APPLIANCED_SLOW_TESTS is set but openssl is not installed");
+            eprintln!("skipped: no openssl");
+            return None;
+        };
+        assert!(o.status.success());
+        let pki = Pki { dir: tempfile::tempdir().unwrap() };
+        pki.ca("ca", "applianced test site CA");
+        pki.leaf("srv", "ca", "127.0.0.1", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n");
+        Some(pki)
+    }
+
+    fn p(&self, f: &str) -> String {
+        self.dir.path().join(f).to_string_lossy().into_owned()
+    }
+
+    fn sh(&self, args: &[&str]) {
         let o = Command::new("openssl").args(args).output().unwrap();
         assert!(o.status.success(), "openssl {args:?}: {}", stderr(&o));
-    };
-    std::fs::write(d("srv.ext"), "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\nbasicConstraints=critical,CA:FALSE\n").unwrap();
-    sh(&["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", &d("ca.key"), "-out", &d("ca.pem"), "-days", "2", "-subj", "/CN=applianced test site CA",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
-    sh(&["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", &d("srv.key"), "-out", &d("srv.csr"), "-subj", "/CN=127.0.0.1"]);
-    sh(&["x509", "-req", "-in", &d("srv.csr"), "-CA", &d("ca.pem"), "-CAkey", &d("ca.key"), "-CAcreateserial", "-out", &d("srv.pem"), "-days", "2", "-extfile", &d("srv.ext")]);
-    let Some(reg) = RealRegistry::start_with(&format!("  tls:\n    certificate: {}\n    key: {}\n", d("srv.pem"), d("srv.key"))) else { return };
+    }
+
+    /// A self-signed CA: `{name}.pem`, `{name}.key`.
+    fn ca(&self, name: &str, cn: &str) {
+        self.sh(&["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", &self.p(&format!("{name}.key")), "-out", &self.p(&format!("{name}.pem")), "-days", "2", "-subj", &format!("/CN={cn}"),
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+    }
+
+    /// A certificate `{name}.pem` (key `{name}.key`, mode 0600) signed by CA `ca`, with `ext`.
+    fn leaf(&self, name: &str, ca: &str, cn: &str, ext: &str) {
+        let f = |x: &str| self.p(&format!("{name}.{x}"));
+        std::fs::write(f("ext"), format!("{ext}basicConstraints=critical,CA:FALSE\n")).unwrap();
+        self.sh(&["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", &f("key"), "-out", &f("csr"), "-subj", &format!("/CN={cn}")]);
+        self.sh(&["x509", "-req", "-in", &f("csr"), "-CA", &self.p(&format!("{ca}.pem")), "-CAkey", &self.p(&format!("{ca}.key")), "-CAcreateserial", "-out", &f("pem"), "-days", "2", "-extfile", &f("ext")]);
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(f("key"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    /// A client certificate for TLS client authentication, signed by CA `ca`.
+    fn client(&self, name: &str, ca: &str) {
+        self.leaf(name, ca, name, "extendedKeyUsage=clientAuth\n");
+    }
+
+    /// The registry's `http:` TLS lines: the server certificate, and the CAs whose client
+    /// certificates it requires, if any.
+    fn registry_tls(&self, client_cas: &[&str]) -> String {
+        let mut y = format!("  tls:\n    certificate: {}\n    key: {}\n", self.p("srv.pem"), self.p("srv.key"));
+        if !client_cas.is_empty() {
+            y.push_str("    clientcas:\n");
+            for ca in client_cas {
+                y.push_str(&format!("      - {}\n", self.p(&format!("{ca}.pem"))));
+            }
+        }
+        y
+    }
+}
+
+#[test]
+fn tls_with_a_site_ca() {
+    let Some(pki) = Pki::new() else { return };
+    let Some(reg) = RealRegistry::start_with(&pki.registry_tls(&[])) else { return };
     let e = Env::new();
     let v1 = e.good(1);
     let r = format!("{}/site/tiny:1", reg.host);
-    let o = Command::new(BIN).args(["bundle", "push", v1.to_str().unwrap(), &r, "--ca-file", &d("ca.pem"), "--json", "--trust", &e.p("keys/dev.pub"), "--config", &e.p("config.toml")]).output().unwrap();
+    let o = Command::new(BIN).args(["bundle", "push", v1.to_str().unwrap(), &r, "--ca-file", &pki.p("ca.pem"), "--json", "--trust", &e.p("keys/dev.pub"), "--config", &e.p("config.toml")]).output().unwrap();
     json_ok(&o);
-    let j = json_ok(&e.on("a", &["pull", &r, "--install", "--json", "--ca-file", &d("ca.pem")]));
+    let j = json_ok(&e.on("a", &["pull", &r, "--install", "--json", "--ca-file", &pki.p("ca.pem")]));
     assert_eq!(j["version"], 1);
     let err = expect_fail(&e.on("b", &["pull", &r, "--install"]), 18, "fetching the manifest");
     assert!(err.contains("certificate"), "{err}");
     expect_fail(&e.on("b", &["pull", &r, "--install", "--plain-http"]), 18, "fetching the manifest");
+}
+
+/// A registry that requires client certificates from the site's client CA (mutual TLS): push
+/// and pull work with a box's certificate and key, and are refused without one, with a
+/// certificate of another CA, with a key others may read, or with a key that is not the
+/// certificate's.
+#[test]
+fn mutual_tls_with_a_client_certificate() {
+    let Some(pki) = Pki::new() else { return };
+    pki.ca("clients", "applianced test client CA");
+    pki.ca("rogue", "someone else's CA");
+    pki.client("box", "clients");
+    pki.client("intruder", "rogue");
+    let Some(reg) = RealRegistry::start_with(&pki.registry_tls(&["clients"])) else { return };
+    let e = Env::new();
+    let v1 = e.good(1);
+    let r = format!("{}/site/tiny:1", reg.host);
+    let (ca, box_pem, box_key, intruder_pem, intruder_key) = (pki.p("ca.pem"), pki.p("box.pem"), pki.p("box.key"), pki.p("intruder.pem"), pki.p("intruder.key"));
+    let trust = e.p("keys/dev.pub");
+    let push = |extra: &[&str]| {
+        let mut a = vec!["bundle", "push", v1.to_str().unwrap(), &r, "--ca-file", &ca, "--json", "--trust", &trust];
+        a.extend_from_slice(extra);
+        Command::new(BIN).args(&a).output().unwrap()
+    };
+    let pull = |b: &str, extra: &[&str]| {
+        let mut a = vec!["pull", &r, "--install", "--json", "--ca-file", &ca];
+        a.extend_from_slice(extra);
+        e.on(b, &a)
+    };
+    // Without a certificate the registry ends the handshake: nothing is pushed or pulled.
+    expect_fail(&push(&[]), 18, "the registry may require a client certificate: --client-cert and --client-key");
+    expect_fail(&pull("a", &[]), 18, "fetching the manifest");
+    // A certificate the site's client CA did not sign.
+    expect_fail(&push(&["--client-cert", &intruder_pem, "--client-key", &intruder_key]), 18, "the registry refused the --client-cert certificate");
+    expect_fail(&pull("a", &["--client-cert", &intruder_pem, "--client-key", &intruder_key]), 18, "fetching the manifest");
+    // The box's own.
+    let j = json_ok(&push(&["--client-cert", &box_pem, "--client-key", &box_key]));
+    assert_eq!(j["reference"], r, "{j}");
+    let j = json_ok(&pull("a", &["--client-cert", &box_pem, "--client-key", &box_key]));
+    assert_eq!(j["version"], 1);
+    assert!(Path::new(j["entry"].as_str().unwrap()).is_dir(), "{j}");
+    assert!(j["downloaded"].as_u64().unwrap() > 0, "{j}");
+    // A key the certificate does not belong to is refused before any connection.
+    let err = expect_fail(&pull("b", &["--client-cert", &box_pem, "--client-key", &intruder_key]), 18, "client setup: --client-key is not the private key of --client-cert's certificate");
+    assert!(!err.contains("BEGIN"), "the key stays out of the error line: {err}");
+    // A key others may read is refused, and so are the flags alone or over plain HTTP.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&box_key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    expect_fail(&pull("b", &["--client-cert", &box_pem, "--client-key", &box_key]), 18, "chmod 600");
+    std::fs::set_permissions(&box_key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for (alone, other) in [(["--client-cert", &box_pem], "--client-key"), (["--client-key", &box_key], "--client-cert")] {
+        let o = pull("b", &alone);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains(&format!("required arguments were not provided:\n  {other}")), "{}", stderr(&o));
+    }
+    expect_fail(&e.on("b", &["pull", &r, "--install", "--plain-http", "--client-cert", &box_pem, "--client-key", &box_key]), 2, "needs HTTPS");
+    // A file without a key, or with no certificate.
+    let nokey = pki.p("nokey.pem");
+    std::fs::write(&nokey, "not a key\n").unwrap();
+    std::fs::set_permissions(&nokey, std::fs::Permissions::from_mode(0o600)).unwrap();
+    expect_fail(&pull("b", &["--client-cert", &box_pem, "--client-key", &nokey]), 18, "no PEM private key");
+    expect_fail(&pull("b", &["--client-cert", &box_key, "--client-key", &box_key]), 18, "holds no PEM certificate");
+    assert!(!e.root.join("box-b/store").exists() || snapshot(&e.root.join("box-b/store")).is_empty());
 }
 
 /// The fleet: 20 boxes, each with its own store, state, audit log and running server,

@@ -163,6 +163,14 @@ pub struct RegistryArgs {
     /// first line is `basic USER PASSWORD` or `bearer TOKEN`. Anonymous without.
     #[arg(long, value_name = "FILE")]
     pub auth_file: Option<PathBuf>,
+    /// Client certificate for mutual TLS, for a registry that requires one: a PEM file with the
+    /// certificate chain, leaf first. Needs --client-key.
+    #[arg(long, value_name = "FILE", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// The private key of --client-cert: a PEM file (PKCS#8, PKCS#1 or SEC1) of this user that
+    /// nobody else may read (mode 0600). Needs --client-cert.
+    #[arg(long, value_name = "FILE", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
     /// Plain HTTP instead of HTTPS. Only for a registry on loopback (localhost, 127.0.0.0/8,
     /// [::1]), as in tests; refused for any other host.
     #[arg(long)]
@@ -192,11 +200,15 @@ impl RegistryArgs {
             if !loopback {
                 return Err(CliError::Usage(format!("--plain-http is only for a registry on loopback; {host} is not (use HTTPS, with --ca-file for a site CA)")));
             }
+            if self.client_cert.is_some() {
+                return Err(CliError::Usage("--client-cert is a TLS client certificate: it needs HTTPS, not --plain-http".into()));
+            }
         }
         Ok(crate::oci::registry::RegistryOptions {
             plain_http: self.plain_http,
             ca_file: self.ca_file.clone(),
             auth_file: self.auth_file.clone(),
+            client_cert: self.client_cert.clone().zip(self.client_key.clone()),
             connect_timeout: std::time::Duration::from_secs(self.stall_timeout.min(10)),
             stall_timeout: std::time::Duration::from_secs(self.stall_timeout),
             deadline: std::time::Duration::from_secs(self.deadline),

@@ -36,6 +36,9 @@ pub struct RegistryOptions {
     pub ca_file: Option<PathBuf>,
     /// Credentials ([`read_auth`]); anonymous without.
     pub auth_file: Option<PathBuf>,
+    /// A client certificate for mutual TLS: the PEM certificate chain (leaf first) and its
+    /// private key ([`read_identity`]). Both or neither.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
     /// Limit on establishing a connection.
     pub connect_timeout: Duration,
     /// Longest wait for the next bytes of a response before the transfer counts as stalled.
@@ -47,7 +50,7 @@ pub struct RegistryOptions {
 
 impl Default for RegistryOptions {
     fn default() -> Self {
-        RegistryOptions { plain_http: false, ca_file: None, auth_file: None, connect_timeout: Duration::from_secs(10), stall_timeout: Duration::from_secs(30), deadline: Duration::from_secs(3600) }
+        RegistryOptions { plain_http: false, ca_file: None, auth_file: None, client_cert: None, connect_timeout: Duration::from_secs(10), stall_timeout: Duration::from_secs(30), deadline: Duration::from_secs(3600) }
     }
 }
 
@@ -121,20 +124,8 @@ pub fn parse_reference(s: &str) -> Result<(Reference, bool), OciError> {
 /// `#` comment is `basic USER PASSWORD` (the password is the rest of the line) or
 /// `bearer TOKEN`.
 pub fn read_auth(path: &Path) -> Result<RegistryAuth, OciError> {
-    use std::os::unix::fs::MetadataExt;
-    let md = std::fs::symlink_metadata(path).map_err(OciError::io(path))?;
+    let text = read_private(path, "credentials")?;
     let bad = |msg: String| OciError::Registry { reference: path.display().to_string(), msg };
-    if !md.file_type().is_file() {
-        return Err(bad("credentials: not a regular file".into()));
-    }
-    if md.mode() & 0o077 != 0 {
-        return Err(bad(format!("credentials: mode {:o} lets other users read it (chmod 600 it)", md.mode() & 0o777)));
-    }
-    if md.uid() != crate::sys::euid() {
-        return Err(bad(format!("credentials: owned by uid {}, not by this user", md.uid())));
-    }
-    let mut text = String::new();
-    std::fs::File::open(path).and_then(|f| f.take(64 << 10).read_to_string(&mut text)).map_err(OciError::io(path))?;
     let line = text.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#')).ok_or_else(|| bad("credentials: no `basic USER PASSWORD` or `bearer TOKEN` line".into()))?;
     let (kind, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
     let rest = rest.trim_start();
@@ -149,24 +140,76 @@ pub fn read_auth(path: &Path) -> Result<RegistryAuth, OciError> {
     }
 }
 
+/// Read a secret (`what`: credentials, a client key) from `path`, which must be a regular file
+/// of the current user that nobody else can read (mode 0600 or stricter). At most 64 KiB.
+fn read_private(path: &Path, what: &str) -> Result<String, OciError> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::symlink_metadata(path).map_err(OciError::io(path))?;
+    let bad = |msg: String| OciError::Registry { reference: path.display().to_string(), msg };
+    if !md.file_type().is_file() {
+        return Err(bad(format!("{what}: not a regular file")));
+    }
+    if md.mode() & 0o077 != 0 {
+        return Err(bad(format!("{what}: mode {:o} lets other users read it (chmod 600 it)", md.mode() & 0o777)));
+    }
+    if md.uid() != crate::sys::euid() {
+        return Err(bad(format!("{what}: owned by uid {}, not by this user", md.uid())));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path).and_then(|f| f.take(64 << 10).read_to_string(&mut text)).map_err(OciError::io(path))?;
+    Ok(text)
+}
+
+/// The PEM blocks of `text` whose label is one of `labels` (`-----BEGIN {label}-----` to its
+/// `-----END {label}-----`), each with a final newline, in order.
+fn pem_blocks(text: &str, labels: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(b) = rest.find("-----BEGIN ") {
+        let after = &rest[b + "-----BEGIN ".len()..];
+        let Some(label) = after.find("-----").map(|e| &after[..e]) else { break };
+        let end = format!("-----END {label}-----");
+        let Some(e) = rest[b..].find(&end) else { break };
+        if labels.contains(&label) {
+            out.push(format!("{}\n", &rest[b..b + e + end.len()]));
+        }
+        rest = &rest[b + e + end.len()..];
+    }
+    out
+}
+
 /// Split a PEM file into its certificates (a site CA bundle may hold several).
 fn read_ca(path: &Path) -> Result<Vec<Certificate>, OciError> {
     let mut text = String::new();
     std::fs::File::open(path).and_then(|f| f.take(4 << 20).read_to_string(&mut text)).map_err(OciError::io(path))?;
-    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
-    const END: &str = "-----END CERTIFICATE-----";
-    let mut out = Vec::new();
-    let mut rest = text.as_str();
-    while let Some(b) = rest.find(BEGIN) {
-        let Some(e) = rest[b..].find(END) else { break };
-        let pem = &rest[b..b + e + END.len()];
-        out.push(Certificate { encoding: CertificateEncoding::Pem, data: format!("{pem}\n").into_bytes() });
-        rest = &rest[b + e + END.len()..];
-    }
+    let out: Vec<Certificate> = pem_blocks(&text, &["CERTIFICATE"]).into_iter().map(|pem| Certificate { encoding: CertificateEncoding::Pem, data: pem.into_bytes() }).collect();
     if out.is_empty() {
         return Err(OciError::Registry { reference: path.display().to_string(), msg: "--ca-file holds no PEM certificate".into() });
     }
     Ok(out)
+}
+
+/// A client certificate for mutual TLS, as one PEM buffer (the key, then the chain): `cert` holds
+/// the certificate chain, leaf first (readable by anyone), `key` its one private key (PKCS#8,
+/// PKCS#1 or SEC1 PEM, a private file as for [`read_auth`]). The key is checked against the
+/// leaf certificate when the client is built, so a key for another certificate is refused
+/// before any connection.
+pub fn read_identity(cert: &Path, key: &Path) -> Result<Vec<u8>, OciError> {
+    let mut text = String::new();
+    std::fs::File::open(cert).and_then(|f| f.take(4 << 20).read_to_string(&mut text)).map_err(OciError::io(cert))?;
+    let chain = pem_blocks(&text, &["CERTIFICATE"]);
+    if chain.is_empty() {
+        return Err(OciError::Registry { reference: cert.display().to_string(), msg: "--client-cert holds no PEM certificate".into() });
+    }
+    let secret = read_private(key, "client key")?;
+    let keys = pem_blocks(&secret, &["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"]);
+    if keys.len() != 1 {
+        let msg = if keys.is_empty() { "client key: no PEM private key (PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY)".to_string() } else { format!("client key: {} private keys; give exactly one", keys.len()) };
+        return Err(OciError::Registry { reference: key.display().to_string(), msg });
+    }
+    let mut pem = keys.concat();
+    pem.push_str(&chain.concat());
+    Ok(pem.into_bytes())
 }
 
 /// A client, its credentials and a runtime to drive it, for one command.
@@ -179,6 +222,8 @@ struct Session {
     shown: String,
     deadline: Instant,
     stall: Duration,
+    /// Whether a client certificate is offered (for the hint on a TLS refusal).
+    identity: bool,
 }
 
 impl Session {
@@ -194,8 +239,16 @@ impl Session {
         // musl and aarch64 builds. Registry TLS carries public, signed bundles.
         #[allow(deprecated)]
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let identity_pem = match &ro.client_cert {
+            Some((cert, key)) => Some(read_identity(cert, key)?),
+            None => None,
+        };
         let config = ClientConfig {
             protocol: if ro.plain_http { ClientProtocol::Http } else { ClientProtocol::Https },
+            identity_pem,
+            // A registry's manifest, token or error answer is read whole: never beyond the
+            // manifest cap (blobs stream, under their descriptors' sizes).
+            max_response_bytes: Some(MAX_MANIFEST_BYTES as usize),
             tls_certs_only: match &ro.ca_file {
                 Some(p) => read_ca(p)?,
                 None => Vec::new(),
@@ -207,9 +260,13 @@ impl Session {
             user_agent: concat!("applianced/", env!("CARGO_PKG_VERSION")),
             ..Default::default()
         };
-        let client = Client::try_from(config).map_err(|e| registry_err(reference, format!("client setup: {e}")))?;
+        let identity = config.identity_pem.is_some();
+        let client = Client::try_from(config).map_err(|e| {
+            let d = describe(&e);
+            registry_err(reference, if d.contains("KeyMismatch") { "client setup: --client-key is not the private key of --client-cert's certificate".to_string() } else { format!("client setup: {d}") })
+        })?;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| registry_err(reference, format!("runtime: {e}")))?;
-        let s = Session { rt, client, auth, reference: r, shown: reference.into(), deadline: Instant::now() + ro.deadline, stall: ro.stall_timeout };
+        let s = Session { rt, client, auth, reference: r, shown: reference.into(), deadline: Instant::now() + ro.deadline, stall: ro.stall_timeout, identity };
         s.rt.block_on(s.client.store_auth_if_needed(s.reference.resolve_registry(), &s.auth));
         Ok((s, tagged))
     }
@@ -239,7 +296,19 @@ impl Session {
                 (Some(code), _) => OciError::NotFound { dir: Origin::Registry(self.shown.clone()), msg: format!("{what}: {code}") },
                 // What the registry sent is not what was asked for by digest.
                 (None, oci_client::errors::OciDistributionError::DigestError(d)) => OciError::Mismatch { dir: Origin::Registry(self.shown.clone()), msg: format!("{what}: {d}") },
-                (None, _) => self.err(format!("{what}: {}", describe(e))),
+                // Refused while it arrived, before it was all in memory.
+                (None, oci_client::errors::OciDistributionError::ResponseTooLarge { limit, .. }) => OciError::TooLarge { dir: Origin::Registry(self.shown.clone()), what: format!("{what}: the registry's answer"), cap: *limit as u64 },
+                (None, _) => {
+                    let d = describe(e);
+                    // A registry that checks client certificates refuses the handshake with
+                    // an alert; say which flag it is about.
+                    let hint = match (["BadCertificate", "CertificateRequired", "UnknownCA", "CertificateUnknown"].iter().any(|a| d.contains(&format!("fatal alert: {a}"))), self.identity) {
+                        (false, _) => "",
+                        (true, false) => " (the registry may require a client certificate: --client-cert and --client-key)",
+                        (true, true) => " (the registry refused the --client-cert certificate)",
+                    };
+                    self.err(format!("{what}: {d}{hint}"))
+                }
             }
     }
 }
@@ -860,5 +929,30 @@ mod tests {
         assert_eq!(read_ca(&p).unwrap().len(), 2);
         std::fs::write(&p, "not a certificate").unwrap();
         assert!(read_ca(&p).unwrap_err().to_string().contains("no PEM certificate"));
+    }
+
+    #[test]
+    fn a_client_identity_is_one_private_key_then_the_chain() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let block = |label: &str, body: &str| format!("-----BEGIN {label}-----\n{body}\n-----END {label}-----\n");
+        let (cert, key) = (d.path().join("box.pem"), d.path().join("box.key"));
+        // The chain as openssl writes it (text between blocks), leaf first.
+        std::fs::write(&cert, format!("subject=box\n{}issuer=ca\n{}", block("CERTIFICATE", "LEAF"), block("CERTIFICATE", "INTER"))).unwrap();
+        for label in ["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"] {
+            // EC parameters that openssl may write before the key are left out.
+            std::fs::write(&key, format!("{}{}", block("EC PARAMETERS", "P256"), block(label, "KEY"))).unwrap();
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+            let pem = String::from_utf8(read_identity(&cert, &key).unwrap()).unwrap();
+            assert_eq!(pem, format!("{}{}{}", block(label, "KEY"), block("CERTIFICATE", "LEAF"), block("CERTIFICATE", "INTER")));
+        }
+        std::fs::write(&key, format!("{}{}", block("PRIVATE KEY", "A"), block("PRIVATE KEY", "B"))).unwrap();
+        assert!(read_identity(&cert, &key).unwrap_err().to_string().contains("2 private keys"));
+        std::fs::write(&key, block("PUBLIC KEY", "A")).unwrap();
+        assert!(read_identity(&cert, &key).unwrap_err().to_string().contains("no PEM private key"));
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert!(read_identity(&cert, &key).unwrap_err().to_string().contains("chmod 600"));
+        std::fs::write(&cert, block("PRIVATE KEY", "KEY")).unwrap();
+        assert!(read_identity(&cert, &key).unwrap_err().to_string().contains("--client-cert holds no PEM certificate"));
     }
 }
