@@ -92,7 +92,13 @@ pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, cache: &[f32], n_dim
 /// and the probabilities are rounded to f16 before weighting V (ggml's `mul_mat(v, kq)` converts
 /// them). Measured against the reference this halves the KL compared with f32 probabilities.
 ///
-/// Prompt rows (a segment of several rows): one item per (segment, head, block of 16 queries).
+/// Prompt rows (a segment of several rows): one item per (segment, key head, block of 16
+/// queries). A few rows (2 to [`FEW_ROWS`]: a prompt's last tokens after the prefix cache) take
+/// two phases with the same arithmetic per row, so their results are the bits the prompt path
+/// gives the same rows (a reused prefix gives what recomputing it gives): the scores of all the
+/// rows and heads of a key head, one item per chunk of [`KEY_CHUNK`] keys (each key read once,
+/// the items spread over the team); the last of them gathers each query's keys and takes its
+/// softmax as the prompt path does; then one item per (key head, row) weights the values.
 /// A decode row (a segment of one row, the step of a running sequence) is where a single sequence
 /// spends its attention time, on few items: one item per (segment, key head, chunk of
 /// [`KEY_CHUNK`] keys) serves all the query heads of the group in one pass over the chunk's keys
@@ -128,7 +134,43 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
     let mut pieces: Vec<Option<&mut [f32]>> = out.chunks_exact_mut(hd).map(Some).collect(); // (row · n_heads + head)
     let mut tasks: Vec<Task<'_>> = Vec::new();
     let mut groups: Vec<DecodeGroup<'_>> = Vec::new();
+    // Few rows: per segment and key head, the first row's first tile (where chunk 0 starts),
+    // the last row's keys, and where its scores start in `few_buf` (per chunk, per query: the
+    // chunk's scores, KEY_CHUNK apart); phase two's items.
+    let few = |s: &AttnSeg<'_, CpuKv>| (2..=FEW_ROWS).contains(&s.n_rows);
+    let few_keys = |s: &AttnSeg<'_, CpuKv>| (first_key(s.pos0) / 16 * 16, s.pos0 + s.n_rows);
+    let few_len = |s: &AttnSeg<'_, CpuKv>| {
+        let (t0, n_keys) = few_keys(s);
+        (n_keys - t0).div_ceil(KEY_CHUNK) * s.n_rows * group * KEY_CHUNK
+    };
+    let mut few_buf = FEW_SCRATCH.with(std::cell::Cell::take);
+    let few_total: usize = segs.iter().filter(|s| few(s)).map(|s| n_kv_heads * few_len(s)).sum();
+    if few_buf.len() < few_total {
+        few_buf.resize(few_total, 0.0); // every score is written before it is read
+    }
+    let mut free_few: &mut [f32] = &mut few_buf[..few_total];
+    let mut few_groups: Vec<FewGroup> = Vec::new();
+    let mut weigh: Vec<(usize, usize, Vec<&mut [f32]>)> = Vec::new(); // (few group, row, outputs)
     for (si, s) in segs.iter().enumerate() {
+        if few(s) {
+            let g = s.n_rows * group;
+            let (t0, n_keys) = few_keys(s);
+            for kvh in 0..n_kv_heads {
+                let at = few_total - free_few.len();
+                let (mine, rest) = std::mem::take(&mut free_few).split_at_mut(few_len(s));
+                free_few = rest;
+                let fi = few_groups.len();
+                few_groups.push(FewGroup { si, kvh, t0, n_keys, at });
+                for (c, block) in mine.chunks_exact_mut(g * KEY_CHUNK).enumerate() {
+                    tasks.push(Task::FewScores { fi, c, block });
+                }
+                for i in 0..s.n_rows {
+                    let dst = (0..group).filter_map(|j| pieces.get_mut((s.row0 + i) * n_heads + kvh * group + j).and_then(Option::take)).collect();
+                    weigh.push((fi, i, dst));
+                }
+            }
+            continue;
+        }
         if s.n_rows == 1 {
             let n_keys = s.pos0 + 1;
             let lo = first_key(s.pos0);
@@ -154,13 +196,10 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
             continue;
         }
         // One task per key head and block of rows: the heads that share the key head read each
-        // key row once (the grouped kernels give each head the bits a call per head gives). A
-        // few rows (a prompt's last tokens after the prefix cache) go one per task, so that the
-        // team's threads share them.
-        let qblock = if s.n_rows <= 8 { 1 } else { QBLOCK };
+        // key row once (the grouped kernels give each head the bits a call per head gives).
         for kvh in 0..n_kv_heads {
-            for i0 in (0..s.n_rows).step_by(qblock) {
-                let i1 = (i0 + qblock).min(s.n_rows);
+            for i0 in (0..s.n_rows).step_by(QBLOCK) {
+                let i1 = (i0 + QBLOCK).min(s.n_rows);
                 let dst = (i0..i1)
                     .flat_map(|i| (0..group).map(move |j| (s.row0 + i) * n_heads + kvh * group + j))
                     .filter_map(|k| pieces.get_mut(k).and_then(Option::take))
@@ -170,6 +209,7 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
         }
     }
     let groups = &groups;
+    let few_groups_ref = &few_groups;
     team.for_each(tasks, |task| {
         ATTN_SCRATCH.with(|scr| {
             let mut scr = scr.borrow_mut();
@@ -199,13 +239,7 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
                         k.scores_heads(qh, group, &kt[(t0 * 16 - d) * hd..(tiles * 16 - d) * hd], &mut scores[..group * stride], stride);
                         let (a, b) = (lo - t0 * 16, n_keys - t0 * 16);
                         for h in 0..group {
-                            let sc = &mut scores[h * stride + a..h * stride + b];
-                            let max = scale_max(sc, scale);
-                            let inv = 1.0 / (k.exp_sum)(sc, max);
-                            for v in sc.iter_mut() {
-                                *v *= inv;
-                            }
-                            (k.round_f16)(sc);
+                            softmax_f16(k, &mut scores[h * stride + a..h * stride + b], scale);
                         }
                         acc.fill(0.0); // pv accumulates
                         k.pv_heads(&scores[a..a + group * stride], stride, b - a, &vc[(lo - d) * hd..(n_keys - d) * hd], acc);
@@ -213,6 +247,26 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
                             oh.copy_from_slice(ah);
                         }
                     }
+                }
+                Task::FewScores { fi, c, block } => {
+                    let fg = &few_groups_ref[fi];
+                    let s = &segs[fg.si];
+                    let kt = &s.kv.k[layer * n_kv_heads + fg.kvh];
+                    let d = s.kv.dropped(layer);
+                    debug_assert!(fg.t0 >= d, "a window's key was dropped");
+                    let (k0, k1) = (fg.t0 + c * KEY_CHUNK, (fg.t0 + (c + 1) * KEY_CHUNK).min(fg.n_keys));
+                    let stride = (k1 - k0).div_ceil(16) * 16;
+                    // Every row's heads, row after row, against this chunk's keys, into the block
+                    // (KEY_CHUNK scores per query).
+                    let g = s.n_rows * group;
+                    qh.resize(g * hd, 0.0);
+                    let h0 = fg.kvh * group;
+                    for (i, qi) in qh.chunks_exact_mut(group * hd).enumerate() {
+                        let row = (s.row0 + i) * q_dim;
+                        qi.copy_from_slice(&q[row + h0 * hd..row + (h0 + group) * hd]);
+                    }
+                    (k.round_f16)(qh);
+                    k.scores_heads(qh, g, &kt[(k0 - d) * hd..(k0 - d + stride) * hd], block, KEY_CHUNK); // k0 is a whole tile
                 }
                 Task::Chunk { gi, c } => {
                     let gr = &groups[gi];
@@ -280,10 +334,68 @@ pub fn attention(team: &super::team::Team, k: &Kernels, layer: usize, q: &[f32],
         });
     });
     PARTIALS.with(|p| p.set(partials));
+    if !weigh.is_empty() {
+        // Phase two, one item per (key head, row): the row's scores gathered per head, its
+        // softmax and P·V, as the prompt path does them.
+        let scored = &few_buf[..few_total];
+        team.for_each(weigh, |(fi, i, mut dst)| {
+            ATTN_SCRATCH.with(|scr| {
+                let mut scr = scr.borrow_mut();
+                let [_, p, acc] = &mut *scr;
+                let fg = &few_groups[fi];
+                let s = &segs[fg.si];
+                let vc = &s.kv.v[layer * n_kv_heads + fg.kvh];
+                let d = s.kv.dropped(layer);
+                let g = s.n_rows * group;
+                let pos = s.pos0 + i;
+                let (lo, end) = (first_key(pos), pos + 1);
+                // Head j's weights at `key - t0` of row j of `p` (the prompt path's layout).
+                let stride = (fg.n_keys - fg.t0).div_ceil(16) * 16;
+                if p.len() < group * stride + 32 {
+                    p.resize(group * stride + 32, 0.0);
+                }
+                for j in 0..group {
+                    let qi = i * group + j;
+                    let row = &mut p[j * stride + (lo - fg.t0)..j * stride + (end - fg.t0)];
+                    let mut key = lo;
+                    while key < end {
+                        let (c, off) = ((key - fg.t0) / KEY_CHUNK, (key - fg.t0) % KEY_CHUNK);
+                        let n = (KEY_CHUNK - off).min(end - key);
+                        let at = fg.at + (c * g + qi) * KEY_CHUNK + off;
+                        row[key - lo..key - lo + n].copy_from_slice(&scored[at..at + n]);
+                        key += n;
+                    }
+                    softmax_f16(k, row, scale);
+                }
+                let a = lo - fg.t0;
+                acc.resize(group * hd, 0.0);
+                acc.fill(0.0); // pv accumulates
+                k.pv_heads(&p[a..a + group * stride], stride, end - lo, &vc[(lo - d) * hd..(end - d) * hd], acc);
+                for (oh, ah) in dst.iter_mut().zip(acc.chunks_exact(hd)) {
+                    oh.copy_from_slice(ah);
+                }
+            })
+        });
+    }
+    FEW_SCRATCH.with(|f| f.set(few_buf));
+}
+
+/// A prompt row's softmax over its keys' scores, in place: scaled, normalized, rounded to f16
+/// (the weights of P·V). One function for the prompt path and a few rows: the same bits.
+fn softmax_f16(k: &Kernels, sc: &mut [f32], scale: f32) {
+    let max = scale_max(sc, scale);
+    let inv = 1.0 / (k.exp_sum)(sc, max);
+    for v in sc.iter_mut() {
+        *v *= inv;
+    }
+    (k.round_f16)(sc);
 }
 
 /// Keys per decode work item (a multiple of the 16-key tile).
 const KEY_CHUNK: usize = 256;
+
+/// Segments of 2 to this many rows take the few-rows path (their keys read once for all rows).
+const FEW_ROWS: usize = 8;
 
 /// Scale every score in place and return the largest (−∞ for none; NaN is passed over, as
 /// `f32::max` does). Eight running maxima written as compare-and-select, which compiles to
@@ -312,6 +424,21 @@ enum Task<'a> {
     Rows { si: usize, kvh: usize, i0: usize, i1: usize, dst: Vec<&'a mut [f32]> },
     /// Keys `tile0 + c·KEY_CHUNK ..` of decode group `gi`.
     Chunk { gi: usize, c: usize },
+    /// Scores of keys `t0 + c·KEY_CHUNK ..` for few-rows group `fi`, into `block` (per query,
+    /// row then head, KEY_CHUNK scores).
+    FewScores { fi: usize, c: usize, block: &'a mut [f32] },
+}
+
+/// The query heads of one key head for a few rows.
+struct FewGroup {
+    si: usize,
+    kvh: usize,
+    /// The tile of the first row's first key (where chunk 0 starts).
+    t0: usize,
+    /// The last row's keys (its position + 1).
+    n_keys: usize,
+    /// Where its scores start in the few-rows buffer.
+    at: usize,
 }
 
 /// The query heads of one key head for one decode row, split over key chunks.
@@ -334,6 +461,8 @@ struct DecodeGroup<'a> {
 thread_local! {
     /// The calling thread's buffer of decode partial results, kept between calls.
     static PARTIALS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// The calling thread's buffer of few-rows scores and weights, kept between calls.
+    static FEW_SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     /// A worker's attention scratch: rounded queries, scores, per-head partial results.
     static ATTN_SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> = const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
 }
@@ -401,6 +530,51 @@ mod tests {
                     if n_keys >= 2 {
                         let p = pre[n_heads * hd + h * hd + d] as f64;
                         assert!((got - p).abs() < 2e-3, "decode vs prompt path, n_keys {n_keys} head {h} dim {d}: {got} vs {p}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A few rows (keys scored once for all rows, chunk by chunk, then each row's softmax and
+    /// P·V) give exactly the bits the prompt path gives the same queries at the same positions
+    /// (what makes a reused prefix answer as a recomputed one), and match a plain f64 softmax:
+    /// one chunk or several, rows across a chunk's end, a sliding window, every kernel set.
+    #[test]
+    fn few_rows_give_the_prompt_paths_bits() {
+        let (n_heads, n_kv, hd) = (9usize, 3usize, 64usize);
+        let pool = super::super::team::Team::new(2, "test").unwrap();
+        let many = FEW_ROWS + 1; // the prompt path
+        let cases = [(9usize, 2usize, 0usize), (9, 8, 0), (12, 3, 0), (257, 3, 0), (258, 8, 0), (513, 2, 0), (700, 5, 0), (300, 8, 0), (700, 4, 300), (600, 8, 17)];
+        for kernels in [Kernels::detect(), Kernels::reference()] {
+            for (n_keys, rows, window) in cases {
+                let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window };
+                let (kv, kf, vf) = random_kv(n_keys, n_kv, hd, (n_keys * rows + window) as u64);
+                let row_len = n_heads * hd;
+                // `many` rows of queries; the few rows are the last `rows` of them.
+                let qa: Vec<f32> = (0..many * row_len).map(|i| ((i * 7919 + rows) % 113) as f32 / 56.0 - 1.0).collect();
+                let q = &qa[(many - rows) * row_len..];
+                let pos0 = n_keys - rows;
+                let mut few = vec![0.0f32; rows * row_len];
+                attention(&pool, &kernels, 0, q, &[AttnSeg { kv: &kv, row0: 0, n_rows: rows, pos0 }], shape, &mut few);
+                let mut pre = vec![0.0f32; many * row_len];
+                attention(&pool, &kernels, 0, &qa, &[AttnSeg { kv: &kv, row0: 0, n_rows: many, pos0: n_keys - many }], shape, &mut pre);
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&few), bits(&pre[(many - rows) * row_len..]), "{} keys {n_keys} rows {rows} window {window}: not the prompt path's bits", kernels.name);
+                for r in 0..rows {
+                    let p = pos0 + r;
+                    let lo = if window == 0 { 0 } else { (p + 1).saturating_sub(window) };
+                    for h in 0..n_heads {
+                        let g = h / (n_heads / n_kv);
+                        let qh: Vec<f64> = q[r * row_len + h * hd..r * row_len + (h + 1) * hd].iter().map(|&x| half::f16::from_f32(x).to_f32() as f64).collect();
+                        let sc: Vec<f64> = (lo..=p).map(|j| (0..hd).map(|d| qh[d] * kf[g][j * hd + d] as f64).sum::<f64>() / (hd as f64).sqrt()).collect();
+                        let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        let z: f64 = sc.iter().map(|x| (x - m).exp()).sum();
+                        for d in 0..hd {
+                            let want = (lo..=p).map(|j| (sc[j - lo] - m).exp() / z * vf[g][j * hd + d] as f64).sum::<f64>();
+                            let got = few[r * row_len + h * hd + d] as f64;
+                            assert!((got - want).abs() < 2e-3, "keys {n_keys} rows {rows} window {window} row {r} head {h} dim {d}: {got} vs {want}");
+                        }
                     }
                 }
             }
