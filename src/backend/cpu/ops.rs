@@ -97,8 +97,8 @@ pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, cache: &[f32], n_dim
 /// two phases with the same arithmetic per row, so their results are the bits the prompt path
 /// gives the same rows (a reused prefix gives what recomputing it gives): the scores of all the
 /// rows and heads of a key head, one item per chunk of [`KEY_CHUNK`] keys (each key read once,
-/// the items spread over the team); the last of them gathers each query's keys and takes its
-/// softmax as the prompt path does; then one item per (key head, row) weights the values.
+/// the items spread over the team); then one item per (key head, row) gathers the row's scores
+/// in order, takes their softmax and weights the values as the prompt path does.
 /// A decode row (a segment of one row, the step of a running sequence) is where a single sequence
 /// spends its attention time, on few items: one item per (segment, key head, chunk of
 /// [`KEY_CHUNK`] keys) serves all the query heads of the group in one pass over the chunk's keys
