@@ -624,8 +624,6 @@ fn push_then_pull_from_a_real_registry() {
     expect_fail(&e.pull("a", &format!("{}/apps/none:1", reg.host), &["--install"]), 15, "unknown");
 }
 
-/// A site CA (`openssl`), a registry serving HTTPS with a certificate it issued: pull and push
-/// succeed with `--ca-file`, and are refused without it (the system roots do not know the CA).
 /// A site PKI made with `openssl` in a temporary directory: a site CA (`ca`) and a server
 /// certificate for 127.0.0.1 (`srv`) signed by it; more CAs and client certificates on request.
 /// `None` (the test skips) without openssl, except under APPLIANCED_SLOW_TESTS.
@@ -691,6 +689,8 @@ impl Pki {
     }
 }
 
+/// A site CA (`openssl`), a registry serving HTTPS with a certificate it issued: pull and push
+/// succeed with `--ca-file`, and are refused without it (the system roots do not know the CA).
 #[test]
 fn tls_with_a_site_ca() {
     let Some(pki) = Pki::new() else { return };
