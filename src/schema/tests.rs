@@ -465,6 +465,16 @@ mod one_of_tests {
         let s = json!({"allOf": [{"properties": {"ver": {"enum": ["3.0", 3]}, "Up": {}}}, closed]});
         let c = compile(&s);
         assert!(tests::accepts(&c, r#"{"ver":"3.0"}"#) && !tests::accepts(&c, r#"{"ver":3}"#) && !tests::accepts(&c, r#"{"Up":1}"#));
+        // An undeclared key matching one member's pattern is still checked against another
+        // member's additionalProperties (it used to escape it); its own patterns exempt it.
+        let s = json!({"allOf": [{"additionalProperties": false}, {"patternProperties": {"^x": {}}}]});
+        let c = compile(&s);
+        assert!(tests::accepts(&c, "{}") && !tests::accepts(&c, r#"{"xa":1}"#));
+        let s = json!({"allOf": [{"additionalProperties": false}, {"patternProperties": {"^x": {"type": "integer"}}, "required": ["xa"]}]});
+        assert!(!tests::accepts(&compile(&s), r#"{"xa":1}"#), "a required key escaped too");
+        let s = json!({"allOf": [{"patternProperties": {"^x": {}}, "additionalProperties": false}, {"patternProperties": {"^y": {}}, "additionalProperties": {"type": "integer"}}]});
+        let c = compile(&s);
+        assert!(tests::accepts(&c, r#"{"xa":1}"#) && !tests::accepts(&c, r#"{"xa":"s"}"#) && !tests::accepts(&c, r#"{"ya":1}"#));
     }
 }
 
@@ -687,10 +697,28 @@ mod suite_regressions {
         assert!(!accepts(&c, r#"{"foo":"else","baz":1}"#), "foo was evaluated only by the failed if");
         // `not` evaluates nothing (a double negation included): refused rather than widened.
         refused(json!({"properties": {"foo": {}}, "not": {"not": {"properties": {"bar": {}}, "required": ["bar"]}}, "unevaluatedProperties": false}), "unevaluatedProperties");
-        // Inside an allOf member, a branch or beside a $ref it would see its siblings: refused.
-        refused(json!({"allOf": [{"properties": {"foo": true}}, {"unevaluatedProperties": false}]}), "unevaluatedProperties");
-        refused(json!({"$defs": {"A": {"unevaluatedProperties": false}}, "properties": {"p": {"type": "string"}}, "$ref": "#/$defs/A"}), "unevaluatedProperties");
-        refused(json!({"items": {"allOf": [{"prefixItems": [true]}, {"unevaluatedItems": false}]}}), "unevaluatedItems");
+        // Inside an allOf member or beside a $ref it sees only its own object's evaluations.
+        let c = compile(json!({"allOf": [{"properties": {"foo": true}}, {"unevaluatedProperties": false}]}));
+        assert!(accepts(&c, "{}") && !accepts(&c, r#"{"foo":1}"#), "a cousin's key is not evaluated for it");
+        let c = compile(json!({"$defs": {"A": {"unevaluatedProperties": false}}, "properties": {"p": {"type": "string"}}, "$ref": "#/$defs/A"}));
+        assert!(!accepts(&c, r#"{"p":"a"}"#) && accepts(&c, "{}"));
+        let c = compile(json!({"items": {"allOf": [{"prefixItems": [true]}, {"unevaluatedItems": false}]}}));
+        assert!(accepts(&c, "[[]]") && !accepts(&c, "[[1]]"), "a cousin's prefix is not evaluated for it");
+        // Its own allOf / $ref keys and prefix are, whichever member declares them and in
+        // whichever order they are merged; a key of the root is not.
+        let c = compile(json!({"$defs": {"B": {"properties": {"b": {"type": "integer"}}}}, "properties": {"a": {}}, "allOf": [{"$ref": "#/$defs/B", "unevaluatedProperties": {"type": "string"}}]}));
+        assert!(accepts(&c, r#"{"b":1}"#) && accepts(&c, r#"{"z":"s"}"#) && accepts(&c, r#"{"a":"s"}"#));
+        assert!(!accepts(&c, r#"{"a":1}"#) && !accepts(&c, r#"{"z":1}"#) && !accepts(&c, r#"{"b":"s"}"#));
+        let c = compile(json!({"prefixItems": [true, true, true], "allOf": [{"unevaluatedItems": {"type": "string"}, "allOf": [{"prefixItems": [{"type": "integer"}]}]}]}));
+        assert!(accepts(&c, r#"[1,"a","b"]"#) && accepts(&c, "[1]") && !accepts(&c, "[1,2]") && !accepts(&c, r#"[1,"a","b",3]"#));
+        // An inner unevaluated* evaluates everything: the root's has nothing left.
+        let c = compile(json!({"properties": {"foo": {}}, "allOf": [{"unevaluatedProperties": true}], "unevaluatedProperties": false}));
+        assert!(accepts(&c, r#"{"foo":1,"bar":2}"#));
+        // Where its object's evaluations depend on the instance: refused.
+        refused(json!({"allOf": [{"anyOf": [{"properties": {"b": {}}}, true], "unevaluatedProperties": false}]}), "unevaluatedProperties");
+        refused(json!({"allOf": [{"patternProperties": {"^b": {}}, "unevaluatedProperties": false}]}), "unevaluatedProperties");
+        refused(json!({"allOf": [{"contains": {"type": "integer"}, "unevaluatedItems": false}]}), "unevaluatedItems");
+        refused(json!({"patternProperties": {"^x": {}}, "allOf": [{"unevaluatedProperties": false}]}), "unevaluatedProperties");
         // A bare $ref makes its target the root: exact.
         let c = compile(json!({"properties": {"x": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"properties": {"a": {}}, "unevaluatedProperties": false}}}));
         assert!(accepts(&c, r#"{"x":{"a":1}}"#));

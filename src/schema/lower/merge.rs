@@ -100,7 +100,8 @@ impl<'a> Lowerer<'a> {
                     if !n.pattern_props.is_empty() {
                         return Err(SchemaError::Unsupported { keyword: "allOf".into(), pointer: sub.ptr.to_string() });
                     }
-                    c.extend(a.iter().cloned());
+                    // (Not a member's `unevaluatedProperties` whose own object evaluates the key.)
+                    c.extend(a.iter().filter(|s| !n.eval_sets.iter().any(|(p, names)| *p == s.ptr && names.iter().any(|x| x == name))).cloned());
                 }
                 c.push(sub);
                 n.props.push((name.to_string(), c));
@@ -311,6 +312,7 @@ impl<'a> Lowerer<'a> {
                                 node.prefix[i].push(sp);
                             } else {
                                 let mut c = node.items.clone().unwrap_or_default();
+                                c.retain(|x| !node.item_rules.iter().any(|(p, e)| *p == x.ptr && i < *e));
                                 c.push(sp);
                                 node.prefix.push(c);
                             }
@@ -339,6 +341,8 @@ impl<'a> Lowerer<'a> {
                             node.prefix[i].push(sp);
                         } else {
                             let mut c = node.items.clone().unwrap_or_default();
+                            // (Nor a member's `unevaluatedItems` whose object evaluates item i.)
+                            c.retain(|x| !node.item_rules.iter().any(|(p, e)| *p == x.ptr && i < *e));
                             // `items` of this same object applies only after the prefix.
                             if let Some(it) = map.get("items").filter(|x| !x.is_array()) {
                                 c.retain(|x| !std::ptr::eq(x.v, it));
@@ -390,6 +394,14 @@ impl<'a> Lowerer<'a> {
                                 let own_add = ptr_join(ptr, "additionalProperties");
                                 let foreign: Vec<Sub<'a>> = node.additional.iter().flatten().filter(|a| a.ptr != own_add).cloned().collect();
                                 for a in foreign {
+                                    // A member's `unevaluatedProperties`: not for the keys its
+                                    // own object evaluates.
+                                    if let Some((_, names)) = node.eval_sets.iter().find(|(p, _)| *p == a.ptr) {
+                                        if !names.contains(name) {
+                                            c.push(a);
+                                        }
+                                        continue;
+                                    }
                                     let obj = a.ptr.strip_suffix("/additionalProperties").unwrap_or("");
                                     let their_pp = ptr_join(obj, "patternProperties");
                                     let pats: Vec<(String, Rc<str>)> = node.pattern_props.iter().filter(|(_, _, pp)| *pp == their_pp).map(|(p, _, pp)| (p.clone(), pp.clone())).collect();
@@ -449,9 +461,45 @@ impl<'a> Lowerer<'a> {
                     if self.checking > 0 {
                         continue;
                     }
-                    // Exact only at the root of the conjunction (see `eval_root`).
+                    // At the root of the conjunction (see `eval_root`) it applies to what the
+                    // whole merged node leaves unevaluated (see `lower_node`).
                     if self.eval_root.as_deref() != Some(&**ptr) {
-                        return Err(SchemaError::Unsupported { keyword: k.to_string(), pointer: ptr.to_string() });
+                        // Elsewhere `unevaluatedProperties` sees only its own object's
+                        // evaluations: where those are known statically it is an
+                        // `additionalProperties` over them (see `eval_sets`).
+                        let refuse = || SchemaError::Unsupported { keyword: k.to_string(), pointer: ptr.to_string() };
+                        if k == "unevaluatedItems" {
+                            // Likewise an `items` after the items its own object evaluates.
+                            let Some((e, all)) = self.evaluated_items(map, base, ptr, true, 8)? else {
+                                return Err(refuse());
+                            };
+                            if all {
+                                continue;
+                            }
+                            let s = sub(k, v);
+                            for p in node.prefix.iter_mut().skip(e) {
+                                p.push(s.clone());
+                            }
+                            node.item_rules.push((s.ptr.clone(), e));
+                            node.items.get_or_insert_with(Vec::new).push(s);
+                            continue;
+                        }
+                        let Some((names, all)) = self.evaluated_keys(map, base, ptr, true, 8)? else {
+                            return Err(refuse());
+                        };
+                        if all {
+                            // Its object evaluates every key already: nothing is left to it.
+                            continue;
+                        }
+                        let s = sub(k, v);
+                        for (n, c) in node.props.iter_mut() {
+                            if !names.contains(n) {
+                                c.push(s.clone());
+                            }
+                        }
+                        node.eval_sets.push((s.ptr.clone(), names));
+                        node.additional.get_or_insert_with(Vec::new).push(s);
+                        continue;
                     }
                     let slot = if k == "unevaluatedProperties" { &mut node.unevaluated } else { &mut node.unevaluated_items };
                     slot.get_or_insert_with(Vec::new).push(sub(k, v));
@@ -526,6 +574,144 @@ impl<'a> Lowerer<'a> {
             }
         }
         Ok(())
+    }
+
+    /// The keys a passing schema object evaluates, when that is known without the instance:
+    /// the names of its `properties` and of those of its `allOf` members and `$ref` targets
+    /// (`depth` references deep), and whether it evaluates every key (an
+    /// `additionalProperties` or a nested `unevaluatedProperties`; `top` skips the object's
+    /// own). `None` when it depends on the instance (properties under `anyOf`, `oneOf`, `if`,
+    /// `dependentSchemas`), on patterns, or on dynamic references. `not` evaluates nothing.
+    fn evaluated_keys(&self, map: &'a Map<String, Value>, base: &Rc<str>, ptr: &Rc<str>, top: bool, depth: u32) -> Result<Option<(Vec<String>, bool)>, SchemaError> {
+        let mut names: Vec<String> = Vec::new();
+        let mut all = false;
+        let mut base = base.clone();
+        if let Some(Value::String(id)) = map.get("$id") {
+            if !id.starts_with('#') {
+                base = ptr.clone();
+            }
+        }
+        let mut subs: Vec<(&'a Value, Rc<str>, Rc<str>, bool)> = Vec::new();
+        for (k, v) in map {
+            match k.as_str() {
+                "properties" => names.extend(v.as_object().into_iter().flat_map(|o| o.keys().cloned())),
+                "patternProperties" | "$dynamicRef" | "$recursiveRef" => return Ok(None),
+                "additionalProperties" => all = true,
+                "unevaluatedProperties" if !top => all = true,
+                "allOf" => {
+                    for (i, s) in v.as_array().into_iter().flatten().enumerate() {
+                        subs.push((s, ptr_join(&ptr_join(ptr, k), &i.to_string()), base.clone(), true));
+                    }
+                }
+                "$ref" => {
+                    if depth == 0 {
+                        return Ok(None);
+                    }
+                    let Some(r) = v.as_str() else { return Ok(None) };
+                    let (t, tp, tb) = self.resolve(r, &base, ptr)?;
+                    subs.push((t, tp, tb, true));
+                }
+                "anyOf" | "oneOf" => {
+                    for (i, s) in v.as_array().into_iter().flatten().enumerate() {
+                        subs.push((s, ptr_join(&ptr_join(ptr, k), &i.to_string()), base.clone(), false));
+                    }
+                }
+                "if" | "then" | "else" => subs.push((v, ptr_join(ptr, k), base.clone(), false)),
+                "dependentSchemas" | "dependencies" => {
+                    for (name, s) in v.as_object().into_iter().flatten() {
+                        if s.is_object() || s.is_boolean() {
+                            subs.push((s, ptr_join(&ptr_join(ptr, k), name), base.clone(), false));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (v, p, b, certain) in subs {
+            let Value::Object(m) = v else { continue };
+            let Some((n, a)) = self.evaluated_keys(m, &b, &p, false, depth.saturating_sub(1))? else {
+                return Ok(None);
+            };
+            if certain {
+                names.extend(n);
+                all |= a;
+            } else if a || !n.is_empty() {
+                return Ok(None);
+            }
+        }
+        names.sort();
+        names.dedup();
+        Ok(Some((names, all)))
+    }
+
+    /// How many leading items a passing schema object evaluates, when that is known without
+    /// the instance: the longest `prefixItems` (or array-form `items`) of it and of its
+    /// `allOf` members and `$ref` targets; and whether it evaluates every item (`items` as one
+    /// schema, `additionalItems`, a nested `unevaluatedItems`; `top` skips the object's own).
+    /// `None` for `contains` (it depends on the items), items under `anyOf`, `oneOf`, `if` or
+    /// `dependentSchemas`, and dynamic references.
+    fn evaluated_items(&self, map: &'a Map<String, Value>, base: &Rc<str>, ptr: &Rc<str>, top: bool, depth: u32) -> Result<Option<(usize, bool)>, SchemaError> {
+        let mut count = 0usize;
+        let mut all = false;
+        let mut base = base.clone();
+        if let Some(Value::String(id)) = map.get("$id") {
+            if !id.starts_with('#') {
+                base = ptr.clone();
+            }
+        }
+        let mut subs: Vec<(&'a Value, Rc<str>, Rc<str>, bool)> = Vec::new();
+        for (k, v) in map {
+            match k.as_str() {
+                "prefixItems" => count = count.max(v.as_array().map_or(0, |a| a.len())),
+                "items" => match v {
+                    Value::Array(a) => {
+                        count = count.max(a.len());
+                        all |= map.contains_key("additionalItems");
+                    }
+                    _ => all = true,
+                },
+                "unevaluatedItems" if !top => all = true,
+                "contains" | "$dynamicRef" | "$recursiveRef" => return Ok(None),
+                "allOf" => {
+                    for (i, s) in v.as_array().into_iter().flatten().enumerate() {
+                        subs.push((s, ptr_join(&ptr_join(ptr, k), &i.to_string()), base.clone(), true));
+                    }
+                }
+                "$ref" => {
+                    if depth == 0 {
+                        return Ok(None);
+                    }
+                    let Some(r) = v.as_str() else { return Ok(None) };
+                    let (t, tp, tb) = self.resolve(r, &base, ptr)?;
+                    subs.push((t, tp, tb, true));
+                }
+                "anyOf" | "oneOf" => {
+                    for (i, s) in v.as_array().into_iter().flatten().enumerate() {
+                        subs.push((s, ptr_join(&ptr_join(ptr, k), &i.to_string()), base.clone(), false));
+                    }
+                }
+                "if" | "then" | "else" => subs.push((v, ptr_join(ptr, k), base.clone(), false)),
+                "dependentSchemas" => {
+                    for (name, s) in v.as_object().into_iter().flatten() {
+                        subs.push((s, ptr_join(&ptr_join(ptr, k), name), base.clone(), false));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (v, p, b, certain) in subs {
+            let Value::Object(m) = v else { continue };
+            let Some((n, a)) = self.evaluated_items(m, &b, &p, false, depth.saturating_sub(1))? else {
+                return Ok(None);
+            };
+            if certain {
+                count = count.max(n);
+                all |= a;
+            } else if a || n > 0 {
+                return Ok(None);
+            }
+        }
+        Ok(Some((count, all)))
     }
 
     /// Flattens a conjunction into a node without lowering (refs expanded one level deep only

@@ -135,6 +135,14 @@ struct Node<'a> {
     pattern_props: Vec<(String, Vec<Sub<'a>>, Rc<str>)>,
     additional: Option<Vec<Sub<'a>>>,
     unevaluated: Option<Vec<Sub<'a>>>,
+    /// `unevaluatedProperties` of members other than the conjunction's root, merged as
+    /// `additional` rules: each rule's pointer and the keys its own schema object evaluates
+    /// (statically: its `properties` and those of its `allOf` / `$ref` sub-schemas), to which
+    /// it does not apply.
+    eval_sets: Vec<(Rc<str>, Vec<String>)>,
+    /// `unevaluatedItems` of members other than the root, merged as `items` rules: each
+    /// rule's pointer and how many leading items its own object evaluates (statically).
+    item_rules: Vec<(Rc<str>, usize)>,
     /// `unevaluatedItems`: items past every merged `prefixItems`, when no `items` applies.
     unevaluated_items: Option<Vec<Sub<'a>>>,
     /// Keys declared only by a negation (`not`, `¬if`, `oneOf`'s `¬A_j`): a failed sub-schema
@@ -482,6 +490,14 @@ impl<'a> Lowerer<'a> {
                     return Err(SchemaError::Unsupported { keyword: "unevaluatedItems".into(), pointer: ptr.to_string() });
                 }
                 node.items = Some(u);
+            }
+        }
+        // `unevaluatedProperties` of other members (see `eval_sets`): exact where no pattern
+        // rule or untracked negation could evaluate a key the static sets do not list.
+        if let Some((rule, _)) = node.eval_sets.first() {
+            if node.neg_untracked || !node.pattern_props.is_empty() {
+                let obj = rule.strip_suffix("/unevaluatedProperties").unwrap_or(rule);
+                return Err(SchemaError::Unsupported { keyword: "unevaluatedProperties".into(), pointer: obj.to_string() });
             }
         }
         if !node.undeclared.is_empty() {

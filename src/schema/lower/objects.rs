@@ -10,7 +10,7 @@ use crate::schema::automata::{Dfa, Nfa};
 use crate::schema::strings;
 use crate::schema::SchemaError;
 
-use super::{Lowerer, Node, PStep, Sub, T_OBJ};
+use super::{ptr_join, Lowerer, Node, PStep, Sub, T_OBJ};
 
 impl<'a> Lowerer<'a> {
     /// An object with some key outside a name set (the negation of `additionalProperties`), for
@@ -93,10 +93,22 @@ impl<'a> Lowerer<'a> {
             }
             let mut conj: Vec<Sub<'a>> = Vec::new();
             let mut matched = false;
-            for (pd, pc) in &pats {
+            let mut matched_pp: Vec<Rc<str>> = Vec::new();
+            for ((pd, pc), (_, _, pp)) in pats.iter().zip(&node.pattern_props) {
                 if pd.matches(r.as_bytes()) {
                     conj.extend(pc.iter().cloned());
                     matched = true;
+                    matched_pp.push(pp.clone());
+                }
+            }
+            if matched {
+                // As for undeclared keys below: other objects' `additionalProperties` too.
+                for a in node.additional.iter().flatten() {
+                    if let Some(owner) = a.ptr.strip_suffix("/additionalProperties") {
+                        if !matched_pp.contains(&ptr_join(owner, "patternProperties")) {
+                            conj.push(a.clone());
+                        }
+                    }
                 }
             }
             self.path.push(PStep::Key(text.clone()));
@@ -153,6 +165,15 @@ impl<'a> Lowerer<'a> {
                 continue;
             }
             let v = if mask != 0 {
+                // Another object's `additionalProperties` applies as well, unless one of its own
+                // patterns matched (an `unevaluatedProperties` does not: a pattern evaluated it).
+                for a in node.additional.iter().flatten() {
+                    let Some(owner) = a.ptr.strip_suffix("/additionalProperties") else { continue };
+                    let own_pp = ptr_join(owner, "patternProperties");
+                    if !(0..np).any(|i| mask & (1 << i) != 0 && node.pattern_props[i].2 == own_pp) {
+                        conj.push(a.clone());
+                    }
+                }
                 self.path.push(PStep::AnyKey);
                 let r = self.lower_conj(conj, inner_depth);
                 self.path.pop();
