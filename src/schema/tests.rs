@@ -725,6 +725,28 @@ mod suite_regressions {
         assert!(!accepts(&c, r#"{"x":{"a":1,"b":2}}"#));
     }
 
+    /// More than four `patternProperties`, two of them overlapping (cirrus' `script$` and
+    /// `background_script$`): undeclared keys are split into the classes the patterns really
+    /// make, each under every pattern that matches it.
+    #[test]
+    fn many_overlapping_pattern_properties() {
+        let c = compile(json!({"type": "object", "additionalProperties": false, "patternProperties": {
+            "a$": {"type": "integer"}, "b$": {"type": "string"}, "c$": {"type": "boolean"},
+            "script$": {"type": "string"}, "^background_script$": {"maxLength": 2}}}));
+        for ok in [r#"{"xa":1}"#, r#"{"xb":"s","xc":true}"#, r#"{"myscript":"long"}"#, r#"{"background_script":"ab"}"#, "{}"] {
+            assert!(accepts(&c, ok), "{ok}");
+        }
+        for bad in [r#"{"xa":"s"}"#, r#"{"background_script":"abc"}"#, r#"{"background_script":1}"#, r#"{"myscript":1}"#, r#"{"zz":1}"#] {
+            assert!(!accepts(&c, bad), "{bad}");
+        }
+        // Patterns that all overlap one another would need 2^n classes: bounded, refused.
+        let pats: serde_json::Map<String, Value> = "abcdefg".chars().map(|ch| (ch.to_string(), json!({}))).collect();
+        match try_compile(json!({"patternProperties": pats, "additionalProperties": false})) {
+            Err(SchemaError::TooLarge { what, .. }) => assert!(what.contains("key classes"), "{what}"),
+            other => panic!("expected the key-class bound, got {:?}", other.map(|_| ())),
+        }
+    }
+
     #[test]
     fn references_resolve_as_rfc_3986_says() {
         // An anchor belongs to its resource.

@@ -12,6 +12,12 @@ use crate::schema::SchemaError;
 
 use super::{ptr_join, Lowerer, Node, PStep, Sub, T_OBJ};
 
+/// Most `patternProperties` on one object (merged members' included).
+const MAX_PATTERNS: usize = 64;
+
+/// Most classes of undeclared keys (by which patterns match) one object may need.
+const MAX_KEY_CLASSES: usize = 64;
+
 impl<'a> Lowerer<'a> {
     /// An object with some key outside a name set (the negation of `additionalProperties`), for
     /// objects whose own keys are closed: the union, over the node's declared keys outside the
@@ -137,32 +143,38 @@ impl<'a> Lowerer<'a> {
         if let Some(n) = &names {
             base_key = Dfa::intersect(&base_key, n, cap).map_err(self.overflow(ptr))?;
         }
-        if pats.len() > 4 {
-            if !pats.is_empty() {
-                return Err(SchemaError::Unsupported { keyword: "patternProperties".into(), pointer: ptr.to_string() });
-            }
-        }
+        // Undeclared keys fall into classes by which patterns match them: the key space is
+        // split by each pattern in turn (inside / outside), keeping the non-empty parts, so
+        // overlapping patterns cost only the overlaps they really have.
         let np = pats.len();
-        let mut enc_pats: Vec<Dfa> = Vec::with_capacity(pats.len());
-        for (d, _) in &pats {
-            enc_pats.push(self.encode(d, ptr)?);
+        if np > MAX_PATTERNS {
+            return Err(SchemaError::TooLarge { pointer: ptr.to_string(), what: "patternProperties".into(), limit: MAX_PATTERNS });
         }
-        for mask in 0..(1usize << np) {
-            let mut key = base_key.clone();
-            let mut conj: Vec<Sub<'a>> = Vec::new();
-            for (i, ep) in enc_pats.iter().enumerate() {
-                if mask & (1 << i) != 0 {
-                    key = Dfa::intersect(&key, ep, cap).map_err(self.overflow(ptr))?;
-                    conj.extend(pats[i].1.iter().cloned());
-                } else {
-                    key = Dfa::minus(&key, ep, cap).map_err(self.overflow(ptr))?;
+        let mut classes: Vec<(Dfa, u64)> = vec![(base_key, 0)];
+        for (i, (d, _)) in pats.iter().enumerate() {
+            let ep = self.encode(d, ptr)?;
+            let mut next = Vec::with_capacity(classes.len() + 1);
+            for (key, mask) in classes {
+                let inside = Dfa::intersect(&key, &ep, cap).map_err(self.overflow(ptr))?;
+                if !inside.is_empty() {
+                    next.push((inside, mask | 1 << i));
                 }
-                if key.is_empty() {
-                    break;
+                let outside = Dfa::minus(&key, &ep, cap).map_err(self.overflow(ptr))?;
+                if !outside.is_empty() {
+                    next.push((outside, mask));
                 }
             }
-            if key.is_empty() {
-                continue;
+            if next.len() > MAX_KEY_CLASSES {
+                return Err(SchemaError::TooLarge { pointer: ptr_join(ptr, "patternProperties").to_string(), what: "key classes of overlapping patterns".into(), limit: MAX_KEY_CLASSES });
+            }
+            classes = next;
+        }
+        for (key, mask) in classes {
+            let mut conj: Vec<Sub<'a>> = Vec::new();
+            for (i, (_, c)) in pats.iter().enumerate() {
+                if mask & 1 << i != 0 {
+                    conj.extend(c.iter().cloned());
+                }
             }
             let v = if mask != 0 {
                 // Another object's `additionalProperties` applies as well, unless one of its own
@@ -170,7 +182,7 @@ impl<'a> Lowerer<'a> {
                 for a in node.additional.iter().flatten() {
                     let Some(owner) = a.ptr.strip_suffix("/additionalProperties") else { continue };
                     let own_pp = ptr_join(owner, "patternProperties");
-                    if !(0..np).any(|i| mask & (1 << i) != 0 && node.pattern_props[i].2 == own_pp) {
+                    if !(0..np).any(|i| mask & 1 << i != 0 && node.pattern_props[i].2 == own_pp) {
                         conj.push(a.clone());
                     }
                 }
