@@ -747,6 +747,41 @@ mod suite_regressions {
         }
     }
 
+    /// `not` of `additionalProperties` beside `patternProperties` (Swagger 2.0's responses: not
+    /// only `x-` keys) and of `patternProperties` (OpenAPI 3.1's "no status code" `if`): some
+    /// key of a set, with a failing value — by the closed object's declared keys, or a witness
+    /// key on an open one.
+    #[test]
+    fn negated_pattern_and_additional_properties() {
+        let c = compile(json!({"type": "object", "minProperties": 1, "additionalProperties": false,
+            "patternProperties": {"^([0-9]{3})$|^(default)$": {"type": "integer"}, "^x-": {"type": "string"}},
+            "not": {"type": "object", "additionalProperties": false, "patternProperties": {"^x-": {"type": "string"}}}}));
+        for ok in [r#"{"200":1}"#, r#"{"x-a":"s","default":2}"#, r#"{"default":2,"x-b":"t","404":3}"#] {
+            assert!(accepts(&c, ok), "{ok}");
+        }
+        for bad in [r#"{"x-a":"s"}"#, "{}", r#"{"200":"s"}"#, r#"{"foo":1}"#, r#"{"x-a":"s","x-b":"t"}"#] {
+            assert!(!accepts(&c, bad), "{bad}");
+        }
+        let code = "^[1-5](?:[0-9]{2}|XX)$";
+        let c = compile(json!({"type": "object", "properties": {"default": {"type": "integer"}}, "patternProperties": {code: {"type": "integer"}},
+            "minProperties": 1, "unevaluatedProperties": false, "if": {"patternProperties": {code: false}}, "then": {"required": ["default"]}}));
+        for ok in [r#"{"default":1}"#, r#"{"404":1}"#, r#"{"default":3,"2XX":1}"#] {
+            assert!(accepts(&c, ok), "{ok}");
+        }
+        for bad in ["{}", r#"{"x":1}"#, r#"{"404":"s"}"#, r#"{"default":1,"x":1}"#] {
+            assert!(!accepts(&c, bad), "{bad}");
+        }
+        // A failing value, on an open object; non-objects satisfy neither.
+        let c = compile(json!({"type": "object", "not": {"patternProperties": {"^a": {"type": "integer"}}}}));
+        assert!(accepts(&c, r#"{"ab":"s"}"#) && accepts(&c, r#"{"a1":1,"a2":"s"}"#) && accepts(&c, r#"{"b":1,"ab":[]}"#));
+        assert!(!accepts(&c, r#"{"ab":1}"#) && !accepts(&c, r#"{"b":"s"}"#) && !accepts(&c, "{}"));
+        let c = compile(json!({"properties": {"k": {}}, "not": {"properties": {"k": {}}, "patternProperties": {"^p": {}}, "additionalProperties": {"type": "integer"}}}));
+        assert!(accepts(&c, r#"{"q":"s"}"#) && accepts(&c, r#"{"k":1,"q":"s"}"#));
+        assert!(!accepts(&c, r#"{"k":"s"}"#) && !accepts(&c, r#"{"q":1}"#) && !accepts(&c, r#"{"p":"s"}"#));
+        // Two such requirements on an open object: refused by name.
+        refused(json!({"not": {"patternProperties": {"^a": false}}, "allOf": [{"not": {"patternProperties": {"^b": false}}}]}), "not (patternProperties)");
+    }
+
     #[test]
     fn references_resolve_as_rfc_3986_says() {
         // An anchor belongs to its resource.

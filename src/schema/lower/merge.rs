@@ -76,9 +76,10 @@ impl<'a> Lowerer<'a> {
                 }
                 self.add_prop(n, name, sub.clone())?
             }
-            Alt::Undeclared(names, sub) => {
-                n.neg_untracked = true;
-                n.undeclared.push((names.clone(), sub.clone()))
+            Alt::Undeclared(set, sub) => {
+                // (Tracked: the key is a declared property, evaluated or not as declared, or an
+                // extra key under the node's pattern and additional rules like any other.)
+                n.undeclared.push((set.clone(), sub.clone()))
             }
         }
         Ok(())

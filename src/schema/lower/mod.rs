@@ -96,9 +96,18 @@ enum Alt<'a> {
     Contains(Sub<'a>),
     /// The property's value must satisfy the sub-schema.
     Prop(String, Sub<'a>),
-    /// Some key outside these names is present (with a value satisfying the sub-schema, if
-    /// given): the failure of `additionalProperties`.
-    Undeclared(Vec<String>, Option<Sub<'a>>),
+    /// Some key of the set is present (with a value satisfying the sub-schema, if given): the
+    /// failure of `additionalProperties` or of one `patternProperties` rule.
+    Undeclared(KeySet, Option<Sub<'a>>),
+}
+
+/// A set of object keys: those outside `names` that match one of `inside` (any key when it is
+/// empty) and none of `outside` (patterns with their pointers).
+#[derive(Clone, Default)]
+struct KeySet {
+    names: Vec<String>,
+    inside: Vec<(String, Rc<str>)>,
+    outside: Vec<(String, Rc<str>)>,
 }
 
 /// A disjunction to distribute: alternatives, and whether they are known to be disjoint.
@@ -149,7 +158,7 @@ struct Node<'a> {
     /// evaluates nothing, so `unevaluatedProperties` still applies to them.
     neg_keys: Vec<String>,
     /// A negation contributed a rule whose evaluation effect is not tracked (a double
-    /// negation, a positive sub-schema inside a negation, "some undeclared key", "some item"):
+    /// negation, a positive sub-schema inside a negation, "some item"):
     /// `unevaluatedProperties` / `unevaluatedItems` beside it are refused.
     neg_untracked: bool,
     prop_names: Vec<Sub<'a>>,
@@ -162,9 +171,11 @@ struct Node<'a> {
     not_enums: Vec<Value>,
     /// Patterns strings must not match (from `not: {pattern}`).
     not_patterns: Vec<(String, Rc<str>)>,
-    /// Objects must have a key outside each of these name sets (whose value satisfies the
-    /// sub-schema, if given): from `not: {additionalProperties}`.
-    undeclared: Vec<(Vec<String>, Option<Sub<'a>>)>,
+    /// Objects must have a key of each of these sets (whose value satisfies the sub-schema, if
+    /// given): from `not: {additionalProperties}` and `not: {patternProperties}`.
+    undeclared: Vec<(KeySet, Option<Sub<'a>>)>,
+    /// The one such requirement an open object meets by a witness key (see `lower_object`).
+    witness: Option<(KeySet, Option<Sub<'a>>)>,
 }
 
 pub(crate) struct Lowerer<'a> {

@@ -7,7 +7,7 @@ use serde_json::Value;
 use crate::schema::strings;
 use crate::schema::SchemaError;
 
-use super::{as_u64, dec_of, ptr_join, type_name_bits, Alt, Draft, Lowerer, Sub, T_ALL, T_ARR, T_FRAC, T_INT, T_NULL, T_OBJ, T_STR};
+use super::{as_u64, dec_of, ptr_join, type_name_bits, Alt, Draft, KeySet, Lowerer, Sub, T_ALL, T_ARR, T_FRAC, T_INT, T_NULL, T_OBJ, T_STR};
 
 impl<'a> Lowerer<'a> {
     /// The values failing schema `v` as a disjunction of alternatives (each a conjunction).
@@ -139,16 +139,33 @@ impl<'a> Lowerer<'a> {
                     }
                 }
                 "uniqueItems" if kv == &Value::Bool(false) => {}
-                "additionalProperties" if !map.contains_key("patternProperties") => {
+                // Sub-schema keywords holding `true` never fail.
+                "additionalItems" | "unevaluatedItems" | "unevaluatedProperties" | "propertyNames" if kv == &Value::Bool(true) => {}
+                "additionalProperties" => {
                     if kv == &Value::Bool(true) {
                         continue;
                     }
-                    let declared: Vec<String> = map.get("properties").and_then(|p| p.as_object()).map(|o| o.keys().cloned().collect()).unwrap_or_default();
+                    // Some key neither declared nor matching a pattern of this object.
+                    let names: Vec<String> = map.get("properties").and_then(|p| p.as_object()).map(|o| o.keys().cloned().collect()).unwrap_or_default();
+                    let pp = ptr_join(ptr, "patternProperties");
+                    let outside: Vec<(String, Rc<str>)> = map.get("patternProperties").and_then(|p| p.as_object()).into_iter().flat_map(|o| o.keys()).map(|p| (p.clone(), ptr_join(&pp, p))).collect();
                     let fails = if kv == &Value::Bool(false) { None } else { Some(neg_sub(kv, ptr_join(ptr, k), base.clone())) };
-                    out.push(vec![Alt::Types(T_OBJ), Alt::Undeclared(declared, fails)]);
+                    out.push(vec![Alt::Types(T_OBJ), Alt::Undeclared(KeySet { names, inside: Vec::new(), outside }, fails)]);
+                }
+                "patternProperties" => {
+                    // Some key matching one pattern, with a value its rule refuses.
+                    let pp = ptr_join(ptr, k);
+                    for (pat, sv) in kv.as_object().ok_or_else(bad)? {
+                        if sv == &Value::Bool(true) {
+                            continue;
+                        }
+                        let p = ptr_join(&pp, pat);
+                        let fails = if sv == &Value::Bool(false) { None } else { Some(neg_sub(sv, p.clone(), base.clone())) };
+                        out.push(vec![Alt::Types(T_OBJ), Alt::Undeclared(KeySet { names: Vec::new(), inside: vec![(pat.clone(), p)], outside: Vec::new() }, fails)]);
+                    }
                 }
                 "multipleOf" | "uniqueItems" | "contains" | "minContains" | "maxContains" | "prefixItems" | "items" | "additionalItems"
-                | "additionalProperties" | "patternProperties" | "propertyNames" | "dependentRequired" | "dependentSchemas"
+                | "propertyNames" | "dependentRequired" | "dependentSchemas"
                 | "dependencies" | "unevaluatedProperties" | "unevaluatedItems" | "oneOf" | "if" | "$dynamicRef" | "$recursiveRef" => {
                     return Err(uns(k));
                 }

@@ -10,7 +10,7 @@ use crate::schema::automata::{Dfa, Nfa};
 use crate::schema::strings;
 use crate::schema::SchemaError;
 
-use super::{ptr_join, Lowerer, Node, PStep, Sub, T_OBJ};
+use super::{ptr_join, KeySet, Lowerer, Node, PStep, Sub, T_OBJ};
 
 /// Most `patternProperties` on one object (merged members' included).
 const MAX_PATTERNS: usize = 64;
@@ -19,21 +19,76 @@ const MAX_PATTERNS: usize = 64;
 const MAX_KEY_CLASSES: usize = 64;
 
 impl<'a> Lowerer<'a> {
-    /// An object with some key outside a name set (the negation of `additionalProperties`), for
-    /// objects whose own keys are closed: the union, over the node's declared keys outside the
-    /// set, of the node with that key required (and its value failing the negated schema).
+    /// Whether `name` is in the key set.
+    fn in_key_set(&mut self, set: &KeySet, name: &str) -> Result<bool, SchemaError> {
+        if set.names.iter().any(|n| n == name) {
+            return Ok(false);
+        }
+        for (p, pp) in &set.outside {
+            if self.pattern(p, pp)?.matches(name.as_bytes()) {
+                return Ok(false);
+            }
+        }
+        if set.inside.is_empty() {
+            return Ok(true);
+        }
+        for (p, pp) in &set.inside {
+            if self.pattern(p, pp)?.matches(name.as_bytes()) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The key set as a language of key texts (JSON-encoded strings).
+    fn key_set_dfa(&mut self, set: &KeySet, ptr: &str) -> Result<Dfa, SchemaError> {
+        let cap = self.cap;
+        let texts: Vec<Vec<u8>> = set.names.iter().map(|n| strings::encode_literal(n)).collect();
+        let mut d = Dfa::minus(&self.any_string(ptr)?, &Dfa::literals(texts.iter().map(|t| t.as_slice()), cap).map_err(self.overflow(ptr))?, cap).map_err(self.overflow(ptr))?;
+        if !set.inside.is_empty() {
+            let mut ins = Vec::new();
+            for (p, pp) in &set.inside {
+                let dec = self.pattern(p, pp)?;
+                ins.push(self.encode(&dec, ptr)?);
+            }
+            let u = self.union(&ins, ptr)?;
+            d = Dfa::intersect(&d, &u, cap).map_err(self.overflow(ptr))?;
+        }
+        for (p, pp) in &set.outside {
+            let dec = self.pattern(p, pp)?;
+            let e = self.encode(&dec, ptr)?;
+            d = Dfa::minus(&d, &e, cap).map_err(self.overflow(ptr))?;
+        }
+        Ok(d)
+    }
+
+    /// An object with some key of a set (the negation of `additionalProperties` or of a
+    /// `patternProperties` rule). An object whose own keys are closed: the union, over the
+    /// node's declared keys in the set, of the node with that key required (and its value
+    /// failing the negated schema). Else, one such requirement is met by a witness key (see
+    /// [`Self::lower_object`]); two on an open object are refused.
     pub(super) fn lower_undeclared(&mut self, mut node: Node<'a>, ptr: &str, any_depth: u32) -> Result<Dfa, SchemaError> {
-        let (names, fails) = node.undeclared.remove(0);
+        let (set, fails) = node.undeclared.remove(0);
         let closed = node.pattern_props.is_empty()
             && match &node.additional {
                 Some(a) => a.iter().any(|s| s.v == &Value::Bool(false)),
                 None => !self.opts.allow_undeclared_properties,
             };
-        if !closed {
-            return Err(SchemaError::Unsupported { keyword: "not (additionalProperties)".into(), pointer: ptr.to_string() });
-        }
         node.types &= T_OBJ;
-        let keys: Vec<String> = node.props.iter().map(|(k, _)| k.clone()).filter(|k| !names.contains(k)).collect();
+        if !closed {
+            if !node.undeclared.is_empty() || node.witness.is_some() {
+                let keyword = if set.inside.is_empty() { "not (additionalProperties)" } else { "not (patternProperties)" };
+                return Err(SchemaError::Unsupported { keyword: keyword.into(), pointer: ptr.to_string() });
+            }
+            node.witness = Some((set, fails));
+            return self.lower_node(node, ptr, any_depth);
+        }
+        let mut keys = Vec::new();
+        for (k, _) in &node.props {
+            if self.in_key_set(&set, k)? {
+                keys.push(k.clone());
+            }
+        }
         let mut parts = Vec::new();
         for k in keys {
             let mut v = node.clone();
@@ -49,6 +104,18 @@ impl<'a> Lowerer<'a> {
             }
         }
         self.union(&parts, ptr)
+    }
+
+    /// The value rule of a witness key: its own rule and the requirement's sub-schema (its own
+    /// rule alone when the requirement has none).
+    fn witness_value(&mut self, mut conj: Vec<Sub<'a>>, v: &Result<Rc<Dfa>, SchemaError>, fails: &Option<Sub<'a>>, depth: u32) -> Result<Rc<Dfa>, SchemaError> {
+        match fails {
+            None => Ok(v.as_ref().map(|d| d.clone()).unwrap_or_else(|_| Rc::new(Dfa::empty()))),
+            Some(f) => {
+                conj.push(f.clone());
+                self.lower_conj(conj, depth)
+            }
+        }
     }
 
     pub(super) fn lower_object(&mut self, node: &Node<'a>, ptr: &str, any_depth: u32) -> Result<Dfa, SchemaError> {
@@ -68,8 +135,15 @@ impl<'a> Lowerer<'a> {
             let d = self.pattern(p, pp)?;
             pats.push((d, c.clone()));
         }
-        // Declared properties.
-        let mut decl: Vec<(Vec<u8>, Rc<Dfa>, bool)> = Vec::new();
+        // A witness requirement (see `lower_undeclared`): its keys, and the value rule the
+        // witness adds.
+        let wit: Option<(Dfa, Option<Sub<'a>>)> = match &node.witness {
+            Some((set, fails)) => Some((self.key_set_dfa(set, ptr)?, fails.clone())),
+            None => None,
+        };
+        // Declared properties (text, value, required, value as the witness when the key is in
+        // the witness set).
+        let mut decl: Vec<(Vec<u8>, Rc<Dfa>, bool, Option<Rc<Dfa>>)> = Vec::new();
         for (name, c) in &node.props {
             let text = strings::encode_literal(name);
             let allowed_name = names.as_ref().is_none_or(|n| n.matches(&text));
@@ -80,14 +154,19 @@ impl<'a> Lowerer<'a> {
                 }
             }
             self.path.push(PStep::Key(text.clone()));
-            let v = if allowed_name { self.lower_conj(conj, inner_depth) } else { Ok(Rc::new(Dfa::empty())) };
+            let v = if allowed_name { self.lower_conj(conj.clone(), inner_depth) } else { Ok(Rc::new(Dfa::empty())) };
+            let vw = match &node.witness {
+                Some((set, fails)) if allowed_name && self.in_key_set(set, name)? => Some(self.witness_value(conj, &v, fails, inner_depth)),
+                _ => None,
+            };
             self.path.pop();
             let v = v?;
+            let vw = vw.transpose()?;
             let required = node.required.contains(name);
             if v.is_empty() && required {
                 return Ok(Dfa::empty());
             }
-            decl.push((text, v, required));
+            decl.push((text, v, required, vw));
         }
         // Required keys that are not declared: they come from additional / pattern rules.
         let mut req_extra: Vec<String> = node.required.iter().filter(|r| !node.props.iter().any(|(n, _)| n == *r)).cloned().collect();
@@ -117,25 +196,27 @@ impl<'a> Lowerer<'a> {
                     }
                 }
             }
+            if !matched {
+                conj = node.additional.clone().unwrap_or_default();
+            }
             self.path.push(PStep::Key(text.clone()));
-            let v = if !matched {
-                match &node.additional {
-                    Some(a) => self.lower_conj(a.clone(), inner_depth),
-                    None => self.any(inner_depth),
-                }
-            } else {
-                self.lower_conj(conj, inner_depth)
+            let v = if !matched && node.additional.is_none() { self.any(inner_depth) } else { self.lower_conj(conj.clone(), inner_depth) };
+            let vw = match &node.witness {
+                Some((set, fails)) if self.in_key_set(set, &r)? => Some(self.witness_value(conj, &v, fails, inner_depth)),
+                _ => None,
             };
             self.path.pop();
             let v = v?;
+            let vw = vw.transpose()?;
             if v.is_empty() {
                 return Ok(Dfa::empty());
             }
-            decl.push((text, v, true));
+            decl.push((text, v, true, vw));
         }
         // Extra keys: classes by which patterns match.
         let declared_texts: Vec<Vec<u8>> = decl.iter().map(|d| d.0.clone()).collect();
-        let mut extras: Vec<(Dfa, Rc<Dfa>)> = Vec::new();
+        // (key class, value, and the class's keys in the witness set with the witness's value)
+        let mut extras: Vec<(Dfa, Rc<Dfa>, Option<(Dfa, Rc<Dfa>)>)> = Vec::new();
         let additional_forbidden = node.additional.as_ref().is_some_and(|a| a.iter().any(|s| s.v == &Value::Bool(false)));
         let allow_any = node.additional.is_none() && self.opts.allow_undeclared_properties && any_depth > 0;
         let any_key = self.any_string(ptr)?;
@@ -187,12 +268,13 @@ impl<'a> Lowerer<'a> {
                     }
                 }
                 self.path.push(PStep::AnyKey);
-                let r = self.lower_conj(conj, inner_depth);
+                let r = self.lower_conj(conj.clone(), inner_depth);
                 self.path.pop();
                 r?
             } else if additional_forbidden {
                 continue;
             } else if let Some(a) = &node.additional {
+                conj = a.clone();
                 self.path.push(PStep::AnyKey);
                 let r = self.lower_conj(a.clone(), inner_depth);
                 self.path.pop();
@@ -202,9 +284,23 @@ impl<'a> Lowerer<'a> {
             } else {
                 continue;
             };
-            if !v.is_empty() {
-                extras.push((key, v));
+            if v.is_empty() {
+                continue;
             }
+            let mut w = None;
+            if let Some((wkey, fails)) = &wit {
+                let wk = Dfa::intersect(&key, wkey, cap).map_err(self.overflow(ptr))?;
+                if !wk.is_empty() {
+                    self.path.push(PStep::AnyKey);
+                    let vw = self.witness_value(conj, &Ok(v.clone()), fails, inner_depth);
+                    self.path.pop();
+                    let vw = vw?;
+                    if !vw.is_empty() {
+                        w = Some((wk, vw));
+                    }
+                }
+            }
+            extras.push((key, v, w));
         }
         // Assemble: states (i, count).
         let counting = node.min_props > 0 || node.max_props.is_some();
@@ -214,80 +310,96 @@ impl<'a> Lowerer<'a> {
         }
         let width = cmax as usize + 1;
         let n = decl.len();
+        // With a witness requirement every state is doubled: before and after the witness key;
+        // the object closes only after it.
+        let layers = if wit.is_some() { 2 } else { 1 };
         let mut nfa = Nfa::new();
         let s = nfa.state();
         let end = nfa.state();
         let open = nfa.lit(s, b"{");
-        let st: Vec<Vec<u32>> = (0..=n).map(|_| (0..width).map(|_| nfa.state()).collect()).collect();
+        let st: Vec<Vec<u32>> = (0..=n).map(|_| (0..width * layers).map(|_| nfa.state()).collect()).collect();
         nfa.eps(open, st[0][0]);
         let max_ok = |c: usize| node.max_props.is_none_or(|m| (c as u64) < m);
         let bump = |c: usize| if counting { (c + 1).min(width - 1) } else { 1 };
-        for (i, (text, v, required)) in decl.iter().enumerate() {
+        for (i, (text, v, required, vw)) in decl.iter().enumerate() {
             if !*required {
-                for c in 0..width {
-                    nfa.eps(st[i][c], st[i + 1][c]);
+                for x in 0..width * layers {
+                    nfa.eps(st[i][x], st[i + 1][x]);
                 }
             }
             if v.is_empty() {
                 continue;
             }
-            // One embedding of the value per target count.
-            let mut entry: HashMap<usize, u32> = HashMap::default();
-            for c in 0..width {
-                if !max_ok(c) {
-                    continue;
-                }
-                let tgt = bump(c);
-                let e = match entry.get(&tgt) {
-                    Some(&e) => e,
-                    None => {
-                        let e = nfa.state();
-                        self.place(&mut nfa, e, v, st[i + 1][tgt]);
-                        entry.insert(tgt, e);
-                        e
+            // One embedding of each value per target (count, layer); the witness's value moves
+            // to the second layer.
+            for (val, to_witness) in [(Some(v), false), (vw.as_ref(), true)] {
+                let Some(val) = val.filter(|d| !d.is_empty()) else { continue };
+                let mut entry: HashMap<usize, u32> = HashMap::default();
+                for c in 0..width {
+                    if !max_ok(c) {
+                        continue;
                     }
-                };
-                let k = if c == 0 {
-                    nfa.lit(st[i][c], text)
-                } else {
-                    let x = nfa.state();
-                    self.sep(&mut nfa, st[i][c], b",", x);
-                    nfa.lit(x, text)
-                };
-                self.sep(&mut nfa, k, b":", e);
+                    for f in 0..layers {
+                        let tgt = bump(c) * layers + if to_witness { 1 } else { f };
+                        let e = match entry.get(&tgt) {
+                            Some(&e) => e,
+                            None => {
+                                let e = nfa.state();
+                                self.place(&mut nfa, e, val, st[i + 1][tgt]);
+                                entry.insert(tgt, e);
+                                e
+                            }
+                        };
+                        let from = st[i][c * layers + f];
+                        let k = if c == 0 {
+                            nfa.lit(from, text)
+                        } else {
+                            let x = nfa.state();
+                            self.sep(&mut nfa, from, b",", x);
+                            nfa.lit(x, text)
+                        };
+                        self.sep(&mut nfa, k, b":", e);
+                    }
+                }
             }
         }
-        for (key, v) in &extras {
-            let mut entry: HashMap<usize, u32> = HashMap::default();
-            for c in 0..width {
-                if !max_ok(c) {
-                    continue;
-                }
-                let tgt = bump(c);
-                let e = match entry.get(&tgt) {
-                    Some(&e) => e,
-                    None => {
-                        let e = nfa.state();
-                        self.place(&mut nfa, e, v, st[n][tgt]);
-                        entry.insert(tgt, e);
-                        e
+        for (key, v, w) in &extras {
+            for (key, val, to_witness) in [(Some(key), v, false), (w.as_ref().map(|w| &w.0), w.as_ref().map_or(v, |w| &w.1), true)] {
+                let Some(key) = key else { continue };
+                let mut entry: HashMap<usize, u32> = HashMap::default();
+                for c in 0..width {
+                    if !max_ok(c) {
+                        continue;
                     }
-                };
-                let kstart = if c == 0 {
-                    st[n][c]
-                } else {
-                    let x = nfa.state();
-                    self.sep(&mut nfa, st[n][c], b",", x);
-                    x
-                };
-                let k = nfa.embed(kstart, key);
-                self.sep(&mut nfa, k, b":", e);
+                    for f in 0..layers {
+                        let tgt = bump(c) * layers + if to_witness { 1 } else { f };
+                        let e = match entry.get(&tgt) {
+                            Some(&e) => e,
+                            None => {
+                                let e = nfa.state();
+                                self.place(&mut nfa, e, val, st[n][tgt]);
+                                entry.insert(tgt, e);
+                                e
+                            }
+                        };
+                        let from = st[n][c * layers + f];
+                        let kstart = if c == 0 {
+                            from
+                        } else {
+                            let x = nfa.state();
+                            self.sep(&mut nfa, from, b",", x);
+                            x
+                        };
+                        let k = nfa.embed(kstart, key);
+                        self.sep(&mut nfa, k, b":", e);
+                    }
+                }
             }
         }
         for c in 0..width {
             let ok = if counting { (c as u64) >= node.min_props } else { true };
             if ok {
-                nfa.lit_to(st[n][c], b"}", end);
+                nfa.lit_to(st[n][c * layers + layers - 1], b"}", end);
             }
         }
         self.determinize(&nfa, s, end, ptr)
