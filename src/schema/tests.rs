@@ -316,6 +316,34 @@ mod negation_tests {
         let s = json!({"oneOf": [{"type": ["string", "null"]}, {"type": ["integer", "null"]}]});
         assert!(acc(&s, "\"a\"") && acc(&s, "1") && !acc(&s, "null"));
     }
+
+    /// `not` of array keywords: a `prefixItems` (or array `items`) entry fails where its item is
+    /// present; `contains` fails where no item matches; `items` past a prefix is refused.
+    #[test]
+    fn negated_array_keywords() {
+        let s = json!({"type": "array", "not": {"prefixItems": [{"type": "integer"}, {"type": "string"}]}});
+        assert!(acc(&s, r#"["a"]"#) && acc(&s, "[1,2]") && acc(&s, r#"["a","b",3]"#));
+        assert!(!acc(&s, "[]") && !acc(&s, "[1]") && !acc(&s, r#"[1,"a"]"#) && !acc(&s, r#"[1,"a",{}]"#));
+        let s = json!({"$schema": "http://json-schema.org/draft-07/schema#", "type": "array", "not": {"items": [true, {"const": 2}], "additionalItems": true}});
+        assert!(acc(&s, "[1,3]") && !acc(&s, "[1,2]") && !acc(&s, "[1]"));
+        let s = json!({"type": "array", "not": {"contains": {"type": "integer"}}});
+        assert!(acc(&s, "[]") && acc(&s, r#"["a",null]"#) && !acc(&s, r#"["a",1]"#) && !acc(&s, "[1]"));
+        let s = json!({"type": "array", "prefixItems": [{"type": "string"}], "not": {"contains": {"const": "x"}, "minContains": 1}});
+        assert!(acc(&s, r#"["a","b"]"#) && !acc(&s, r#"["x"]"#) && !acc(&s, r#"["a","x"]"#));
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        for (s, kw) in [
+            (json!({"not": {"prefixItems": [true], "items": {"type": "integer"}}}), "not (items)"),
+            (json!({"not": {"contains": {"type": "integer"}, "minContains": 2}}), "not (contains)"),
+            (json!({"not": {"items": [true], "additionalItems": {"type": "integer"}}}), "not (additionalItems)"),
+            (json!({"prefixItems": [true], "not": {"prefixItems": [{"type": "integer"}]}, "unevaluatedItems": false}), "unevaluatedItems"),
+        ] {
+            match CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()) {
+                Err(e) => assert_eq!(e.keyword(), Some(kw), "{e}"),
+                Ok(_) => panic!("{s} compiled; expected a refusal naming {kw}"),
+            }
+        }
+    }
 }
 
 #[cfg(test)]

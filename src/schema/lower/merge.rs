@@ -70,6 +70,24 @@ impl<'a> Lowerer<'a> {
                 n.min_contains = n.min_contains.max(1);
                 n.neg_untracked = true;
             }
+            Alt::PrefixItem(i, sub) => {
+                // (Item rules from a negation evaluate nothing.)
+                n.neg_untracked = true;
+                while n.prefix.len() <= *i {
+                    let at = n.prefix.len();
+                    let mut c = n.items.clone().unwrap_or_default();
+                    c.retain(|x| !n.item_rules.iter().any(|(p, e)| *p == x.ptr && at < *e));
+                    n.prefix.push(c);
+                }
+                n.prefix[*i].push(sub.clone());
+            }
+            Alt::AllItems(sub) => {
+                n.neg_untracked = true;
+                for p in n.prefix.iter_mut() {
+                    p.push(sub.clone());
+                }
+                n.items.get_or_insert_with(Vec::new).push(sub.clone());
+            }
             Alt::Prop(name, sub) => {
                 if !n.props.iter().any(|(k, _)| k == name) {
                     n.neg_keys.push(name.clone());

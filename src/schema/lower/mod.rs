@@ -94,6 +94,10 @@ enum Alt<'a> {
     MaxProps(u64),
     /// Some item satisfies the (negated) sub-schema.
     Contains(Sub<'a>),
+    /// Item i (when present) satisfies the sub-schema: the failure of a `prefixItems` entry.
+    PrefixItem(usize, Sub<'a>),
+    /// Every item satisfies the sub-schema: the failure of `contains`.
+    AllItems(Sub<'a>),
     /// The property's value must satisfy the sub-schema.
     Prop(String, Sub<'a>),
     /// Some key of the set is present (with a value satisfying the sub-schema, if given): the

@@ -112,9 +112,35 @@ impl<'a> Lowerer<'a> {
                 }
                 "items" if !kv.is_array() => {
                     if kv != &Value::Bool(true) {
+                        // Some item fails it; past a `prefixItems` beside it only (not expressed).
+                        if map.contains_key("prefixItems") {
+                            return Err(uns(k));
+                        }
                         out.push(vec![Alt::Types(T_ARR), Alt::Contains(neg_sub(kv, ptr_join(ptr, k), base.clone()))]);
                     }
                 }
+                "prefixItems" | "items" => {
+                    // Some item i of the prefix is present and fails its schema.
+                    let pp = ptr_join(ptr, k);
+                    for (i, sv) in kv.as_array().ok_or_else(bad)?.iter().enumerate() {
+                        if sv == &Value::Bool(true) {
+                            continue;
+                        }
+                        out.push(vec![Alt::Types(T_ARR), Alt::MinItems(i as u64 + 1), Alt::PrefixItem(i, neg_sub(sv, ptr_join(&pp, &i.to_string()), base.clone()))]);
+                    }
+                }
+                "additionalItems" if !map.get("items").is_some_and(|x| x.is_array()) => {} // applies to nothing
+                "contains" => {
+                    // No item matches it (`minContains: 0`: it cannot fail).
+                    let min = map.get("minContains").map(|x| as_u64(x).ok_or_else(bad)).transpose()?.unwrap_or(1);
+                    if map.contains_key("maxContains") || min > 1 {
+                        return Err(uns(k));
+                    }
+                    if min == 1 {
+                        out.push(vec![Alt::Types(T_ARR), Alt::AllItems(neg_sub(kv, ptr_join(ptr, k), base.clone()))]);
+                    }
+                }
+                "minContains" | "maxContains" => {} // with `contains` above; alone they assert nothing
                 "anyOf" => {
                     let pp = ptr_join(ptr, k);
                     let all: Vec<Alt<'a>> = kv
@@ -164,7 +190,7 @@ impl<'a> Lowerer<'a> {
                         out.push(vec![Alt::Types(T_OBJ), Alt::Undeclared(KeySet { names: Vec::new(), inside: vec![(pat.clone(), p)], outside: Vec::new() }, fails)]);
                     }
                 }
-                "multipleOf" | "uniqueItems" | "contains" | "minContains" | "maxContains" | "prefixItems" | "items" | "additionalItems"
+                "multipleOf" | "uniqueItems" | "additionalItems"
                 | "propertyNames" | "dependentRequired" | "dependentSchemas"
                 | "dependencies" | "unevaluatedProperties" | "unevaluatedItems" | "oneOf" | "if" | "$dynamicRef" | "$recursiveRef" => {
                     return Err(uns(k));
