@@ -330,13 +330,18 @@ mod negation_tests {
         assert!(acc(&s, "[]") && acc(&s, r#"["a",null]"#) && !acc(&s, r#"["a",1]"#) && !acc(&s, "[1]"));
         let s = json!({"type": "array", "prefixItems": [{"type": "string"}], "not": {"contains": {"const": "x"}, "minContains": 1}});
         assert!(acc(&s, r#"["a","b"]"#) && !acc(&s, r#"["x"]"#) && !acc(&s, r#"["a","x"]"#));
+        // They evaluate nothing: an `unevaluatedItems` beside them still reaches their items.
+        let s = json!({"prefixItems": [{"const": "foo"}], "not": {"prefixItems": [true, {"const": "bar"}]}, "unevaluatedItems": {"type": "string"}});
+        assert!(acc(&s, r#"["foo","baz"]"#) && acc(&s, r#"["foo","baz","x"]"#));
+        assert!(!acc(&s, r#"["foo"]"#) && !acc(&s, r#"["foo","bar"]"#) && !acc(&s, r#"["foo",1]"#) && !acc(&s, r#"["foo","baz",2]"#));
+        let s = json!({"not": {"contains": {"const": 1}}, "unevaluatedItems": {"type": "integer"}});
+        assert!(acc(&s, "[2,3]") && !acc(&s, "[2,1]") && !acc(&s, r#"["a"]"#));
         let v = tests::byte_vocab();
         let eos = (v.len() - 1) as u32;
         for (s, kw) in [
             (json!({"not": {"prefixItems": [true], "items": {"type": "integer"}}}), "not (items)"),
             (json!({"not": {"contains": {"type": "integer"}, "minContains": 2}}), "not (contains)"),
             (json!({"not": {"items": [true], "additionalItems": {"type": "integer"}}}), "not (additionalItems)"),
-            (json!({"prefixItems": [true], "not": {"prefixItems": [{"type": "integer"}]}, "unevaluatedItems": false}), "unevaluatedItems"),
         ] {
             match CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()) {
                 Err(e) => assert_eq!(e.keyword(), Some(kw), "{e}"),

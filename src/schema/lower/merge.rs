@@ -71,8 +71,7 @@ impl<'a> Lowerer<'a> {
                 n.neg_untracked = true;
             }
             Alt::PrefixItem(i, sub) => {
-                // (Item rules from a negation evaluate nothing.)
-                n.neg_untracked = true;
+                // (Item rules from a negation evaluate nothing: see `pos_prefix`.)
                 while n.prefix.len() <= *i {
                     let at = n.prefix.len();
                     let mut c = n.items.clone().unwrap_or_default();
@@ -82,7 +81,6 @@ impl<'a> Lowerer<'a> {
                 n.prefix[*i].push(sub.clone());
             }
             Alt::AllItems(sub) => {
-                n.neg_untracked = true;
                 for p in n.prefix.iter_mut() {
                     p.push(sub.clone());
                 }
@@ -325,6 +323,7 @@ impl<'a> Lowerer<'a> {
                 }
                 "items" => match v {
                     Value::Array(a) => {
+                        node.pos_prefix = node.pos_prefix.max(a.len());
                         for (i, s) in a.iter().enumerate() {
                             let sp = Sub { v: s, ptr: ptr_join(&ptr_join(ptr, k), &i.to_string()), base: base.clone() };
                             if i < node.prefix.len() {
@@ -338,6 +337,7 @@ impl<'a> Lowerer<'a> {
                         }
                         if let Some(ai) = map.get("additionalItems") {
                             node.items.get_or_insert_with(Vec::new).push(sub("additionalItems", ai));
+                            node.items_eval = true;
                         }
                     }
                     _ => {
@@ -349,11 +349,13 @@ impl<'a> Lowerer<'a> {
                             p.push(s.clone());
                         }
                         node.items.get_or_insert_with(Vec::new).push(s);
+                        node.items_eval = true;
                     }
                 },
                 "additionalItems" => {}
                 "prefixItems" => {
                     let a = v.as_array().ok_or_else(|| bad(k, "expected an array"))?;
+                    node.pos_prefix = node.pos_prefix.max(a.len());
                     for (i, s) in a.iter().enumerate() {
                         let sp = Sub { v: s, ptr: ptr_join(&ptr_join(ptr, k), &i.to_string()), base: base.clone() };
                         if i < node.prefix.len() {
@@ -501,6 +503,7 @@ impl<'a> Lowerer<'a> {
                             }
                             node.item_rules.push((s.ptr.clone(), e));
                             node.items.get_or_insert_with(Vec::new).push(s);
+                            node.items_eval = true;
                             continue;
                         }
                         let Some((names, all)) = self.evaluated_keys(map, base, ptr, true, 8)? else {

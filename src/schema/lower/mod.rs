@@ -158,6 +158,12 @@ struct Node<'a> {
     item_rules: Vec<(Rc<str>, usize)>,
     /// `unevaluatedItems`: items past every merged `prefixItems`, when no `items` applies.
     unevaluated_items: Option<Vec<Sub<'a>>>,
+    /// The longest prefix a positive `prefixItems` (or array `items`) evaluates: `prefix` may
+    /// be longer, by item rules from negations, which evaluate nothing.
+    pos_prefix: usize,
+    /// A positive rule evaluates every item past the prefix (`items`, `additionalItems`, a
+    /// member's `unevaluatedItems`).
+    items_eval: bool,
     /// Keys declared only by a negation (`not`, `¬if`, `oneOf`'s `¬A_j`): a failed sub-schema
     /// evaluates nothing, so `unevaluatedProperties` still applies to them.
     neg_keys: Vec<String>,
@@ -500,11 +506,16 @@ impl<'a> Lowerer<'a> {
         // per branch — the passing branch with the longest prefix decides — except beside
         // `contains`, which evaluates the items it matches.
         if let Some(u) = node.unevaluated_items.take() {
-            if node.items.is_none() {
+            if !node.items_eval {
                 if node.contains.is_some() || node.neg_untracked {
                     return Err(SchemaError::Unsupported { keyword: "unevaluatedItems".into(), pointer: ptr.to_string() });
                 }
-                node.items = Some(u);
+                // (Positions a negation's item rule added to the prefix were not evaluated.)
+                let at = node.pos_prefix;
+                for p in node.prefix.iter_mut().skip(at) {
+                    p.extend(u.iter().cloned());
+                }
+                node.items.get_or_insert_with(Vec::new).extend(u);
             }
         }
         // `unevaluatedProperties` of other members (see `eval_sets`): exact where no pattern
