@@ -598,45 +598,39 @@ impl<'a> Lowerer<'a> {
         Ok(())
     }
 
-    /// The keys a passing schema object evaluates, when that is known without the instance:
-    /// the names of its `properties` and of those of its `allOf` members and `$ref` targets
-    /// (`depth` references deep), and whether it evaluates every key (an
-    /// `additionalProperties` or a nested `unevaluatedProperties`; `top` skips the object's
-    /// own). `None` when it depends on the instance (properties under `anyOf`, `oneOf`, `if`,
-    /// `dependentSchemas`), on patterns, or on dynamic references. `not` evaluates nothing.
-    fn evaluated_keys(&self, map: &'a Map<String, Value>, base: &Rc<str>, ptr: &Rc<str>, top: bool, depth: u32) -> Result<Option<(Vec<String>, bool)>, SchemaError> {
-        let mut names: Vec<String> = Vec::new();
-        let mut all = false;
+    /// The in-place sub-schemas of a schema object, for the static evaluation sets below:
+    /// (value, pointer, base, whether it always applies when the object passes — `allOf`
+    /// members and `$ref` targets, `depth` references deep — or only for some instances —
+    /// `anyOf`, `oneOf`, `if`/`then`/`else`, `dependentSchemas`). `None` for dynamic
+    /// references and past the depth.
+    #[allow(clippy::type_complexity)]
+    fn in_place_subs(&self, map: &'a Map<String, Value>, base: &Rc<str>, ptr: &Rc<str>, depth: u32) -> Result<Option<Vec<(&'a Value, Rc<str>, Rc<str>, bool)>>, SchemaError> {
         let mut base = base.clone();
         if let Some(Value::String(id)) = map.get("$id") {
             if !id.starts_with('#') {
                 base = ptr.clone();
             }
         }
-        let mut subs: Vec<(&'a Value, Rc<str>, Rc<str>, bool)> = Vec::new();
+        let mut subs = Vec::new();
+        let mut members = |k: &str, v: &'a Value, certain: bool| {
+            for (i, s) in v.as_array().into_iter().flatten().enumerate() {
+                subs.push((s, ptr_join(&ptr_join(ptr, k), &i.to_string()), base.clone(), certain));
+            }
+        };
         for (k, v) in map {
             match k.as_str() {
-                "properties" => names.extend(v.as_object().into_iter().flat_map(|o| o.keys().cloned())),
-                "patternProperties" | "$dynamicRef" | "$recursiveRef" => return Ok(None),
-                "additionalProperties" => all = true,
-                "unevaluatedProperties" if !top => all = true,
-                "allOf" => {
-                    for (i, s) in v.as_array().into_iter().flatten().enumerate() {
-                        subs.push((s, ptr_join(&ptr_join(ptr, k), &i.to_string()), base.clone(), true));
-                    }
-                }
+                "allOf" => members(k, v, true),
+                "anyOf" | "oneOf" => members(k, v, false),
+                "$dynamicRef" | "$recursiveRef" => return Ok(None),
+                _ => {}
+            }
+        }
+        for (k, v) in map {
+            match k.as_str() {
                 "$ref" => {
-                    if depth == 0 {
-                        return Ok(None);
-                    }
-                    let Some(r) = v.as_str() else { return Ok(None) };
+                    let Some(r) = v.as_str().filter(|_| depth > 0) else { return Ok(None) };
                     let (t, tp, tb) = self.resolve(r, &base, ptr)?;
                     subs.push((t, tp, tb, true));
-                }
-                "anyOf" | "oneOf" => {
-                    for (i, s) in v.as_array().into_iter().flatten().enumerate() {
-                        subs.push((s, ptr_join(&ptr_join(ptr, k), &i.to_string()), base.clone(), false));
-                    }
                 }
                 "if" | "then" | "else" => subs.push((v, ptr_join(ptr, k), base.clone(), false)),
                 "dependentSchemas" | "dependencies" => {
@@ -649,6 +643,28 @@ impl<'a> Lowerer<'a> {
                 _ => {}
             }
         }
+        Ok(Some(subs))
+    }
+
+    /// The keys a passing schema object evaluates, when that is known without the instance:
+    /// the names of its `properties` and of those of its `allOf` members and `$ref` targets
+    /// (see [`Self::in_place_subs`]), and whether it evaluates every key (an
+    /// `additionalProperties` or a nested `unevaluatedProperties`; `top` skips the object's
+    /// own). `None` when it depends on the instance (properties under `anyOf`, `oneOf`, `if`,
+    /// `dependentSchemas`), on patterns, or on dynamic references. `not` evaluates nothing.
+    fn evaluated_keys(&self, map: &'a Map<String, Value>, base: &Rc<str>, ptr: &Rc<str>, top: bool, depth: u32) -> Result<Option<(Vec<String>, bool)>, SchemaError> {
+        let mut names: Vec<String> = Vec::new();
+        let mut all = false;
+        for (k, v) in map {
+            match k.as_str() {
+                "properties" => names.extend(v.as_object().into_iter().flat_map(|o| o.keys().cloned())),
+                "patternProperties" => return Ok(None),
+                "additionalProperties" => all = true,
+                "unevaluatedProperties" if !top => all = true,
+                _ => {}
+            }
+        }
+        let Some(subs) = self.in_place_subs(map, base, ptr, depth)? else { return Ok(None) };
         for (v, p, b, certain) in subs {
             let Value::Object(m) = v else { continue };
             let Some((n, a)) = self.evaluated_keys(m, &b, &p, false, depth.saturating_sub(1))? else {
@@ -675,13 +691,6 @@ impl<'a> Lowerer<'a> {
     fn evaluated_items(&self, map: &'a Map<String, Value>, base: &Rc<str>, ptr: &Rc<str>, top: bool, depth: u32) -> Result<Option<(usize, bool)>, SchemaError> {
         let mut count = 0usize;
         let mut all = false;
-        let mut base = base.clone();
-        if let Some(Value::String(id)) = map.get("$id") {
-            if !id.starts_with('#') {
-                base = ptr.clone();
-            }
-        }
-        let mut subs: Vec<(&'a Value, Rc<str>, Rc<str>, bool)> = Vec::new();
         for (k, v) in map {
             match k.as_str() {
                 "prefixItems" => count = count.max(v.as_array().map_or(0, |a| a.len())),
@@ -693,34 +702,11 @@ impl<'a> Lowerer<'a> {
                     _ => all = true,
                 },
                 "unevaluatedItems" if !top => all = true,
-                "contains" | "$dynamicRef" | "$recursiveRef" => return Ok(None),
-                "allOf" => {
-                    for (i, s) in v.as_array().into_iter().flatten().enumerate() {
-                        subs.push((s, ptr_join(&ptr_join(ptr, k), &i.to_string()), base.clone(), true));
-                    }
-                }
-                "$ref" => {
-                    if depth == 0 {
-                        return Ok(None);
-                    }
-                    let Some(r) = v.as_str() else { return Ok(None) };
-                    let (t, tp, tb) = self.resolve(r, &base, ptr)?;
-                    subs.push((t, tp, tb, true));
-                }
-                "anyOf" | "oneOf" => {
-                    for (i, s) in v.as_array().into_iter().flatten().enumerate() {
-                        subs.push((s, ptr_join(&ptr_join(ptr, k), &i.to_string()), base.clone(), false));
-                    }
-                }
-                "if" | "then" | "else" => subs.push((v, ptr_join(ptr, k), base.clone(), false)),
-                "dependentSchemas" => {
-                    for (name, s) in v.as_object().into_iter().flatten() {
-                        subs.push((s, ptr_join(&ptr_join(ptr, k), name), base.clone(), false));
-                    }
-                }
+                "contains" => return Ok(None),
                 _ => {}
             }
         }
+        let Some(subs) = self.in_place_subs(map, base, ptr, depth)? else { return Ok(None) };
         for (v, p, b, certain) in subs {
             let Value::Object(m) = v else { continue };
             let Some((n, a)) = self.evaluated_items(m, &b, &p, false, depth.saturating_sub(1))? else {

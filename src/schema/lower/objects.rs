@@ -118,6 +118,41 @@ impl<'a> Lowerer<'a> {
         }
     }
 
+    /// The edges of one key rule between two rows of an object's states (indexed by count and
+    /// layer): from each state, a comma unless it is the first key, a key of `key`, `:` and a
+    /// value of `val`, to the next count in the same layer, or in the witness layer when
+    /// `to_witness`. One embedding of the value per target state.
+    #[allow(clippy::too_many_arguments)]
+    fn key_edges(&mut self, nfa: &mut Nfa, from: &[u32], to: &[u32], key: &Dfa, val: &Dfa, to_witness: bool, layers: usize, bump: &dyn Fn(usize) -> usize, max_ok: &dyn Fn(usize) -> bool) {
+        let mut entry: HashMap<usize, u32> = HashMap::default();
+        for c in 0..from.len() / layers {
+            if !max_ok(c) {
+                continue;
+            }
+            for f in 0..layers {
+                let tgt = bump(c) * layers + if to_witness { 1 } else { f };
+                let e = match entry.get(&tgt) {
+                    Some(&e) => e,
+                    None => {
+                        let e = nfa.state();
+                        self.place(nfa, e, val, to[tgt]);
+                        entry.insert(tgt, e);
+                        e
+                    }
+                };
+                let kstart = if c == 0 {
+                    from[c * layers + f]
+                } else {
+                    let x = nfa.state();
+                    self.sep(nfa, from[c * layers + f], b",", x);
+                    x
+                };
+                let k = nfa.embed(kstart, key);
+                self.sep(nfa, k, b":", e);
+            }
+        }
+    }
+
     pub(super) fn lower_object(&mut self, node: &Node<'a>, ptr: &str, any_depth: u32) -> Result<Dfa, SchemaError> {
         let cap = self.cap;
         let inner_depth = any_depth.saturating_sub(1);
@@ -330,70 +365,16 @@ impl<'a> Lowerer<'a> {
             if v.is_empty() {
                 continue;
             }
-            // One embedding of each value per target (count, layer); the witness's value moves
-            // to the second layer.
-            for (val, to_witness) in [(Some(v), false), (vw.as_ref(), true)] {
-                let Some(val) = val.filter(|d| !d.is_empty()) else { continue };
-                let mut entry: HashMap<usize, u32> = HashMap::default();
-                for c in 0..width {
-                    if !max_ok(c) {
-                        continue;
-                    }
-                    for f in 0..layers {
-                        let tgt = bump(c) * layers + if to_witness { 1 } else { f };
-                        let e = match entry.get(&tgt) {
-                            Some(&e) => e,
-                            None => {
-                                let e = nfa.state();
-                                self.place(&mut nfa, e, val, st[i + 1][tgt]);
-                                entry.insert(tgt, e);
-                                e
-                            }
-                        };
-                        let from = st[i][c * layers + f];
-                        let k = if c == 0 {
-                            nfa.lit(from, text)
-                        } else {
-                            let x = nfa.state();
-                            self.sep(&mut nfa, from, b",", x);
-                            nfa.lit(x, text)
-                        };
-                        self.sep(&mut nfa, k, b":", e);
-                    }
-                }
+            let key = Dfa::literals([text.as_slice()], cap).map_err(self.overflow(ptr))?;
+            self.key_edges(&mut nfa, &st[i], &st[i + 1], &key, v, false, layers, &bump, &max_ok);
+            if let Some(vw) = vw.as_ref().filter(|d| !d.is_empty()) {
+                self.key_edges(&mut nfa, &st[i], &st[i + 1], &key, vw, true, layers, &bump, &max_ok);
             }
         }
         for (key, v, w) in &extras {
-            for (key, val, to_witness) in [(Some(key), v, false), (w.as_ref().map(|w| &w.0), w.as_ref().map_or(v, |w| &w.1), true)] {
-                let Some(key) = key else { continue };
-                let mut entry: HashMap<usize, u32> = HashMap::default();
-                for c in 0..width {
-                    if !max_ok(c) {
-                        continue;
-                    }
-                    for f in 0..layers {
-                        let tgt = bump(c) * layers + if to_witness { 1 } else { f };
-                        let e = match entry.get(&tgt) {
-                            Some(&e) => e,
-                            None => {
-                                let e = nfa.state();
-                                self.place(&mut nfa, e, val, st[n][tgt]);
-                                entry.insert(tgt, e);
-                                e
-                            }
-                        };
-                        let from = st[n][c * layers + f];
-                        let kstart = if c == 0 {
-                            from
-                        } else {
-                            let x = nfa.state();
-                            self.sep(&mut nfa, from, b",", x);
-                            x
-                        };
-                        let k = nfa.embed(kstart, key);
-                        self.sep(&mut nfa, k, b":", e);
-                    }
-                }
+            self.key_edges(&mut nfa, &st[n], &st[n], key, v, false, layers, &bump, &max_ok);
+            if let Some((wk, vw)) = w {
+                self.key_edges(&mut nfa, &st[n], &st[n], wk, vw, true, layers, &bump, &max_ok);
             }
         }
         for c in 0..width {
