@@ -21,6 +21,7 @@ pub mod corpus;
 mod lower;
 mod matcher;
 mod numbers;
+pub mod resources;
 mod strings;
 pub mod suite;
 mod tokens;
@@ -55,8 +56,11 @@ pub enum SchemaError {
     #[error("invalid schema at `{pointer}` (keyword `{keyword}`): {reason}")]
     Invalid { keyword: String, pointer: String, reason: String },
     /// A `$ref` that does not resolve inside the document (remote references are not fetched).
-    #[error("unresolved `$ref` {reference:?} at `{pointer}`: inline the referenced schema under `$defs`")]
+    #[error("unresolved `$ref` {reference:?} at `{pointer}`: inline the referenced schema under `$defs` or supply it as a schema resource")]
     UnresolvedRef { reference: String, pointer: String },
+    /// A schema resource (a document referenced by URI) could not be read or registered.
+    #[error("schema resource {uri}: {reason}")]
+    Resource { uri: String, reason: String },
     /// The automaton grew past a cap.
     #[error("schema at `{pointer}` is too large to compile: {what} exceeds the limit {limit}; simplify the schema or raise the limit in CompileOptions")]
     TooLarge { pointer: String, what: String, limit: usize },
@@ -382,8 +386,11 @@ impl CompiledSchema {
     }
 
     /// Compiles against a prebuilt (shared) vocabulary.
+    /// A schema that references a JSON Schema meta-schema by URI is compiled with it embedded
+    /// ([`resources::bundle`]); other documents must be bundled in by the caller.
     pub fn compile_with(schema: &Value, vocab: &Arc<Vocabulary>, opts: &CompileOptions) -> Result<CompiledSchema, SchemaError> {
         let t0 = Instant::now();
+        let schema = &*resources::bundle(schema, &resources::Resources::new())?;
         if vocab.eos.is_empty() {
             return Err(SchemaError::Vocabulary { reason: "no end-of-sequence id".into() });
         }

@@ -78,10 +78,20 @@ pub fn find_root(dir: &Path) -> Option<PathBuf> {
     cands.into_iter().find(|c| c.join(DRAFTS[0]).is_dir())
 }
 
+/// Where the suite's own runners serve its `remotes/` directory.
+pub const REMOTES_URI: &str = "http://localhost:1234/";
+
 /// Loads the main (not `optional/`) groups of `drafts` under the suite's `tests/` directory,
-/// files in name order.
+/// files in name order. The documents of the suite's `remotes/` (beside `tests/`), which its
+/// groups reference at [`REMOTES_URI`], are bundled into the schemas that reference them
+/// ([`crate::schema::resources::bundle`]), as a site supplies its own schema resources.
 pub fn load(root: &Path, drafts: &[&str]) -> Result<Vec<Group>, SchemaError> {
     let err = |what: &Path, e: &dyn std::fmt::Display| SchemaError::Corpus { reason: format!("{}: {e}", what.display()) };
+    let mut remotes = crate::schema::resources::Resources::new();
+    let rdir = root.parent().map(|p| p.join("remotes")).filter(|d| d.is_dir());
+    if let Some(d) = &rdir {
+        remotes.load_dir(d, REMOTES_URI)?;
+    }
     let mut out = Vec::new();
     for &draft in drafts {
         let dir = root.join(draft);
@@ -97,6 +107,10 @@ pub fn load(root: &Path, drafts: &[&str]) -> Result<Vec<Group>, SchemaError> {
                 let mut schema = g.get("schema").cloned().ok_or_else(|| err(&f, &format!("entry {index} has no schema")))?;
                 if let (Value::Object(o), Some(uri)) = (&mut schema, draft_uri(draft)) {
                     o.entry("$schema").or_insert_with(|| Value::String(uri.into()));
+                }
+                // A reference past the cap stays unresolved, reported as such by the compile.
+                if let Ok(b) = crate::schema::resources::bundle(&schema, &remotes) {
+                    schema = b.into_owned();
                 }
                 let tests = g["tests"]
                     .as_array()

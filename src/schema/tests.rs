@@ -841,11 +841,52 @@ mod suite_regressions {
         let c = compile(s);
         assert!(accepts(&c, r#"{"a":"s"}"#) && accepts(&c, r#"{"a":1}"#) && accepts(&c, r#"{"a":{"b":2}}"#));
         assert!(!accepts(&c, r#"{"a":true}"#));
-        // Two candidate scopes and none at the root: depends on the path, refused.
-        refused(
-            json!({"$id": "http://x/r", "$defs": {"a": {"$id": "a", "$dynamicAnchor": "t", "type": "string"}, "b": {"$id": "b", "$dynamicAnchor": "t", "$dynamicRef": "#t"}}, "$ref": "b"}),
-            "$dynamicRef",
-        );
+        // No anchor at the root, but every path enters the same anchored resource first: the
+        // dynamic reference resolves there (the suite's "skips over intermediate resources").
+        let item = json!({"$id": "item", "type": "object", "properties": {"content": {"$dynamicRef": "#content"}}, "$defs": {"d": {"$dynamicAnchor": "content", "type": "integer"}}});
+        let bar = json!({"$id": "bar", "type": "array", "items": {"$ref": "item"}, "$defs": {"item": item, "content": {"$dynamicAnchor": "content", "type": "string"}}});
+        let c = compile(json!({"$id": "http://x/main", "type": "object", "properties": {"bar-item": {"$ref": "item"}}, "$defs": {"bar": bar}}));
+        assert!(accepts(&c, r#"{"bar-item":{"content":42}}"#) && !accepts(&c, r#"{"bar-item":{"content":"v"}}"#));
+        // Two resources entered first on different paths: depends on the path, refused.
+        let c = json!({"$id": "c", "$dynamicAnchor": "t", "type": "object", "additionalProperties": {"$dynamicRef": "#t"}});
+        let a = json!({"$id": "a", "$dynamicAnchor": "t", "anyOf": [{"type": "string"}, {"$ref": "c"}]});
+        let b = json!({"$id": "b", "$dynamicAnchor": "t", "anyOf": [{"type": "integer"}, {"$ref": "c"}]});
+        refused(json!({"$id": "http://x/r", "$defs": {"a": a, "b": b, "c": c}, "anyOf": [{"$ref": "a"}, {"$ref": "b"}]}), "$dynamicRef");
+        // The same for $recursiveRef (2019-09).
+        let d = "https://json-schema.org/draft/2019-09/schema";
+        let c = json!({"$id": "c", "$recursiveAnchor": true, "type": "object", "additionalProperties": {"$recursiveRef": "#"}});
+        let a = json!({"$id": "a", "$recursiveAnchor": true, "anyOf": [{"type": "string"}, {"$ref": "c"}]});
+        let b = json!({"$id": "b", "$recursiveAnchor": true, "anyOf": [{"type": "integer"}, {"$ref": "c"}]});
+        refused(json!({"$schema": d, "$id": "http://x/r", "$defs": {"a": a.clone(), "b": b, "c": c.clone()}, "anyOf": [{"$ref": "a"}, {"$ref": "b"}]}), "$recursiveRef");
+        let c = compile(json!({"$schema": d, "$id": "http://x/r", "$defs": {"a": a, "c": c}, "properties": {"p": {"$ref": "a"}}}));
+        assert!(accepts(&c, r#"{"p":{"x":"s"}}"#) && accepts(&c, r#"{"p":{"x":{"y":"s"}}}"#));
+        assert!(!accepts(&c, r#"{"p":{"x":1}}"#));
+    }
+
+    #[test]
+    fn referenced_documents_are_compiled_as_one_compound_document() {
+        let mut r = resources::Resources::new();
+        r.insert("https://example.com/common.json", json!({"$defs": {"id": {"type": "integer", "minimum": 1}, "name": {"$ref": "names.json"}}})).unwrap();
+        r.insert("https://example.com/names.json", json!({"type": "string", "maxLength": 3})).unwrap();
+        let s = json!({"type": "object", "properties": {"id": {"$ref": "https://example.com/common.json#/$defs/id"}, "name": {"$ref": "https://example.com/common.json#/$defs/name"}}, "required": ["id"]});
+        assert_eq!(try_compile(s.clone()).err().and_then(|e| e.keyword().map(String::from)).as_deref(), Some("$ref"));
+        let c = compile(resources::bundle(&s, &r).unwrap().into_owned());
+        assert!(accepts(&c, r#"{"id":1,"name":"abc"}"#) && !accepts(&c, r#"{"id":0}"#) && !accepts(&c, r#"{"id":1,"name":"abcd"}"#));
+        // Each embedded document keeps the draft its `$schema` names (one without inherits the
+        // referencing schema's): through draft 7 `$ref` hides its siblings, from 2019-09 on it
+        // does not, whichever draft the referencing schema is.
+        let d7 = "http://json-schema.org/draft-07/schema#";
+        r.insert("https://example.com/old.json", json!({"$schema": d7, "definitions": {"s": {"type": "string"}}, "properties": {"a": {"$ref": "#/definitions/s", "maxLength": 1}}})).unwrap();
+        r.insert("https://example.com/new.json", json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "$defs": {"s": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/s", "maxLength": 1}}})).unwrap();
+        for (root, doc, long_ok) in [(None, "old", true), (None, "new", false), (Some(d7), "old", true), (Some(d7), "new", false)] {
+            let mut s = json!({"$ref": format!("https://example.com/{doc}.json")});
+            if let Some(d) = root {
+                s["$schema"] = json!(d);
+            }
+            let c = compile(resources::bundle(&s, &r).unwrap().into_owned());
+            assert!(accepts(&c, r#"{"a":"x"}"#) && !accepts(&c, r#"{"a":1}"#), "{root:?} {doc}");
+            assert_eq!(accepts(&c, r#"{"a":"xy"}"#), long_ok, "{root:?} {doc}");
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::schema::numbers::{Bound, Dec};
 use crate::schema::strings;
 use crate::schema::SchemaError;
 
-use super::{as_u64, dec_cmp, dec_of, json_eq, ptr_join, type_name_bits, Alt, Disj, Draft, Lowerer, Node, Sub, FALSE, T_ALL, T_NULL};
+use super::{as_u64, dec_cmp, dec_of, json_eq, ptr_join, type_name_bits, Alt, Disj, Lowerer, Node, Sub, FALSE, T_ALL, T_NULL};
 
 /// Keywords that carry no assertion (annotations, containers of definitions).
 const ANNOTATIONS: &[&str] = &[
@@ -180,7 +180,7 @@ impl<'a> Lowerer<'a> {
                 Value::Bool(false) => return Ok(false),
                 Value::Object(map) => {
                     let mut base = m.base.clone();
-                    let ignored = self.draft == Draft::Legacy && map.contains_key("$ref");
+                    let ignored = self.legacy(&m.base) && map.contains_key("$ref");
                     if let Some(Value::String(id)) = map.get("$id").filter(|_| !ignored) {
                         if !id.starts_with('#') {
                             base = m.ptr.clone();
@@ -209,7 +209,7 @@ impl<'a> Lowerer<'a> {
                         }
                         q.push(Sub { v, ptr: t, base: nb });
                     }
-                    if any_ref && self.draft == Draft::Legacy {
+                    if any_ref && self.legacy(&base) {
                         continue;
                     }
                     self.apply(n, map, &m.ptr, &base, &mut q)?;
@@ -226,7 +226,7 @@ impl<'a> Lowerer<'a> {
     fn apply(&mut self, node: &mut Node<'a>, map: &'a Map<String, Value>, ptr: &Rc<str>, base: &Rc<str>, queue: &mut Vec<Sub<'a>>) -> Result<(), SchemaError> {
         let sub = |k: &str, v: &'a Value| Sub { v, ptr: ptr_join(ptr, k), base: base.clone() };
         let bad = |k: &str, why: &str| SchemaError::Invalid { keyword: k.to_string(), pointer: ptr.to_string(), reason: why.to_string() };
-        let legacy = self.draft == Draft::Legacy;
+        let legacy = self.legacy(base);
         for (k, v) in map {
             let k = k.as_str();
             if ANNOTATIONS.contains(&k) || k == "$ref" || k == "$recursiveRef" || k == "$dynamicRef" {
@@ -752,7 +752,7 @@ impl<'a> Lowerer<'a> {
                     if let Some(Value::String(r)) = map.get("$ref") {
                         let (v, t, nb) = self.resolve(r, &m.base, &m.ptr)?;
                         q.push(Sub { v, ptr: t, base: nb });
-                        if self.draft == Draft::Legacy {
+                        if self.legacy(&m.base) {
                             continue;
                         }
                     }

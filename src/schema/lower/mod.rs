@@ -30,7 +30,6 @@ mod negate;
 mod objects;
 mod patterns;
 mod refs;
-#[cfg(test)]
 pub(crate) use refs::resolve_uri;
 
 use assemble::{global_get, global_put};
@@ -50,6 +49,17 @@ enum Draft {
     Legacy, // draft 3/4/6/7: `$ref` siblings are ignored
     D2019,
     D2020,
+}
+
+impl Draft {
+    /// The draft a `$schema` names (2020-12 for any other dialect).
+    fn of(schema: Option<&str>) -> Draft {
+        match schema {
+            Some(s) if s.contains("draft-0") || s.contains("draft-03") => Draft::Legacy,
+            Some(s) if s.contains("2019-09") => Draft::D2019,
+            _ => Draft::D2020,
+        }
+    }
 }
 
 /// A raw sub-schema and where it is (JSON pointer from the root; synthetic ones have none).
@@ -205,6 +215,11 @@ pub(crate) struct Lowerer<'a> {
     root_uri: String,
     anchors_at: HashMap<(String, String), Rc<str>>,
     recursive_anchors: Vec<Rc<str>>,
+    /// Resources (by pointer) whose `$schema` names another draft than the root's (documents
+    /// embedded by `resources::bundle`).
+    res_draft: HashMap<Rc<str>, Draft>,
+    /// [`Lowerer::entry_resource`]'s answers, per anchor.
+    entry_memo: std::cell::RefCell<HashMap<String, Option<Rc<str>>>>,
     /// `$dynamicAnchor`s: (resource URI, name, pointer).
     dyn_anchors: Vec<(String, String, Rc<str>)>,
     any_cache: HashMap<u32, Rc<Dfa>>,
@@ -326,11 +341,7 @@ fn type_name_bits(s: &str) -> Option<u8> {
 
 impl<'a> Lowerer<'a> {
     pub fn new(root: &'a Value, opts: &'a CompileOptions) -> Self {
-        let draft = match root.get("$schema").and_then(|s| s.as_str()) {
-            Some(s) if s.contains("draft-0") || s.contains("draft-03") => Draft::Legacy,
-            Some(s) if s.contains("2019-09") => Draft::D2019,
-            _ => Draft::D2020,
-        };
+        let draft = Draft::of(root.get("$schema").and_then(|s| s.as_str()));
         let mut l = Lowerer {
             root,
             opts,
@@ -345,6 +356,8 @@ impl<'a> Lowerer<'a> {
             root_uri: String::new(),
             anchors_at: HashMap::default(),
             recursive_anchors: Vec::new(),
+            res_draft: HashMap::default(),
+            entry_memo: Default::default(),
             dyn_anchors: Vec::new(),
             any_cache: HashMap::default(),
             conj_cache: HashMap::default(),
@@ -362,9 +375,15 @@ impl<'a> Lowerer<'a> {
             eval_root: None,
             checking: 0,
         };
-        l.index(root, "".into(), "");
+        l.index(root, "".into(), "", draft);
         l.root_uri = l.res_uri.get("").cloned().unwrap_or_default();
         l
+    }
+
+    /// Whether the resource at `base` (a pointer) is read under draft 7 or earlier, where
+    /// `$ref` makes its siblings ignored.
+    fn legacy(&self, base: &str) -> bool {
+        self.res_draft.get(base).copied().unwrap_or(self.draft) == Draft::Legacy
     }
 
     fn check_time(&self, ptr: &str) -> Result<(), SchemaError> {

@@ -7,7 +7,7 @@ use serde_json::Value;
 use crate::schema::strings;
 use crate::schema::SchemaError;
 
-use super::{as_u64, dec_of, ptr_join, type_name_bits, Alt, Draft, KeySet, Lowerer, Sub, T_ALL, T_ARR, T_FRAC, T_INT, T_NULL, T_OBJ, T_STR};
+use super::{as_u64, dec_of, ptr_join, type_name_bits, Alt, KeySet, Lowerer, Sub, T_ALL, T_ARR, T_FRAC, T_INT, T_NULL, T_OBJ, T_STR};
 
 impl<'a> Lowerer<'a> {
     /// The values failing schema `v` as a disjunction of alternatives (each a conjunction).
@@ -27,7 +27,7 @@ impl<'a> Lowerer<'a> {
             let rs = r.as_str().ok_or_else(|| uns("$ref"))?;
             let (tv, t, nb) = self.resolve(rs, base, ptr)?;
             out.push(vec![Alt::Sub(neg_sub(tv, t, nb))]);
-            if self.draft == Draft::Legacy {
+            if self.legacy(base) {
                 return Ok(out);
             }
         }

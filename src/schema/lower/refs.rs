@@ -13,6 +13,17 @@ use super::{ptr_join, Lowerer, Sub};
 const MAX_REF_DEPTH: usize = 2048;
 /// How many reachable-target entries [`Lowerer::reach`] may memoise in one compilation.
 const MAX_REACH_ENTRIES: usize = 4_000_000;
+/// How many schema objects [`Lowerer::entry_resource`] may visit.
+const MAX_ENTRY_WALK: usize = 1_000_000;
+
+/// The state of one [`Lowerer::entry_resource`] walk.
+struct EntryWalk<'f> {
+    anchored: &'f dyn Fn(&str) -> bool,
+    found: std::collections::BTreeSet<Rc<str>>,
+    seen: std::collections::HashSet<Rc<str>>,
+    queue: Vec<(Rc<str>, Rc<str>)>,
+    steps: usize,
+}
 
 fn pointer_get<'v>(root: &'v Value, ptr: &str) -> Option<&'v Value> {
     if ptr.is_empty() {
@@ -154,12 +165,16 @@ impl<'a> Lowerer<'a> {
     /// Records `$id`s and anchors with their pointers: by the raw `$id` (the fallback lookup)
     /// and by the absolute URI each resolves to against its enclosing resource (RFC 3986), with
     /// anchors per resource.
-    pub(super) fn index(&mut self, v: &Value, ptr: Rc<str>, base_uri: &str) {
+    pub(super) fn index(&mut self, v: &Value, ptr: Rc<str>, base_uri: &str, draft: super::Draft) {
         match v {
             Value::Object(m) => {
                 let mut base_uri = base_uri.to_string();
+                let draft = m.get("$schema").and_then(Value::as_str).map_or(draft, |s| super::Draft::of(Some(s)));
+                if draft != self.draft {
+                    self.res_draft.insert(ptr.clone(), draft);
+                }
                 // Through draft 7, `$ref` makes its siblings (an `$id` too) ignored.
-                let ignored = self.draft == super::Draft::Legacy && m.contains_key("$ref");
+                let ignored = draft == super::Draft::Legacy && m.contains_key("$ref");
                 if let Some(Value::String(id)) = m.get("$id").or_else(|| m.get("id").filter(|x| x.is_string())).filter(|_| !ignored) {
                     if let Some(a) = id.strip_prefix('#') {
                         self.anchors.entry(a.to_string()).or_insert(ptr.clone());
@@ -189,12 +204,12 @@ impl<'a> Lowerer<'a> {
                     if matches!(k.as_str(), "enum" | "const" | "default" | "examples" | "example") {
                         continue;
                     }
-                    self.index(c, ptr_join(&ptr, k), &base_uri);
+                    self.index(c, ptr_join(&ptr, k), &base_uri, draft);
                 }
             }
             Value::Array(a) => {
                 for (i, c) in a.iter().enumerate() {
-                    self.index(c, ptr_join(&ptr, &i.to_string()), base_uri);
+                    self.index(c, ptr_join(&ptr, &i.to_string()), base_uri, draft);
                 }
             }
             _ => {}
@@ -215,6 +230,14 @@ impl<'a> Lowerer<'a> {
         if self.dyn_anchors.iter().any(|(res, name, _)| *res == self.root_uri && name == frag) {
             return self.resolve(&format!("#{frag}"), "", ptr);
         }
+        let anchored = |res: &str| {
+            let uri = self.res_uri.get(res).map(String::as_str).unwrap_or(&self.root_uri);
+            self.dyn_anchors.iter().any(|(u, name, _)| u == uri && name == frag)
+        };
+        if let Some(x) = self.entry_resource(&format!("$dynamicAnchor {frag}"), &anchored) {
+            let uri = self.res_uri.get(&x).cloned().unwrap_or_default();
+            return self.resolve(&format!("{uri}#{frag}"), "", ptr);
+        }
         if self.dyn_anchors.iter().filter(|(_, name, _)| name == frag).all(|(_, _, p)| *p == t) {
             return Ok((v, t, nb));
         }
@@ -233,10 +256,79 @@ impl<'a> Lowerer<'a> {
         if self.root.get("$recursiveAnchor") == Some(&Value::Bool(true)) {
             return self.resolve("#", "", ptr);
         }
+        let anchored = |res: &str| pointer_get(self.root, res).and_then(|v| v.get("$recursiveAnchor")) == Some(&Value::Bool(true));
+        if let Some(x) = self.entry_resource("$recursiveAnchor", &anchored) {
+            return self.resolve("#", &x, ptr);
+        }
         if self.recursive_anchors.iter().all(|p| *p == t) {
             return Ok((v, t, nb));
         }
         Err(SchemaError::Unsupported { keyword: "$recursiveRef".into(), pointer: ptr.to_string() })
+    }
+
+    /// The one resource (as pointer) that every evaluation path from the root enters first among
+    /// those `anchored`, when the root resource is not: then it is the outermost such resource
+    /// of every dynamic scope that holds one, whatever the instance. Found by walking the schema
+    /// from the root, following references (a dynamic one to its initial target: a scope without
+    /// an anchored resource resolves to that, and one with it already holds the resource found),
+    /// and stopping at anchored resources. `None` when there are several, none, or the walk
+    /// passes [`MAX_ENTRY_WALK`] schema objects. Memoised per `what`.
+    fn entry_resource(&self, what: &str, anchored: &dyn Fn(&str) -> bool) -> Option<Rc<str>> {
+        if let Some(r) = self.entry_memo.borrow().get(what) {
+            return r.clone();
+        }
+        let mut w = EntryWalk { anchored, found: Default::default(), seen: Default::default(), queue: vec![("".into(), "".into())], steps: 0 };
+        while let Some((p, base)) = w.queue.pop() {
+            let Some(v) = pointer_get(self.root, &p) else { continue };
+            if !self.entry_walk(v, &p, base, &mut w) {
+                w.found.clear();
+                break;
+            }
+        }
+        let r = if w.found.len() == 1 { w.found.into_iter().next() } else { None };
+        self.entry_memo.borrow_mut().insert(what.to_string(), r.clone());
+        r
+    }
+
+    fn entry_walk(&self, v: &Value, ptr: &Rc<str>, mut base: Rc<str>, w: &mut EntryWalk<'_>) -> bool {
+        w.steps += 1;
+        if w.steps > MAX_ENTRY_WALK {
+            return false;
+        }
+        match v {
+            Value::Object(m) => {
+                let ignored = self.legacy(&base) && m.contains_key("$ref");
+                let id = m.get("$id").or_else(|| m.get("id")).and_then(Value::as_str);
+                if id.is_some_and(|id| !id.starts_with('#')) && !ignored && self.res_uri.contains_key(ptr) {
+                    if (w.anchored)(ptr) {
+                        w.found.insert(ptr.clone());
+                        return true;
+                    }
+                    base = ptr.clone();
+                }
+                for key in ["$ref", "$dynamicRef", "$recursiveRef"] {
+                    let Some(r) = m.get(key).and_then(Value::as_str) else { continue };
+                    // `$recursiveRef` starts at its own resource's root.
+                    let r = if key == "$recursiveRef" { "#" } else { r };
+                    let Ok((_, t, nb)) = self.resolve(r, &base, ptr) else { continue };
+                    if (w.anchored)(&nb) {
+                        w.found.insert(nb);
+                    } else if w.seen.insert(t.clone()) {
+                        w.queue.push((t, nb));
+                    }
+                }
+                for (k, c) in m {
+                    // Definitions are evaluated only where referenced, and followed there.
+                    let skip = matches!(k.as_str(), "$defs" | "definitions" | "enum" | "const" | "default" | "examples" | "example");
+                    if !skip && !self.entry_walk(c, &ptr_join(ptr, k), base.clone(), w) {
+                        return false;
+                    }
+                }
+                true
+            }
+            Value::Array(a) => a.iter().enumerate().all(|(i, c)| self.entry_walk(c, &ptr_join(ptr, &i.to_string()), base.clone(), w)),
+            _ => true,
+        }
     }
 
     /// Resolves a reference relative to the resource at `base`.
