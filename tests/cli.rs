@@ -188,6 +188,56 @@ fn tools_recipe_key_names_the_call_syntax() {
     assert!(!Path::new(&e.p("x.zlb")).exists(), "no partial output");
 }
 
+/// `[schema_resources]`: documents a recipe's schemas reference by URI are embedded into the
+/// stored schema (what was compiled, self-contained); a reference to a document nobody supplied fails the build with one line and no output.
+#[test]
+fn schema_resources_are_bundled_into_the_stored_schema() {
+    let e = setup(1);
+    let recipe = std::fs::read_to_string(e.p("tiny-1.toml")).unwrap();
+    std::fs::create_dir_all(e.p("shared/money")).unwrap();
+    std::fs::write(e.p("shared/common.json"), r#"{"$defs": {"sku": {"type": "string", "pattern": "^[A-Z]{3}$"}, "amount": {"$ref": "money/amount.json"}}}"#).unwrap();
+    std::fs::write(e.p("shared/money/amount.json"), r#"{"type": "integer", "minimum": 0}"#).unwrap();
+    std::fs::write(e.p("shared/unused.json"), r#"{"type": "null"}"#).unwrap();
+    let order = r#"{"$id": "https://example.com/s/order.json", "type": "object", "properties": {"sku": {"$ref": "common.json#/$defs/sku"}, "n": {"$ref": "common.json#/$defs/amount"}}, "required": ["sku", "n"], "additionalProperties": false}"#;
+    std::fs::write(e.p("order.json"), order).unwrap();
+    let extra = "\n[schemas]\norder = \"order.json\"\n\n[schema_resources]\n\"https://example.com/s/\" = \"shared\"\n";
+    std::fs::write(e.p("s.toml"), format!("{recipe}{extra}")).unwrap();
+    let o = run(&["build", &e.p("s.toml"), "--key", &e.p("keys/dev.key"), "--out", &e.p("s.zlb"), "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&["bundle", "install", &e.p("s.zlb"), "--trust", &e.p("keys/dev.pub"), "--store", &e.p("store"), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let entry = PathBuf::from(j["entry"].as_str().unwrap());
+    let stored: serde_json::Value = serde_json::from_slice(&std::fs::read(entry.join("schemas/order.json")).unwrap()).unwrap();
+    let defs = stored["$defs"].as_object().expect("the referenced documents are embedded");
+    let mut names: Vec<&str> = defs.keys().map(String::as_str).collect();
+    names.sort();
+    assert_eq!(names, ["https://example.com/s/common.json", "https://example.com/s/money/amount.json"]);
+    assert_eq!(defs["https://example.com/s/money/amount.json"]["minimum"], 0);
+    // The stored document alone compiles to what the bundle holds, and enforces the resources.
+    let c = applianced::schema::CompiledSchema::from_bytes(&std::fs::read(entry.join("schemas/order.bin")).unwrap()).unwrap();
+    let ok = |t: &str| {
+        let mut m = applianced::schema::Matcher::new(&c);
+        m.advance_bytes(t.as_bytes()) && m.is_accepting()
+    };
+    assert!(ok(r#"{"sku":"ABC","n":3}"#));
+    assert!(!ok(r#"{"sku":"abc","n":3}"#) && !ok(r#"{"sku":"ABC","n":-1}"#));
+
+    // A document nobody supplied: one line naming the reference, no output.
+    std::fs::write(e.p("lost.toml"), format!("{recipe}\n[schemas]\norder = \"order.json\"\n")).unwrap();
+    let o = run(&["build", &e.p("lost.toml"), "--key", &e.p("keys/dev.key"), "--out", &e.p("x.zlb")]);
+    assert_eq!(o.status.code(), Some(11), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains(r#"unresolved `$ref` "common.json#/$defs/sku""#) && err.contains("supply it as a schema resource"), "{err}");
+    assert_eq!(err.lines().filter(|l| l.starts_with("error: ")).count(), 1, "{err}");
+    assert!(!Path::new(&e.p("x.zlb")).exists(), "no partial output");
+    // A base that is not an absolute URI is refused before anything is built.
+    std::fs::write(e.p("rel.toml"), format!("{recipe}\n[schemas]\norder = \"order.json\"\n[schema_resources]\n\"schemas/\" = \"shared\"\n")).unwrap();
+    let o = run(&["build", &e.p("rel.toml"), "--key", &e.p("keys/dev.key"), "--out", &e.p("x.zlb")]);
+    assert_eq!(o.status.code(), Some(11), "{}", stderr(&o));
+    assert!(stderr(&o).contains("give an absolute base URI"), "{}", stderr(&o));
+}
+
 #[test]
 fn build_errors_are_clear() {
     let e = setup(1);

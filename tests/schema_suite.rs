@@ -76,6 +76,10 @@ fn check(r: &SuiteReport) {
     assert!(r.accepted_invalid.is_empty(), "invalid instances accepted:\n{}", r.accepted_invalid.join("\n"));
     assert_eq!(r.mask_advance_disagreements, 0, "mask and advance disagree:\n{}", r.disagreement_examples.join("\n"));
     assert!(r.unnamed_refusals.is_empty(), "refusals that name no keyword:\n{}", r.unnamed_refusals.join("\n"));
+    // The suite's remotes/ are bundled in (schema::resources), and the meta-schemas are built
+    // in: every remote reference and every meta-schema reference compiles.
+    let remote: Vec<_> = r.groups.iter().filter(|g| g.keyword == "refRemote" || g.keyword == "definitions" || g.keyword == "defs").filter(|g| !g.compiled).map(|g| format!("{}: {}", g.id, g.error.as_deref().unwrap_or(""))).collect();
+    assert!(remote.is_empty(), "remote and meta-schema references refused:\n{}", remote.join("\n"));
     let mut unexpected = Vec::new();
     let mut used = vec![false; EXPECTED_REJECTIONS.len()];
     for g in r.groups.iter().filter(|g| g.compiled) {

@@ -254,10 +254,23 @@ fn compile_schemas(r: &ResolvedRecipe, staging: &Path, progress: &mut dyn FnMut(
     let vocab = std::sync::Arc::new(crate::schema::Vocabulary::new(&vocab, &cfg.eog_token_ids));
     let dir = staging.join("schemas");
     std::fs::create_dir_all(&dir).map_err(BundleError::io(&dir))?;
+    let mut res = crate::schema::resources::Resources::new();
+    for (uri, d) in &r.schema_resources {
+        let n = res.load_dir(d, uri).map_err(|e| BundleError::Recipe { path: PathBuf::from(format!("schema_resources.{uri:?}")), msg: e.to_string() })?;
+        progress(Progress::Step(&format!("{n} schema resources at {uri} from {}", d.display())));
+    }
     for (name, path) in &r.schemas {
         progress(Progress::Step(&format!("compiling schema {name}")));
         let text = std::fs::read(path).map_err(BundleError::io(path))?;
         let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| err(name, format!("{}: not JSON: {e}", path.display())))?;
+        // The documents it references by URI are embedded: the stored source is what was
+        // compiled, self-contained for an auditor.
+        let bundled = crate::schema::resources::bundle(&v, &res).map_err(|e| err(name, format!("{}: {e}", path.display())))?;
+        let text = match &bundled {
+            std::borrow::Cow::Borrowed(_) => text,
+            std::borrow::Cow::Owned(b) => serde_json::to_vec_pretty(b).map_err(|e| err(name, e.to_string()))?,
+        };
+        let v = bundled.into_owned();
         // Build time has a long budget: the automaton then depends only on the schema and the
         // deterministic size caps, never on this machine's speed (reproducible builds).
         let opts = crate::schema::CompileOptions { max_compile_time: std::time::Duration::from_secs(600), ..Default::default() };

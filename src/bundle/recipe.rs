@@ -15,6 +15,8 @@
 //!
 //! [schemas]                          # optional: JSON Schemas compiled to token automata at build
 //! invoice = "schemas/invoice.json"
+//! [schema_resources]                 # optional: documents those schemas `$ref` by URI
+//! "https://example.com/schemas/" = "schemas/shared"   # each *.json below, at URI + its path
 //!
 //! [policy.safety.levels]             # optional: see docs/policy.md
 //! strict = { phrases = ["guaranteed returns"], case_insensitive = true }
@@ -51,6 +53,11 @@ pub struct Recipe {
     /// recipe). Each becomes `schemas/NAME.bin` (the automaton) and `schemas/NAME.json` (its source).
     #[serde(default)]
     pub schemas: std::collections::BTreeMap<String, PathBuf>,
+    /// Documents the schemas reference by URI: `"BASE-URI" = "dir"` registers every `*.json`
+    /// below `dir` at `BASE-URI` + its relative path, and at its own `$id`. Each schema is stored
+    /// with the documents it references embedded (`crate::schema::resources::bundle`).
+    #[serde(default)]
+    pub schema_resources: std::collections::BTreeMap<String, PathBuf>,
     /// Safety levels and redaction rules (see docs/policy.md), compiled into `policy/`.
     #[serde(default)]
     pub policy: Option<crate::policy::PolicySpec>,
@@ -142,6 +149,8 @@ pub struct ResolvedRecipe {
     pub source: PathBuf,
     /// Schema files with paths resolved against the recipe's directory.
     pub schemas: Vec<(String, PathBuf)>,
+    /// Schema resource directories by base URI, paths resolved.
+    pub schema_resources: Vec<(String, PathBuf)>,
     /// Control vectors to make, in name order.
     pub control: Vec<(String, ControlSource)>,
     pub created: String,
@@ -186,6 +195,14 @@ impl Recipe {
         let min_runtime = self.bundle.min_runtime.clone().unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_string());
         if parse_semver(&min_runtime).is_none() {
             return Err(bad(format!("bundle.min_runtime {min_runtime:?} is not MAJOR.MINOR.PATCH")));
+        }
+        if !self.schema_resources.is_empty() && self.schemas.is_empty() {
+            return Err(bad("[schema_resources] is set but [schemas] is empty: the resources serve the schemas' references".into()));
+        }
+        for uri in self.schema_resources.keys() {
+            if !uri.contains(':') || uri.contains('#') {
+                return Err(bad(format!("schema_resources {uri:?}: give an absolute base URI without a fragment, as \"https://example.com/schemas/\"")));
+            }
         }
         for name in self.schemas.keys() {
             if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-') {
@@ -249,6 +266,7 @@ impl Recipe {
             min_runtime,
             created_from_clock: from_clock,
             schemas: self.schemas.iter().map(|(n, p)| (n.clone(), if p.is_absolute() { p.clone() } else { base.join(p) })).collect(),
+            schema_resources: self.schema_resources.iter().map(|(u, p)| (u.clone(), if p.is_absolute() { p.clone() } else { base.join(p) })).collect(),
             source,
             recipe: self,
         })
