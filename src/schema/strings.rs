@@ -280,6 +280,9 @@ pub(crate) fn pattern_dfa(pattern: &str, cap: usize) -> Result<Dfa, RegexIssue> 
     if let Some(d) = lookahead_dfa(pattern, cap)? {
         return Ok(d);
     }
+    if super::lookahead::has_lookaround(pattern) {
+        return super::lookahead::search_dfa(pattern, cap);
+    }
     let p = parse_ecma(pattern)?;
     let hir = Hir::concat(vec![any_char_star(), p, any_char_star()]);
     hir_dfa(&hir, cap)
@@ -553,8 +556,14 @@ mod tests {
         assert!(d.matches(b"abc") && !d.matches(b"ac"));
         let d = pattern_dfa("^a.c$", 10_000).unwrap();
         assert!(d.matches(b"abc") && !d.matches(b"a\nc") && d.matches("aéc".as_bytes()));
-        assert!(pattern_dfa("(?=a)", 1000).is_err());
-        assert!(pattern_dfa("x(?!a)", 1000).is_err());
+        // Look-aheads anywhere (schema::lookahead); look-behind and a look-ahead repeated
+        // other than as the tempered dot are refused.
+        let d = pattern_dfa("(?=a)", 1000).unwrap();
+        assert!(d.matches(b"xa") && !d.matches(b"xb"));
+        let d = pattern_dfa("x(?!a)", 1000).unwrap();
+        assert!(d.matches(b"x") && d.matches(b"xax") && !d.matches(b"xa") && !d.matches(b"a"));
+        assert!(pattern_dfa("(?<=a)b", 1000).is_err());
+        assert!(pattern_dfa("^(?:(?=a)[a-z])+$", 1000).is_err());
         let d = pattern_dfa("^(?!ab|cd)", 1000).unwrap();
         assert!(d.matches(b"ax") && !d.matches(b"abx") && !d.matches(b"cd") && d.matches(b""));
         let d = pattern_dfa("^(?!pattern$).*$", 1000).unwrap();

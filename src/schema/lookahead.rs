@@ -1,0 +1,399 @@
+//! Look-aheads anywhere in a `pattern`, compiled exactly to a finite automaton.
+//!
+//! regex-automata has no look-around, but a look-ahead is a language operation on what follows
+//! it: `X(?=A)Y` matches `x·w` where `x` matches `X`, and `w` both matches what follows (`Y`,
+//! then the rest of the pattern, then the rest of the string) and starts with a match of `A`;
+//! `(?!A)` takes "does not start with" instead. So a pattern is compiled right to left, each
+//! part given the automaton of everything after it (its *continuation*): a look-ahead is the
+//! continuation intersected with (or minus) "starts with a match of `A`", a group holding one is
+//! the union of its alternatives over the continuation (`?` adds the continuation itself), and
+//! the look-ahead-free text between is compiled by regex-automata and concatenated in front.
+//! `^` passes only at the start of the string and `$` only where the continuation accepts the
+//! empty string. A look-ahead inside a repeated group (other than the "tempered dot" that
+//! `strings::lookahead_dfa` handles) and look-behind are refused by name.
+
+use super::automata::{Dfa, Nfa, Overflow};
+use super::strings::{full_match_dfa, pattern_dfa, RegexIssue};
+
+/// One element of an alternative.
+#[derive(Debug, PartialEq)]
+enum Item<'p> {
+    /// Look-ahead-free text (atoms with their quantifiers), compiled by regex-automata.
+    Plain(&'p str),
+    /// `(?=body)` or, negated, `(?!body)`.
+    Look { negated: bool, body: &'p str },
+    /// A group holding a look-ahead, `?` after it or not.
+    Group { body: &'p str, optional: bool },
+    Start,
+    End,
+}
+
+fn too_large(_: Overflow) -> RegexIssue {
+    RegexIssue::TooLarge
+}
+
+fn unsupported(why: &str) -> RegexIssue {
+    RegexIssue::Syntax(why.to_string())
+}
+
+/// Index of the byte after the escape or class that starts at `i` (or `i + 1` for any other
+/// character, by its UTF-8 length).
+fn skip_atom(b: &[u8], i: usize) -> usize {
+    match b[i] {
+        b'\\' => (i + 2).min(b.len()),
+        b'[' => {
+            let mut j = i + 1;
+            if b.get(j) == Some(&b'^') {
+                j += 1;
+            }
+            if b.get(j) == Some(&b']') {
+                j += 1;
+            }
+            while j < b.len() && b[j] != b']' {
+                j += if b[j] == b'\\' { 2 } else { 1 };
+            }
+            (j + 1).min(b.len())
+        }
+        c => i + if c < 0x80 { 1 } else if c >= 0xF0 { 4 } else if c >= 0xE0 { 3 } else { 2 },
+    }
+}
+
+/// Index of the `)` closing the group that opens at `open`.
+fn group_end(b: &[u8], open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut i = open;
+    while i < b.len() {
+        match b[i] {
+            b'(' => depth += 1,
+            b')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            b'\\' | b'[' => {
+                i = skip_atom(b, i);
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Length of the quantifier (`*`, `+`, `?`, `{n}`, `{n,}`, `{n,m}`, each optionally lazy) at `i`.
+fn quantifier_len(b: &[u8], i: usize) -> usize {
+    let n = match b.get(i) {
+        Some(b'*' | b'+' | b'?') => 1,
+        Some(b'{') => {
+            let mut j = i + 1;
+            while j < b.len() && (b[j].is_ascii_digit() || b[j] == b',') {
+                j += 1;
+            }
+            if j > i + 1 && b.get(j) == Some(&b'}') {
+                j + 1 - i
+            } else {
+                0
+            }
+        }
+        _ => 0,
+    };
+    if n > 0 && b.get(i + n) == Some(&b'?') {
+        n + 1
+    } else {
+        n
+    }
+}
+
+/// Whether `p` holds a look-ahead or look-behind group (outside classes and escapes).
+pub(crate) fn has_lookaround(p: &str) -> bool {
+    let b = p.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'(' && b.get(i + 1) == Some(&b'?') && matches!(b.get(i + 2), Some(b'=' | b'!' | b'<')) {
+            if b[i + 2] != b'<' || matches!(b.get(i + 3), Some(b'=' | b'!')) {
+                return true;
+            }
+        }
+        i = if matches!(b[i], b'\\' | b'[') { skip_atom(b, i) } else { i + 1 };
+    }
+    false
+}
+
+/// `p` split at its top-level `|`.
+fn alternatives(p: &str) -> Vec<&str> {
+    let b = p.as_bytes();
+    let (mut out, mut from, mut depth, mut i) = (Vec::new(), 0, 0usize, 0);
+    while i < b.len() {
+        match b[i] {
+            b'\\' | b'[' => {
+                i = skip_atom(b, i);
+                continue;
+            }
+            b'(' => depth += 1,
+            b')' => depth = depth.saturating_sub(1),
+            b'|' if depth == 0 => {
+                out.push(&p[from..i]);
+                from = i + 1;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    out.push(&p[from..]);
+    out
+}
+
+/// The items of one alternative, adjacent look-ahead-free text merged.
+fn items<'p>(alt: &'p str) -> Result<Vec<Item<'p>>, RegexIssue> {
+    let b = alt.as_bytes();
+    let mut out: Vec<Item<'p>> = Vec::new();
+    let mut plain_from: Option<usize> = None;
+    let mut i = 0;
+    let flush = |out: &mut Vec<Item<'p>>, from: &mut Option<usize>, to: usize| {
+        if let Some(f) = from.take() {
+            out.push(Item::Plain(&alt[f..to]));
+        }
+    };
+    while i < b.len() {
+        match b[i] {
+            b'^' | b'$' => {
+                flush(&mut out, &mut plain_from, i);
+                out.push(if b[i] == b'^' { Item::Start } else { Item::End });
+                if quantifier_len(b, i + 1) > 0 {
+                    return Err(unsupported("a quantified anchor"));
+                }
+                i += 1;
+            }
+            b'(' => {
+                let end = group_end(b, i).ok_or_else(|| unsupported("unbalanced parentheses"))?;
+                let inner = &alt[i + 1..end];
+                let q = quantifier_len(b, end + 1);
+                if inner.starts_with("?<=") || inner.starts_with("?<!") {
+                    return Err(unsupported("look-behind is not supported"));
+                }
+                let look = inner.starts_with("?=") || inner.starts_with("?!");
+                if !look && !has_lookaround(inner) {
+                    plain_from.get_or_insert(i);
+                    i = end + 1 + q;
+                    continue;
+                }
+                flush(&mut out, &mut plain_from, i);
+                if look {
+                    if q > 0 {
+                        return Err(unsupported("a quantified look-ahead"));
+                    }
+                    out.push(Item::Look { negated: inner.as_bytes()[1] == b'!', body: &inner[2..] });
+                } else {
+                    let body = if let Some(r) = inner.strip_prefix("?:") {
+                        r
+                    } else if let Some(r) = inner.strip_prefix("?<") {
+                        let close = r.find('>').ok_or_else(|| unsupported("unterminated group name"))?;
+                        &r[close + 1..]
+                    } else if inner.starts_with('?') {
+                        return Err(unsupported("unrecognized group flag"));
+                    } else {
+                        inner
+                    };
+                    let quant = &alt[end + 1..end + 1 + q];
+                    if !matches!(quant, "" | "?" | "??") {
+                        return Err(unsupported("a look-ahead inside a repeated group"));
+                    }
+                    out.push(Item::Group { body, optional: !quant.is_empty() });
+                }
+                i = end + 1 + q;
+            }
+            _ => {
+                plain_from.get_or_insert(i);
+                i = skip_atom(b, i);
+            }
+        }
+    }
+    flush(&mut out, &mut plain_from, b.len());
+    Ok(out)
+}
+
+/// Whether look-ahead-free text holds an anchor (inside one of its groups): its meaning would
+/// depend on what surrounds the text, which [`plain`] does not see.
+fn has_anchor(p: &str) -> bool {
+    let b = p.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if matches!(b[i], b'^' | b'$') {
+            return true;
+        }
+        i = skip_atom(b, i);
+    }
+    false
+}
+
+struct Compiler {
+    cap: usize,
+    any: Dfa,
+    empty_string: Dfa,
+}
+
+impl Compiler {
+    fn plain(&self, text: &str) -> Result<Dfa, RegexIssue> {
+        if has_anchor(text) {
+            return Err(unsupported("an anchor inside a group beside a look-ahead"));
+        }
+        pattern_dfa(&format!("^(?:{text})$"), self.cap)
+    }
+
+    fn concat(&self, a: &Dfa, b: &Dfa) -> Result<Dfa, RegexIssue> {
+        if a.is_empty() || b.is_empty() {
+            return Ok(Dfa::empty());
+        }
+        let mut n = Nfa::new();
+        let s = n.state();
+        let m = n.embed(s, a);
+        let e = n.embed(m, b);
+        n.determinize(s, e, self.cap).map_err(too_large)
+    }
+
+    fn union(&self, a: &Dfa, b: &Dfa) -> Result<Dfa, RegexIssue> {
+        match (a.is_empty(), b.is_empty()) {
+            (true, _) => Ok(b.clone()),
+            (_, true) => Ok(a.clone()),
+            _ => Dfa::product(a, b, |x, y| x || y, self.cap).map_err(too_large),
+        }
+    }
+
+    /// The strings matching any alternative of `body` followed by a string of `cont`.
+    fn alternation(&self, body: &str, cont: &Dfa, at_start: bool) -> Result<Dfa, RegexIssue> {
+        let mut out = Dfa::empty();
+        for alt in alternatives(body) {
+            let d = self.seq(&items(alt)?, cont, at_start)?;
+            out = self.union(&out, &d)?;
+        }
+        Ok(out)
+    }
+
+    /// The strings matching `items` followed by a string of `cont`; `at_start`: whether the
+    /// items begin at the start of the string.
+    fn seq(&self, items: &[Item<'_>], cont: &Dfa, at_start: bool) -> Result<Dfa, RegexIssue> {
+        let Some((first, rest)) = items.split_first() else { return Ok(cont.clone()) };
+        if let Item::Plain(text) = first {
+            let p = self.plain(text)?;
+            if rest.is_empty() {
+                return self.concat(&p, cont);
+            }
+            // What follows is at the string's start only where the text matched nothing: an
+            // anchor there would need both cases.
+            let anchored = |i: &Item<'_>| match i {
+                Item::Start => true,
+                Item::Look { body, .. } | Item::Group { body, .. } => has_anchor(body),
+                _ => false,
+            };
+            if at_start && p.matches(b"") && rest.iter().any(anchored) {
+                return Err(unsupported("`^` after text that may be empty"));
+            }
+            let tail = self.seq(rest, cont, false)?;
+            return self.concat(&p, &tail);
+        }
+        let tail = self.seq(rest, cont, at_start)?;
+        Ok(match first {
+            Item::Start if at_start => tail,
+            Item::Start => Dfa::empty(),
+            Item::End => {
+                if tail.matches(b"") {
+                    self.empty_string.clone()
+                } else {
+                    Dfa::empty()
+                }
+            }
+            Item::Look { negated, body } => {
+                let starts = self.alternation(body, &self.any, at_start)?;
+                if *negated { Dfa::minus(&tail, &starts, self.cap) } else { Dfa::intersect(&tail, &starts, self.cap) }.map_err(too_large)?
+            }
+            Item::Group { body, optional } => {
+                let g = self.alternation(body, &tail, at_start)?;
+                if *optional {
+                    self.union(&g, &tail)?
+                } else {
+                    g
+                }
+            }
+            Item::Plain(_) => unreachable!("handled above"),
+        })
+    }
+}
+
+/// Decoded-level automaton of the strings that contain a match of `pattern` (unanchored, as
+/// `strings::pattern_dfa`), look-aheads anywhere outside repetitions.
+pub(crate) fn search_dfa(pattern: &str, cap: usize) -> Result<Dfa, RegexIssue> {
+    let c = Compiler { cap, any: full_match_dfa("(?s:.)*", cap)?, empty_string: full_match_dfa("", cap)? };
+    // A match at the start, or after at least one character (where `^` cannot pass).
+    let at0 = c.alternation(pattern, &c.any, true)?;
+    let later = c.alternation(pattern, &c.any, false)?;
+    let plus = full_match_dfa("(?s:.)+", cap)?;
+    let later = c.concat(&plus, &later)?;
+    Ok(c.union(&at0, &later)?.minimize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn search(p: &str) -> Dfa {
+        search_dfa(p, 100_000).unwrap_or_else(|e| panic!("{p}: {e:?}"))
+    }
+
+    #[test]
+    fn items_split_at_look_aheads_and_anchors() {
+        assert_eq!(items("^a(?=b|c)d$").unwrap(), vec![Item::Start, Item::Plain("a"), Item::Look { negated: false, body: "b|c" }, Item::Plain("d"), Item::End]);
+        assert_eq!(items("x(?:(?!--)[a-z])?[(]\\(").unwrap(), vec![Item::Plain("x"), Item::Group { body: "(?!--)[a-z]", optional: true }, Item::Plain("[(]\\(")]);
+        assert_eq!(items("(?:ab)*(c)").unwrap(), vec![Item::Plain("(?:ab)*(c)")]);
+        assert!(matches!(items("(?:(?=a).)+"), Err(RegexIssue::Syntax(_))));
+        assert!(matches!(items("(?<=a)b"), Err(RegexIssue::Syntax(_))));
+        assert!(has_lookaround("a(?!b)") && has_lookaround("(?<!a)") && !has_lookaround("[(?=]\\(?=") && !has_lookaround("(?<n>a)"));
+        assert_eq!(alternatives("a|(b|c)|[|]|\\|"), vec!["a", "(b|c)", "[|]", "\\|"]);
+    }
+
+    /// Every string over a small alphabet up to a length, against a direct definition.
+    fn agrees(p: &str, alphabet: &[u8], max_len: usize, oracle: impl Fn(&[u8]) -> bool) {
+        let d = search(p);
+        let mut words: Vec<Vec<u8>> = vec![Vec::new()];
+        for _ in 0..max_len {
+            let next: Vec<Vec<u8>> = words.iter().filter(|w| w.len() == words.last().map_or(0, |l| l.len())).flat_map(|w| alphabet.iter().map(move |&c| [w.as_slice(), &[c]].concat())).collect();
+            words.extend(next);
+        }
+        for w in &words {
+            assert_eq!(d.matches(w), oracle(w), "{p} on {:?}", String::from_utf8_lossy(w));
+        }
+    }
+
+    #[test]
+    fn look_aheads_anywhere_match_their_definition() {
+        let has = |w: &[u8], s: &[u8]| w.windows(s.len()).any(|x| x == s);
+        // npm-style scoped names: no "--" anywhere after the first character of each part.
+        let part = |s: &[u8]| !s.is_empty() && s[0] != b'-' && *s.last().unwrap() != b'-' && (s.len() < 2 || !has(&s[1..], b"--"));
+        agrees("^@([a-z](?:(?!.*--)[a-z-]*[a-z])?)/([a-z](?:(?!.*--)[a-z-]*[a-z])?)$", b"a-/@", 7, |w| {
+            // The first part's look-ahead sees the rest of the whole string, the second too.
+            let Some(rest) = w.strip_prefix(b"@") else { return false };
+            let Some(slash) = rest.iter().position(|&c| c == b'/') else { return false };
+            let (a, b) = (&rest[..slash], &rest[slash + 1..]);
+            !b.contains(&b'/') && !a.contains(&b'@') && !b.contains(&b'@') && part(a) && part(b) && (a.len() < 2 || !has(&w[2..], b"--")) && (b.len() < 2 || !has(&b[1..], b"--"))
+        });
+        // Unanchored: somewhere an "a" not followed by "b".
+        agrees("a(?!b)", b"ab", 6, |w| w.iter().enumerate().any(|(i, &c)| c == b'a' && w.get(i + 1) != Some(&b'b')));
+        // Positive look-ahead, then `$` inside it.
+        agrees("(?=^[ab]{2,3}$)a", b"abc", 5, |w| (2..=3).contains(&w.len()) && w.iter().all(|c| b"ab".contains(c)) && w[0] == b'a');
+        // In an optional group, alternatives.
+        agrees("^x(?:(?=y)..|z)?$", b"xyz", 4, |w| w == b"x" || w == b"xz" || (w.len() == 3 && w[0] == b'x' && w[1] == b'y'));
+    }
+
+    #[test]
+    fn the_cloudformation_domain_pattern_compiles() {
+        let p = r"^(localhost)$|^((25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)\.){3}(25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)$|(?=^[a-zA-Z0-9\.\*-]{4,253}$)(?!.*\.-)(?!.*-\.)(?!.*\.\.)(?!.*[^\.]{64,})^(\*\.)?(?![-\.\*])[^\*]{1,}\.(\*|(?!.*--)(?=.*[a-zA-Z])[^\*]{1,}[^\*-])$";
+        let d = search_dfa(p, 200_000).unwrap();
+        for ok in ["localhost", "10.0.0.1", "example.com", "*.example.com", "ab.cd", "ab.*"] {
+            assert!(d.matches(ok.as_bytes()), "{ok}");
+        }
+        for bad in ["-a.com", "a..com", "a.-com", "a-.com", "ex.co--m", "ab.12", "a.b", "x", &format!("{}.com", "a".repeat(64))] {
+            assert!(!d.matches(bad.as_bytes()), "{bad}");
+        }
+    }
+}
