@@ -223,6 +223,13 @@ fn schema_resources_are_bundled_into_the_stored_schema() {
     assert!(ok(r#"{"sku":"ABC","n":3}"#));
     assert!(!ok(r#"{"sku":"abc","n":3}"#) && !ok(r#"{"sku":"ABC","n":-1}"#));
 
+    // `schema compile --resources` checks the same before a build.
+    let o = run(&["schema", "compile", &e.p("order.json"), "--resources", &format!("https://example.com/s/={}", e.p("shared")), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["embedded_documents"], 2, "{j}");
+    let o = run(&["schema", "compile", &e.p("order.json")]);
+    assert_eq!(o.status.code(), Some(14), "{}", stderr(&o));
     // A document nobody supplied: one line naming the reference, no output.
     std::fs::write(e.p("lost.toml"), format!("{recipe}\n[schemas]\norder = \"order.json\"\n")).unwrap();
     let o = run(&["build", &e.p("lost.toml"), "--key", &e.p("keys/dev.key"), "--out", &e.p("x.zlb")]);

@@ -133,6 +133,11 @@ pub struct CompileArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Documents the schema references by URI, as a recipe's `[schema_resources]`: every `*.json`
+    /// below DIR at URI plus its relative path, and at its own `$id` (the JSON Schema
+    /// meta-schemas are built in). Repeatable.
+    #[arg(long = "resources", value_name = "URI=DIR")]
+    pub resources: Vec<String>,
     #[command(flatten)]
     pub trust: TrustArgs,
     #[command(flatten)]
@@ -340,6 +345,15 @@ fn bench(a: BenchArgs) -> Result<(), CliError> {
 
 fn compile(a: CompileArgs) -> Result<(), CliError> {
     let schema = CliError::read_json(&a.file)?;
+    let mut res = crate::schema::resources::Resources::new();
+    for r in &a.resources {
+        let (uri, dir) = r.split_once('=').ok_or_else(|| CliError::Usage(format!("--resources {r:?}: give URI=DIR, as https://example.com/schemas/=schemas/shared")))?;
+        res.load_dir(std::path::Path::new(dir), uri).map_err(|source| CliError::Schema { path: PathBuf::from(dir), source })?;
+    }
+    let defs = |v: &serde_json::Value| ["$defs", "definitions"].iter().filter_map(|k| v.get(k)?.as_object().map(|m| m.len())).sum::<usize>();
+    let bundled = crate::schema::resources::bundle(&schema, &res).map_err(|source| CliError::Schema { path: a.file.clone(), source })?;
+    let embedded = defs(&bundled) - defs(&schema);
+    let schema = bundled.into_owned();
     let (vocab, eos, what) = match &a.bundle {
         Some(b) => {
             let vb = open_bundle(b, &a.trust, &a.store, true)?;
@@ -363,10 +377,13 @@ fn compile(a: CompileArgs) -> Result<(), CliError> {
                 "bytes": st.bytes, "encoded_bytes": bytes.len(), "compile_ms": st.compile_time.as_secs_f64() * 1e3,
                 "max_recursion": st.max_recursion, "max_any_depth": st.max_any_depth,
                 "sub_automata": st.sub_automata, "max_length_generated": st.max_length_generated,
-                "max_items_generated": st.max_items_generated, "needs_runtime_checks": c.needs_matcher()})
+                "max_items_generated": st.max_items_generated, "needs_runtime_checks": c.needs_matcher(), "embedded_documents": embedded})
         );
     } else {
         println!("compiled {} against {what}", a.file.display());
+        if embedded > 0 {
+            println!("  {embedded} referenced documents embedded (built-in meta-schemas and --resources)");
+        }
         println!("  {} states, {} distinct token masks ({:.1} KiB of masks, {:.1} KiB in memory, {:.1} KiB encoded)", st.states, st.distinct_masks, st.mask_bytes as f64 / 1024.0, st.bytes as f64 / 1024.0, bytes.len() as f64 / 1024.0);
         println!("  compile time {:.1} ms (lowering {:.1} ms, masks {:.1} ms)", st.compile_time.as_secs_f64() * 1e3, st.lower_time.as_secs_f64() * 1e3, st.mask_time.as_secs_f64() * 1e3);
         let d = crate::schema::CompileOptions::default();
