@@ -864,6 +864,15 @@ mod suite_regressions {
     }
 
     #[test]
+    fn a_lone_if_counts_for_unevaluated_keywords_where_it_passes() {
+        let c = compile(json!({"if": {"properties": {"foo": {"const": "a"}}, "required": ["foo"]}, "unevaluatedProperties": false}));
+        assert!(accepts(&c, r#"{"foo":"a"}"#) && accepts(&c, "{}"));
+        assert!(!accepts(&c, r#"{"foo":"b"}"#) && !accepts(&c, r#"{"foo":"a","x":1}"#));
+        let c = compile(json!({"if": {"prefixItems": [{"const": "a"}]}, "unevaluatedItems": false}));
+        assert!(accepts(&c, r#"["a"]"#) && accepts(&c, "[]") && !accepts(&c, r#"["b"]"#) && !accepts(&c, r#"["a",1]"#));
+    }
+
+    #[test]
     fn referenced_documents_are_compiled_as_one_compound_document() {
         let mut r = resources::Resources::new();
         r.insert("https://example.com/common.json", json!({"$defs": {"id": {"type": "integer", "minimum": 1}, "name": {"$ref": "names.json"}}})).unwrap();

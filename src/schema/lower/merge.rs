@@ -576,7 +576,13 @@ impl<'a> Lowerer<'a> {
                 "if" => {
                     let then_ = map.get("then");
                     let else_ = map.get("else");
-                    if then_.is_none() && else_.is_none() {
+                    // A lone `if` asserts nothing, but where it passes its annotations count
+                    // for an `unevaluated*` of the same object at the conjunction's root: there
+                    // it is split as `if ∨ ¬if` (elsewhere ignoring it only narrows).
+                    let seen = self.checking == 0
+                        && self.eval_root.as_deref() == Some(&**ptr)
+                        && (map.contains_key("unevaluatedProperties") || map.contains_key("unevaluatedItems"));
+                    if then_.is_none() && else_.is_none() && !seen {
                         continue;
                     }
                     // (if ∧ then) ∨ (¬if ∧ else): disjoint branches.
