@@ -163,23 +163,28 @@ fn scan(v: &Value, base: &str, legacy: bool, known: &mut HashSet<String>, refs: 
     match v {
         Value::Object(m) => {
             let legacy = is_legacy(v, legacy);
-            let mut base = base.to_string();
             let ignored = legacy && m.contains_key("$ref");
-            if let Some(id) = own_id(v).filter(|_| !ignored) {
-                base = resolve_uri(&base, id);
-                known.insert(base.clone());
-            }
+            // Allocates only where a resource starts (the walk runs on every compile).
+            let owned;
+            let base = match own_id(v).filter(|_| !ignored) {
+                Some(id) => {
+                    owned = resolve_uri(base, id);
+                    known.insert(owned.clone());
+                    owned.as_str()
+                }
+                None => base,
+            };
             for k in ["$ref", "$dynamicRef"] {
                 if let Some(r) = m.get(k).and_then(Value::as_str) {
                     let u = key(r);
                     if !u.is_empty() {
-                        refs.push(resolve_uri(&base, u));
+                        refs.push(resolve_uri(base, u));
                     }
                 }
             }
             for (k, c) in m {
                 if !matches!(k.as_str(), "enum" | "const" | "default" | "examples" | "example") {
-                    scan(c, &base, legacy, known, refs);
+                    scan(c, base, legacy, known, refs);
                 }
             }
         }
