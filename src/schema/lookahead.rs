@@ -36,11 +36,33 @@ fn unsupported(why: &str) -> RegexIssue {
     RegexIssue::Syntax(why.to_string())
 }
 
-/// Index of the byte after the escape or class that starts at `i` (or `i + 1` for any other
-/// character, by its UTF-8 length).
+/// How many look-aheads and groups holding one a pattern may have: each is a product of
+/// automata of up to the state cap.
+const MAX_OPS: usize = 64;
+/// How deeply groups holding look-aheads may nest.
+const MAX_DEPTH: usize = 32;
+
+/// The UTF-8 length of the character whose first byte is `c`.
+fn char_len(c: u8) -> usize {
+    if c < 0xC0 {
+        1
+    } else if c >= 0xF0 {
+        4
+    } else if c >= 0xE0 {
+        3
+    } else {
+        2
+    }
+}
+
+/// Index of the byte after the escape, class or character that starts at `i` (always a
+/// character boundary of a `str`, or its length).
 fn skip_atom(b: &[u8], i: usize) -> usize {
     match b[i] {
-        b'\\' => (i + 2).min(b.len()),
+        b'\\' => match b.get(i + 1) {
+            Some(&c) => (i + 1 + char_len(c)).min(b.len()),
+            None => b.len(),
+        },
         b'[' => {
             let mut j = i + 1;
             if b.get(j) == Some(&b'^') {
@@ -54,7 +76,7 @@ fn skip_atom(b: &[u8], i: usize) -> usize {
             }
             (j + 1).min(b.len())
         }
-        c => i + if c < 0x80 { 1 } else if c >= 0xF0 { 4 } else if c >= 0xE0 { 3 } else { 2 },
+        c => (i + char_len(c)).min(b.len()),
     }
 }
 
@@ -232,6 +254,8 @@ struct Compiler {
     cap: usize,
     any: Dfa,
     empty_string: Dfa,
+    /// Look-aheads and groups compiled so far (at most [`MAX_OPS`]).
+    ops: std::cell::Cell<usize>,
 }
 
 impl Compiler {
@@ -262,10 +286,13 @@ impl Compiler {
     }
 
     /// The strings matching any alternative of `body` followed by a string of `cont`.
-    fn alternation(&self, body: &str, cont: &Dfa, at_start: bool) -> Result<Dfa, RegexIssue> {
+    fn alternation(&self, body: &str, cont: &Dfa, at_start: bool, depth: usize) -> Result<Dfa, RegexIssue> {
+        if depth > MAX_DEPTH {
+            return Err(unsupported("groups holding look-aheads nested too deeply"));
+        }
         let mut out = Dfa::empty();
         for alt in alternatives(body) {
-            let d = self.seq(&items(alt)?, cont, at_start)?;
+            let d = self.seq(&items(alt)?, cont, at_start, depth)?;
             out = self.union(&out, &d)?;
         }
         Ok(out)
@@ -273,7 +300,7 @@ impl Compiler {
 
     /// The strings matching `items` followed by a string of `cont`; `at_start`: whether the
     /// items begin at the start of the string.
-    fn seq(&self, items: &[Item<'_>], cont: &Dfa, at_start: bool) -> Result<Dfa, RegexIssue> {
+    fn seq(&self, items: &[Item<'_>], cont: &Dfa, at_start: bool, depth: usize) -> Result<Dfa, RegexIssue> {
         let Some((first, rest)) = items.split_first() else { return Ok(cont.clone()) };
         if let Item::Plain(text) = first {
             let p = self.plain(text)?;
@@ -290,10 +317,16 @@ impl Compiler {
             if at_start && p.matches(b"") && rest.iter().any(anchored) {
                 return Err(unsupported("`^` after text that may be empty"));
             }
-            let tail = self.seq(rest, cont, false)?;
+            let tail = self.seq(rest, cont, false, depth)?;
             return self.concat(&p, &tail);
         }
-        let tail = self.seq(rest, cont, at_start)?;
+        if matches!(first, Item::Look { .. } | Item::Group { .. }) {
+            self.ops.set(self.ops.get() + 1);
+            if self.ops.get() > MAX_OPS {
+                return Err(RegexIssue::TooLarge);
+            }
+        }
+        let tail = self.seq(rest, cont, at_start, depth)?;
         Ok(match first {
             Item::Start if at_start => tail,
             Item::Start => Dfa::empty(),
@@ -305,11 +338,11 @@ impl Compiler {
                 }
             }
             Item::Look { negated, body } => {
-                let starts = self.alternation(body, &self.any, at_start)?;
+                let starts = self.alternation(body, &self.any, at_start, depth + 1)?;
                 if *negated { Dfa::minus(&tail, &starts, self.cap) } else { Dfa::intersect(&tail, &starts, self.cap) }.map_err(too_large)?
             }
             Item::Group { body, optional } => {
-                let g = self.alternation(body, &tail, at_start)?;
+                let g = self.alternation(body, &tail, at_start, depth + 1)?;
                 if *optional {
                     self.union(&g, &tail)?
                 } else {
@@ -324,10 +357,10 @@ impl Compiler {
 /// Decoded-level automaton of the strings that contain a match of `pattern` (unanchored, as
 /// `strings::pattern_dfa`), look-aheads anywhere outside repetitions.
 pub(crate) fn search_dfa(pattern: &str, cap: usize) -> Result<Dfa, RegexIssue> {
-    let c = Compiler { cap, any: full_match_dfa("(?s:.)*", cap)?, empty_string: full_match_dfa("", cap)? };
+    let c = Compiler { cap, any: full_match_dfa("(?s:.)*", cap)?, empty_string: full_match_dfa("", cap)?, ops: Default::default() };
     // A match at the start, or after at least one character (where `^` cannot pass).
-    let at0 = c.alternation(pattern, &c.any, true)?;
-    let later = c.alternation(pattern, &c.any, false)?;
+    let at0 = c.alternation(pattern, &c.any, true, 0)?;
+    let later = c.alternation(pattern, &c.any, false, 0)?;
     let plus = full_match_dfa("(?s:.)+", cap)?;
     let later = c.concat(&plus, &later)?;
     Ok(c.union(&at0, &later)?.minimize())
@@ -383,6 +416,22 @@ mod tests {
         agrees("(?=^[ab]{2,3}$)a", b"abc", 5, |w| (2..=3).contains(&w.len()) && w.iter().all(|c| b"ab".contains(c)) && w[0] == b'a');
         // In an optional group, alternatives.
         agrees("^x(?:(?=y)..|z)?$", b"xyz", 4, |w| w == b"x" || w == b"xz" || (w.len() == 3 && w[0] == b'x' && w[1] == b'y'));
+    }
+
+    #[test]
+    fn hostile_patterns_are_refused_quickly_and_never_panic() {
+        let deep = format!("{}(?=a){}", "(".repeat(5000), ")".repeat(5000));
+        assert!(matches!(search_dfa(&deep, 100_000), Err(RegexIssue::Syntax(_))));
+        let many = "(?=a)(?!b)".repeat(200);
+        let t = std::time::Instant::now();
+        assert!(matches!(search_dfa(&many, 100_000), Err(RegexIssue::TooLarge)));
+        assert!(t.elapsed() < std::time::Duration::from_secs(5));
+        // Escapes of multi-byte characters, stray brackets and parentheses: errors, not panics.
+        for p in ["\\é(?=a)^", "é\\(?!ü)$", "(?=", "(?!a", "[(?=a)]", "\\", "(?<x(?=a)", "a|(?=b)|", "(?=a){2}", "^?(?=a)", "(?:(?=a))*"] {
+            let _ = search_dfa(p, 10_000);
+        }
+        let d = search_dfa("^é(?=ü)..$", 10_000).unwrap();
+        assert!(d.matches("éü!".as_bytes()) && !d.matches("éa!".as_bytes()));
     }
 
     #[test]
