@@ -10,7 +10,8 @@
 //! the look-ahead-free text between is compiled by regex-automata and concatenated in front.
 //! `^` passes only at the start of the string and `$` only where the continuation accepts the
 //! empty string. A look-ahead inside a repeated group (other than the "tempered dot" that
-//! `strings::lookahead_dfa` handles) and look-behind are refused by name.
+//! `strings::lookahead_dfa` handles) and look-behind are refused by name. Look-aheads right after
+//! a leading `^` (`^(?=A)(?!B)REST`, password rules) are the simplest case of this.
 
 use super::automata::{Dfa, Nfa, Overflow};
 use super::strings::{full_match_dfa, pattern_dfa, RegexIssue};
@@ -80,8 +81,8 @@ fn skip_atom(b: &[u8], i: usize) -> usize {
     }
 }
 
-/// Index of the `)` closing the group that opens at `open`.
-fn group_end(b: &[u8], open: usize) -> Option<usize> {
+/// Index of the `)` closing the group that opens at `open` (escapes and classes skipped).
+pub(crate) fn group_end(b: &[u8], open: usize) -> Option<usize> {
     let mut depth = 0usize;
     let mut i = open;
     while i < b.len() {

@@ -288,42 +288,16 @@ pub(crate) fn pattern_dfa(pattern: &str, cap: usize) -> Result<Dfa, RegexIssue> 
     hir_dfa(&hir, cap)
 }
 
-/// Index of the `)` closing the group that opens at byte `open` of `p` (escapes and classes
-/// skipped), if any.
-fn group_end(p: &str, open: usize) -> Option<usize> {
-    let b = p.as_bytes();
-    let (mut depth, mut in_class, mut i) = (0usize, false, open);
-    while i < b.len() {
-        match b[i] {
-            b'\\' => i += 1,
-            b'[' if !in_class => in_class = true,
-            b']' if in_class => in_class = false,
-            b'(' if !in_class => depth += 1,
-            b')' if !in_class => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(i);
-                }
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    None
-}
-
-/// The look-aheads finite automata express exactly, as language operations (regex-automata has
-/// no look-around): look-aheads right after a leading `^` — `^(?=A)(?!B)REST` is the strings
-/// matching `^REST` that start with a match of `A` and not of `B` — and the "tempered dot"
-/// `^((?!A).)*$`: lines not containing `A`. `None` when `pattern` has neither form.
+/// The "tempered dot" `^((?!A).)*$` (lines not containing `A`), as a language operation: a
+/// look-ahead inside a repetition, which `lookahead::search_dfa` (look-aheads elsewhere) refuses.
+/// `None` when `pattern` is not of this form.
 fn lookahead_dfa(pattern: &str, cap: usize) -> Result<Option<Dfa>, RegexIssue> {
     let Some(body) = pattern.strip_prefix('^') else { return Ok(None) };
     let too_large = |_: Overflow| RegexIssue::TooLarge;
-    // Tempered dot.
     for open in ["((?!", "(?:(?!"] {
         if let Some(rest) = body.strip_prefix(open) {
             let la_open = open.len() - 3;
-            let Some(la_end) = group_end(body, la_open) else { return Ok(None) };
+            let Some(la_end) = super::lookahead::group_end(body.as_bytes(), la_open) else { return Ok(None) };
             if &body[la_end + 1..] == ".)*$" && !rest.is_empty() {
                 let lines = pattern_dfa("^.*$", cap)?;
                 let banned = pattern_dfa(&body[la_open + 3..la_end], cap)?;
@@ -331,22 +305,7 @@ fn lookahead_dfa(pattern: &str, cap: usize) -> Result<Option<Dfa>, RegexIssue> {
             }
         }
     }
-    let mut rest = body;
-    let mut looks: Vec<(bool, &str)> = Vec::new();
-    while rest.starts_with("(?=") || rest.starts_with("(?!") {
-        let Some(end) = group_end(rest, 0) else { return Ok(None) };
-        looks.push((rest.as_bytes()[2] == b'=', &rest[3..end]));
-        rest = &rest[end + 1..];
-    }
-    if looks.is_empty() {
-        return Ok(None);
-    }
-    let mut d = pattern_dfa(&format!("^{rest}"), cap)?;
-    for (positive, la) in looks {
-        let l = pattern_dfa(&format!("^(?:{la})"), cap)?;
-        d = if positive { Dfa::intersect(&d, &l, cap) } else { Dfa::minus(&d, &l, cap) }.map_err(too_large)?.minimize();
-    }
-    Ok(Some(d))
+    Ok(None)
 }
 
 /// Decoded-level automaton of the strings that fully match `re` (Rust syntax, trusted).
