@@ -48,7 +48,7 @@ const BUILTIN_TEXTS: &[&str] = &[
 ];
 
 /// A URI as a resource key: without its fragment (`…/draft-07/schema#` is `…/draft-07/schema`).
-pub fn key(uri: &str) -> &str {
+fn key(uri: &str) -> &str {
     uri.split('#').next().unwrap_or("")
 }
 
@@ -137,15 +137,6 @@ impl Resources {
     pub fn get(&self, uri: &str) -> Option<&Value> {
         let k = key(uri);
         self.docs.get(k).or_else(|| builtins().get(k))
-    }
-
-    /// How many documents were supplied (the built-in meta-schemas not counted).
-    pub fn len(&self) -> usize {
-        self.docs.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.docs.is_empty()
     }
 }
 
