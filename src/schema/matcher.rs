@@ -27,8 +27,6 @@ use super::{CompiledSchema, StateId};
 const LOOK_BUDGET: u32 = 8_192;
 const LOOK_TOKEN_BUDGET: u32 = 1_024;
 
-/// Shortest completions already walked during one mask, by the run they start from.
-type Completions = std::collections::HashMap<Vec<Config>, Option<Vec<u8>>>;
 /// Allowed tokens above which a mask is a free string's: tokens that stay inside it are not
 /// searched where items are containers.
 const WIDE_MASK: u32 = 512;
@@ -69,7 +67,144 @@ pub(crate) struct Tracker {
 }
 
 /// Canonical text of a JSON value: keys sorted, numbers by value (as JSON Schema compares).
-fn canon_value(raw: &[u8]) -> Vec<u8> {
+/// Integers, literals and strings without escapes are copied as written, and objects sorted
+/// without building a tree; a value holding anything else (a fraction, an exponent, an escape,
+/// a repeated key, text that is not JSON) goes through serde_json, as the reference does.
+pub(super) fn canon_value(raw: &[u8]) -> Vec<u8> {
+    let start = raw.iter().position(|&b| !matches!(b, b',' | b' ' | b'\t' | b'\n' | b'\r')).unwrap_or(raw.len());
+    let mut out = Vec::with_capacity(raw.len() - start);
+    let mut i = start;
+    if canon_fast(raw, &mut i, &mut out, 0).is_some() && raw[i..].iter().all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
+        return out;
+    }
+    canon_serde(raw)
+}
+
+/// [`canon_value`] without serde_json: one value from `raw[*i..]` appended to `out`; `None`
+/// where the fast way does not apply (see there).
+pub(super) fn canon_fast(raw: &[u8], i: &mut usize, out: &mut Vec<u8>, depth: u32) -> Option<()> {
+    let ws = |i: &mut usize| {
+        while raw.get(*i).is_some_and(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
+            *i += 1;
+        }
+    };
+    // A string without escapes, quotes included; the span of its content in `raw`.
+    let string = |i: &mut usize| -> Option<(usize, usize)> {
+        let lo = *i + 1;
+        let len = raw.get(lo..)?.iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+        if raw[lo + len] != b'"' {
+            return None;
+        }
+        std::str::from_utf8(&raw[lo..lo + len]).ok()?;
+        *i = lo + len + 1;
+        Some((lo, lo + len))
+    };
+    if depth > 100 {
+        return None; // (serde_json's own limit is 128)
+    }
+    ws(i);
+    match *raw.get(*i)? {
+        b'"' => {
+            let (lo, hi) = string(i)?;
+            out.extend_from_slice(&raw[lo - 1..=hi]);
+        }
+        b'[' => {
+            *i += 1;
+            out.push(b'[');
+            ws(i);
+            if raw.get(*i) == Some(&b']') {
+                *i += 1;
+            } else {
+                loop {
+                    canon_fast(raw, i, out, depth + 1)?;
+                    ws(i);
+                    match *raw.get(*i)? {
+                        b',' => out.push(b','),
+                        b']' => break,
+                        _ => return None,
+                    }
+                    *i += 1;
+                }
+                *i += 1;
+            }
+            out.push(b']');
+        }
+        b'{' => {
+            *i += 1;
+            // Members written one after another past `base`, then copied back in key order:
+            // (key content in `out`, member in `out`).
+            let base = out.len();
+            let mut members: Vec<((usize, usize), (usize, usize))> = Vec::new();
+            ws(i);
+            if raw.get(*i) == Some(&b'}') {
+                *i += 1;
+            } else {
+                loop {
+                    ws(i);
+                    if raw.get(*i) != Some(&b'"') {
+                        return None;
+                    }
+                    let (klo, khi) = string(i)?;
+                    let lo = out.len();
+                    out.extend_from_slice(&raw[klo - 1..=khi]);
+                    out.push(b':');
+                    ws(i);
+                    if raw.get(*i) != Some(&b':') {
+                        return None;
+                    }
+                    *i += 1;
+                    canon_fast(raw, i, out, depth + 1)?;
+                    members.push(((lo + 1, lo + 1 + (khi - klo)), (lo, out.len())));
+                    ws(i);
+                    match *raw.get(*i)? {
+                        b',' => *i += 1,
+                        b'}' => break,
+                        _ => return None,
+                    }
+                }
+                *i += 1;
+            }
+            members.sort_by(|a, b| out[a.0 .0..a.0 .1].cmp(&out[b.0 .0..b.0 .1]));
+            if members.windows(2).any(|w| out[w[0].0 .0..w[0].0 .1] == out[w[1].0 .0..w[1].0 .1]) {
+                return None; // a repeated key: the reference keeps the last
+            }
+            let written = out.split_off(base);
+            out.push(b'{');
+            for (k, &(_, (lo, hi))) in members.iter().enumerate() {
+                if k > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&written[lo - base..hi - base]);
+            }
+            out.push(b'}');
+        }
+        b't' | b'f' | b'n' => {
+            let lit: &[u8] = [&b"true"[..], b"false", b"null"].into_iter().find(|l| raw[*i..].starts_with(l))?;
+            out.extend_from_slice(lit);
+            *i += lit.len();
+        }
+        b'-' | b'0'..=b'9' => {
+            let lo = *i;
+            *i += (raw[lo] == b'-') as usize;
+            let digits = raw[*i..].iter().take_while(|b| b.is_ascii_digit()).count();
+            // Leading zeros, `-0`, fractions, exponents and integers past 15 digits are the
+            // reference's to write.
+            if digits == 0 || digits > 15 || (raw[*i] == b'0' && (digits > 1 || raw[lo] == b'-')) {
+                return None;
+            }
+            *i += digits;
+            if raw.get(*i).is_some_and(|b| matches!(b, b'.' | b'e' | b'E' | b'0'..=b'9' | b'a'..=b'z' | b'A'..=b'Z' | b'+' | b'-')) {
+                return None;
+            }
+            out.extend_from_slice(&raw[lo..*i]);
+        }
+        _ => return None,
+    }
+    Some(())
+}
+
+/// [`canon_value`] through a serde_json tree (the reference the fast way must agree with).
+pub(super) fn canon_serde(raw: &[u8]) -> Vec<u8> {
     fn write(v: &serde_json::Value, out: &mut Vec<u8>) {
         match v {
             serde_json::Value::Number(n) => {
@@ -118,15 +253,26 @@ fn canon_value(raw: &[u8]) -> Vec<u8> {
     }
 }
 
+/// A value that has just ended, as [`Tracker::value_done`] is given it.
+enum Done {
+    /// A string, its text as written (the automaton reads every string in its one canonical
+    /// spelling: see `strings`).
+    Str(Vec<u8>),
+    /// A scalar other than a string (canonicalized only where a unique array holds it).
+    Scalar(Vec<u8>),
+    /// A container ending at the current byte.
+    Container,
+}
+
 impl Tracker {
-    fn value_done(&mut self, text: Option<Vec<u8>>) -> Result<(), Dup> {
+    fn value_done(&mut self, done: Done) -> Result<(), Dup> {
         let (base, pos) = (self.base, self.pos);
         if let Some(top) = self.stack.last_mut() {
             if top.is_arr && top.unique {
-                let t = match text {
-                    Some(t) => t,
-                    // A container item ends at the current byte.
-                    None => canon_value(&self.text[top.item_start.saturating_sub(base).min(self.text.len())..(pos + 1 - base).min(self.text.len())]),
+                let t = match done {
+                    Done::Str(t) => t,
+                    Done::Scalar(raw) => canon_value(&raw),
+                    Done::Container => canon_value(&self.text[top.item_start.saturating_sub(base).min(self.text.len())..(pos + 1 - base).min(self.text.len())]),
                 };
                 if top.items.contains(&t) {
                     return Err(Dup);
@@ -187,7 +333,7 @@ impl Tracker {
                         top.expect_key = false;
                     }
                 } else {
-                    self.value_done(Some(text))?;
+                    self.value_done(Done::Str(text))?;
                 }
             }
             return Ok(());
@@ -198,8 +344,8 @@ impl Tracker {
                 return Ok(());
             }
             self.scalar = false;
-            let text = canon_value(&std::mem::take(&mut self.buf));
-            self.value_done(Some(text))?;
+            let raw = std::mem::take(&mut self.buf);
+            self.value_done(Done::Scalar(raw))?;
         }
         match b {
             b'"' => {
@@ -214,7 +360,7 @@ impl Tracker {
             }
             b'}' | b']' => {
                 self.stack.pop();
-                self.value_done(None)?;
+                self.value_done(Done::Container)?;
             }
             b',' => {
                 let pos = self.pos;
@@ -420,10 +566,9 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         candidates.sort_unstable();
         candidates.dedup();
         let mut budget = LOOK_BUDGET;
-        let mut completions = Completions::default();
         for id in candidates {
             let allowed = out.get(id as usize / 64).is_some_and(|w| w >> (id % 64) & 1 == 1);
-            if allowed && self.dead_end(id, d, &mut budget, &mut completions) {
+            if allowed && self.dead_end(id, d, &mut budget) {
                 out[id as usize / 64] &= !(1u64 << (id % 64));
             }
         }
@@ -433,7 +578,7 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
     /// duplicate item: `true` when shown, `false` when a way is found; when the search runs out
     /// of `budget` (automaton steps, shared by one mask), whether the token completes a
     /// duplicate through the only continuation the automaton leaves.
-    fn dead_end(&self, token: u32, d: usize, budget: &mut u32, completions: &mut Completions) -> bool {
+    fn dead_end(&self, token: u32, d: usize, budget: &mut u32) -> bool {
         let bytes = self.schema.vocabulary().token_bytes(token);
         let q = self.schema.cfgs_advance(&self.cfgs, bytes);
         if q.is_empty() {
@@ -447,26 +592,13 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
             let mut t = if containers { self.tracker.clone() } else { self.tracker.without_text() };
             bytes.iter().all(|&b| t.step(b, &self.schema.unique).is_ok()).then_some(t)
         };
-        let Some(mut t) = after_token() else { return true };
-        // Most tokens leave a way out along the automaton's shortest completion.
-        // (Candidates mostly reach a few runs: their completions are walked once per mask.)
-        if !completions.contains_key(&q) {
-            completions.insert(q.clone(), self.schema.cfgs_completion_walk(&q));
+        let Some(t) = after_token() else { return true };
+        // Most tokens leave a way out along the automaton's shortest completion (walked on the
+        // tracker itself; the rare search below starts from a fresh one).
+        if self.completion_escapes(&q, t, d) {
+            return false;
         }
-        if let Some(rest) = &completions[&q] {
-            // Walked on the tracker itself (one copy per token); the rare search below starts
-            // from a fresh one.
-            for &b in rest.iter() {
-                if t.step(b, &self.schema.unique).is_err() {
-                    break;
-                }
-                if t.stack.len() < d {
-                    return false;
-                }
-            }
-            let Some(fresh) = after_token() else { return true };
-            t = fresh;
-        }
+        let Some(t) = after_token() else { return true };
         let last_ws = bytes.last().is_some_and(|b| b.is_ascii_whitespace());
         let mut mine = (*budget).min(LOOK_TOKEN_BUDGET);
         let found = self.escape(&q, &t, d, 0, last_ws, &mut mine);
@@ -477,9 +609,27 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         }
     }
 
+    /// Whether the automaton's shortest completion from `q`, read by `t`, closes the unique array
+    /// at stack depth `d` without a duplicate on the way (only the completion's beginning, up to
+    /// that close, is walked).
+    fn completion_escapes(&self, q: &[Config], mut t: Tracker, d: usize) -> bool {
+        let mut out = false;
+        self.schema.cfgs_completion_steps(q, |b| {
+            if t.step(b, &self.schema.unique).is_err() {
+                return false;
+            }
+            out = t.stack.len() < d;
+            !out
+        });
+        out
+    }
+
     /// Depth-first search for bytes, allowed by the automaton and making no duplicate, that close
     /// the unique array at stack depth `d`: `Some(true)` found, `Some(false)` none exists,
-    /// `None` undecided (budget or depth).
+    /// `None` undecided (budget or depth). Each next byte's shortest completion is tried before
+    /// any is searched in depth (most ways out are one byte and then that completion: a digit
+    /// that makes a new number, where a search in byte order would first follow `1.0`, `1.00`,
+    /// … to the depth limit); each try costs one step of the budget.
     fn escape(&self, q: &[Config], t: &Tracker, d: usize, depth: u32, last_ws: bool, budget: &mut u32) -> Option<bool> {
         if t.stack.len() < d {
             return Some(true);
@@ -495,7 +645,7 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         // closing brackets, then a string or the next item.
         let head: &[u8] = if t.in_str { b"\"" } else { b"]}\"," };
         let order = head.iter().copied().chain((0..=255u8).filter(|b| !head.contains(b)));
-        let mut undecided = false;
+        let mut next = Vec::new();
         for b in order {
             if !has(b) {
                 continue;
@@ -512,6 +662,17 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
             if t2.step(b, &self.schema.unique).is_err() {
                 continue;
             }
+            if t2.stack.len() < d || self.completion_escapes(&q2, t2.clone(), d) {
+                return Some(true);
+            }
+            if *budget == 0 {
+                return None;
+            }
+            *budget -= 1;
+            next.push((q2, t2, ws));
+        }
+        let mut undecided = false;
+        for (q2, t2, ws) in next {
             match self.escape(&q2, &t2, d, depth + 1, ws, budget) {
                 Some(true) => return Some(true),
                 Some(false) => {}

@@ -251,12 +251,30 @@ pub struct CompiledSchema {
     dist: std::sync::OnceLock<(Vec<u32>, u32)>,
     /// Per state: 1 + the only byte it allows, or 0 (for the `uniqueItems` check).
     forced: std::sync::OnceLock<Vec<u16>>,
+    /// Per state, filled in as walks reach it: the smallest byte one step nearer acceptance
+    /// ([`NEARER_UNKNOWN`], [`NEARER_NONE`]).
+    nearer: NearerMemo,
     /// Calls between sub-automata (`None`: a plain DFA).
     calls: Option<Calls>,
     /// Per state: index into `unc` of the tokens its mask leaves to the run (they go on past a
     /// return; empty without calls).
     state_unc: Vec<u32>,
     unc: Vec<Vec<u32>>,
+}
+
+/// [`CompiledSchema`]'s per-state memo of the byte nearer acceptance: not looked up yet, and
+/// none (the state is dead or only calls lead on).
+const NEARER_UNKNOWN: u16 = u16::MAX;
+const NEARER_NONE: u16 = u16::MAX - 1;
+
+/// The memo itself (a clone starts a fresh one).
+#[derive(Debug, Default)]
+struct NearerMemo(std::sync::OnceLock<Vec<std::sync::atomic::AtomicU16>>);
+
+impl Clone for NearerMemo {
+    fn clone(&self) -> NearerMemo {
+        NearerMemo::default()
+    }
 }
 
 /// The well-formed UTF-8 characters of two to four bytes (RFC 3629: no overlong forms, no
@@ -610,7 +628,7 @@ impl CompiledSchema {
             max_length_generated: o.max_length_generated,
             max_items_generated: o.max_items_generated,
         };
-        Ok(CompiledSchema { vocab: vocab.clone(), dfa, table: MaskTable { words, masks, state_mask }, unique, stats, dist: Default::default(), forced: Default::default(), calls, state_unc, unc })
+        Ok(CompiledSchema { vocab: vocab.clone(), dfa, table: MaskTable { words, masks, state_mask }, unique, stats, dist: Default::default(), forced: Default::default(), nearer: Default::default(), calls, state_unc, unc })
     }
 
     /// The start state.
@@ -885,26 +903,100 @@ impl CompiledSchema {
             .min()
     }
 
-    /// A shortest completion of a run, walked down the distance table (one lookup per byte class
-    /// a step, no search: for per-token checks). `None` when dead.
-    pub(crate) fn cfgs_completion_walk(&self, cfgs: &[Config]) -> Option<Vec<u8>> {
-        if self.calls.is_some() {
-            return self.cfgs_completion(cfgs);
-        }
+    /// Walks a shortest completion of a run down the distance table, handing its bytes to `f`
+    /// one at a time until `f` returns `false` (a caller that needs only its beginning stops
+    /// there). One table lookup per byte class a step, no search; with calls, the run's nearest
+    /// configuration follows bytes, calls and returns whose distances add up, falling back to
+    /// [`CompiledSchema::cfgs_completion`] from where it stands should the table leave no such
+    /// step. `false` when the run is dead.
+    pub(crate) fn cfgs_completion_steps(&self, cfgs: &[Config], mut f: impl FnMut(u8) -> bool) -> bool {
         let dist = &self.distances().0;
-        let mut q = cfgs.iter().map(|c| c.q).filter(|&q| q != DEAD).min_by_key(|&q| dist.get(q as usize).copied().unwrap_or(u32::MAX))?;
-        let mut left = *dist.get(q as usize)?;
-        if left == u32::MAX {
-            return None;
+        let at = |q: u32| dist.get(q as usize).copied().unwrap_or(u32::MAX);
+        use std::sync::atomic::{AtomicU16, Ordering::Relaxed};
+        let memo = self.nearer.0.get_or_init(|| (0..self.dfa.n_states()).map(|_| AtomicU16::new(NEARER_UNKNOWN)).collect());
+        // The smallest byte (and its state) one step nearer the end from `q`, at distance `dq`.
+        let nearer = |q: u32, dq: u32| {
+            let slot = memo.get(q as usize)?;
+            let b = match slot.load(Relaxed) {
+                NEARER_UNKNOWN => {
+                    let b = (0..=255u8).find(|&b| {
+                        let t = self.dfa.next(q, b);
+                        t != DEAD && at(t) == dq - 1
+                    });
+                    slot.store(b.map_or(NEARER_NONE, u16::from), Relaxed);
+                    b?
+                }
+                NEARER_NONE => return None,
+                b => b as u8,
+            };
+            Some((b, self.dfa.next(q, b)))
+        };
+        let Some(calls) = &self.calls else {
+            let Some(mut q) = cfgs.iter().map(|c| c.q).filter(|&q| q != DEAD).min_by_key(|&q| at(q)) else { return false };
+            let mut left = at(q);
+            if left == u32::MAX {
+                return false;
+            }
+            while left > 0 {
+                let Some((b, t)) = nearer(q, left) else { return false };
+                if !f(b) {
+                    return true;
+                }
+                q = t;
+                left -= 1;
+            }
+            return true;
+        };
+        let need = |c: &Config| c.stack.iter().try_fold(at(c.q) as u64, |n, &r| (at(r) != u32::MAX).then_some(n + at(r) as u64)).filter(|&n| n < u32::MAX as u64);
+        let Some((total, start)) = cfgs.iter().filter(|c| c.q != DEAD).filter_map(|c| Some((need(c)?, c))).min_by_key(|x| x.0) else { return false };
+        let (mut q, mut stack) = (start.q, start.stack.clone());
+        // Each step reads a byte or enters or leaves a call; a table that loops is left to the
+        // search.
+        let mut steps = 4 * total + 64;
+        loop {
+            let dq = at(q);
+            if steps == 0 || dq == u32::MAX {
+                break;
+            }
+            steps -= 1;
+            if dq == 0 {
+                if stack.is_empty() && self.dfa.accept[q as usize] {
+                    return true;
+                }
+                if calls.ret[q as usize] {
+                    if let Some(r) = stack.pop() {
+                        q = r;
+                        continue;
+                    }
+                }
+                break;
+            }
+            if let Some((b, t)) = nearer(q, dq) {
+                if !f(b) {
+                    return true;
+                }
+                q = t;
+                continue;
+            }
+            match calls.calls(q).iter().find(|&&(s, r)| at(s) != u32::MAX && at(r) != u32::MAX && at(s) as u64 + at(r) as u64 == dq as u64) {
+                Some(&(s, r)) => {
+                    stack.push(r);
+                    q = s;
+                }
+                None => break,
+            }
         }
-        let mut out = Vec::with_capacity(left as usize);
-        while left > 0 {
-            let (b, t) = (0..=255u8).map(|b| (b, self.dfa.next(q, b))).find(|&(_, t)| t != DEAD && dist[t as usize] == left - 1)?;
-            out.push(b);
-            q = t;
-            left -= 1;
+        match self.cfgs_completion(&[Config { q, stack }]) {
+            Some(rest) => {
+                for b in rest {
+                    if !f(b) {
+                        break;
+                    }
+                }
+                true
+            }
+            None => false,
         }
-        Some(out)
     }
 
     /// The bytes a run may read next, as a 256-bit set (a superset where calls are involved:

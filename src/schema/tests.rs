@@ -219,6 +219,72 @@ mod unique_tests {
         }
     }
 
+    /// The canonical text of a value (how `uniqueItems` compares items) is serde_json's, the
+    /// reference, for every spelling: generated values with whitespace, key orders, repeated
+    /// keys, every number form and escapes, plus texts that are not JSON.
+    #[test]
+    fn canonical_items_without_serde_are_serdes() {
+        use super::matcher::{canon_fast, canon_serde, canon_value};
+        let mut rnd = tests::xorshift(0x9e37_79b9_7f4a_7c15);
+        fn gen(rnd: &mut dyn FnMut(u64) -> u64, depth: u32, out: &mut String) {
+            let ws = |rnd: &mut dyn FnMut(u64) -> u64, out: &mut String| out.push_str(["", "", " ", "\n  ", "\t"][rnd(5) as usize]);
+            const NUMS: [&str; 14] = ["0", "1", "-1", "10", "1.0", "1.50", "-0", "1e2", "2E-1", "123456789012345", "1234567890123456", "18446744073709551616", "0.1", "-12"];
+            const STRS: [&str; 10] = ["\"\"", "\"a\"", "\"ab\"", "\"a!\"", "\"\\u0041\"", "\"A\"", "\"\\/\"", "\"é\"", "\"\\\"\"", "\"b\""];
+            let k = if depth >= 4 { rnd(3) } else { rnd(5) };
+            match k {
+                0 => out.push_str(NUMS[rnd(NUMS.len() as u64) as usize]),
+                1 => out.push_str(STRS[rnd(STRS.len() as u64) as usize]),
+                2 => out.push_str(["true", "false", "null"][rnd(3) as usize]),
+                3 => {
+                    out.push('[');
+                    for i in 0..rnd(4) {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        ws(rnd, out);
+                        gen(rnd, depth + 1, out);
+                        ws(rnd, out);
+                    }
+                    out.push(']');
+                }
+                _ => {
+                    out.push('{');
+                    for i in 0..rnd(4) {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        ws(rnd, out);
+                        out.push_str(STRS[rnd(STRS.len() as u64) as usize]);
+                        ws(rnd, out);
+                        out.push(':');
+                        ws(rnd, out);
+                        gen(rnd, depth + 1, out);
+                    }
+                    ws(rnd, out);
+                    out.push('}');
+                }
+            }
+        }
+        let mut texts: Vec<String> = ["", ",", ", 1", "[1,]", "{\"a\" 1}", "tru", "1x", "01", "[1] x", "\"a", "{\"a\":1,}", "\"\x01\""].iter().map(|s| s.to_string()).collect();
+        texts.push("[".repeat(120) + &"]".repeat(120));
+        texts.push("[".repeat(140) + &"]".repeat(140));
+        for _ in 0..20_000 {
+            let mut t = String::new();
+            if rnd(4) == 0 {
+                t.push_str(", ");
+            }
+            gen(&mut rnd, 0, &mut t);
+            texts.push(t);
+        }
+        let mut fast = 0;
+        for t in &texts {
+            let (a, b) = (canon_value(t.as_bytes()), canon_serde(t.as_bytes()));
+            assert_eq!(String::from_utf8_lossy(&a), String::from_utf8_lossy(&b), "canonical text of {t:?}");
+            fast += canon_fast(t.as_bytes(), &mut 0, &mut Vec::new(), 0).is_some() as usize;
+        }
+        assert!(fast > 2_000 && fast < texts.len() - 2_000, "both ways are taken ({fast} of {} without serde)", texts.len());
+    }
+
     #[test]
     fn unique_items_at_run_time() {
         let v = tests::byte_vocab();

@@ -264,6 +264,6 @@ impl CompiledSchema {
             max_length_generated: 0,
             max_items_generated: 0,
         };
-        Ok(CompiledSchema { vocab, dfa, table, unique, stats, dist: Default::default(), forced: Default::default(), calls, state_unc, unc })
+        Ok(CompiledSchema { vocab, dfa, table, unique, stats, dist: Default::default(), forced: Default::default(), nearer: Default::default(), calls, state_unc, unc })
     }
 }
