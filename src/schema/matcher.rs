@@ -41,10 +41,42 @@ struct Frame {
     /// (pattern index, steps matched) for the patterns this container's path still follows.
     live: Rc<[(u16, u16)]>,
     unique: bool,
-    items: Rc<HashSet<Vec<u8>>>,
+    items: Items,
     /// The last key read (objects); shared, as look-aheads clone the tracker per token.
     key: Rc<[u8]>,
     expect_key: bool,
+}
+
+/// The canonical texts of a unique array's completed items. A look-ahead clones the tracker
+/// once per token and may complete an item on its copy: the set is shared, and an item added
+/// where it is shared goes to a short list of the copy's own instead of copying the set.
+#[derive(Clone, Debug, Default)]
+struct Items {
+    set: Rc<HashSet<Vec<u8>>>,
+    more: Vec<Vec<u8>>,
+}
+
+impl Items {
+    fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.more.is_empty()
+    }
+
+    fn contains(&self, t: &[u8]) -> bool {
+        self.set.contains(t) || self.more.iter().any(|m| m[..] == *t)
+    }
+
+    fn insert(&mut self, t: Vec<u8>) {
+        match Rc::get_mut(&mut self.set) {
+            Some(set) => {
+                set.insert(t);
+            }
+            None => self.more.push(t),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Vec<u8>> {
+        self.set.iter().chain(self.more.iter())
+    }
 }
 
 /// Duplicate item detected.
@@ -277,7 +309,7 @@ impl Tracker {
                 if top.items.contains(&t) {
                     return Err(Dup);
                 }
-                Rc::make_mut(&mut top.items).insert(t);
+                top.items.insert(t);
             }
         }
         Ok(())
@@ -302,7 +334,7 @@ impl Tracker {
                 .collect(),
         };
         let unique = is_arr && live.iter().any(|&(i, pos)| patterns[i as usize].len() == pos as usize);
-        Frame { is_arr, item_start: self.pos + 1, live: live.into(), unique, items: Rc::new(HashSet::new()), key: Rc::from(&[][..]), expect_key: !is_arr }
+        Frame { is_arr, item_start: self.pos + 1, live: live.into(), unique, items: Items::default(), key: Rc::from(&[][..]), expect_key: !is_arr }
     }
 
     pub(crate) fn step(&mut self, b: u8, patterns: &[Vec<PStep>]) -> Result<(), Dup> {
@@ -468,6 +500,18 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
     /// considered). `None` when dead.
     pub fn shortest_completion(&self) -> Option<Vec<u8>> {
         self.schema.cfgs_completion(&self.cfgs)
+    }
+
+    /// [`Matcher::shortest_completion`] as the `uniqueItems` look-ahead walks it, down the
+    /// distance table byte by byte. `None` when dead.
+    #[cfg(test)]
+    pub(crate) fn walked_completion(&self) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        self.schema.cfgs_completion_steps(&self.cfgs, |b| {
+            out.push(b);
+            true
+        })
+        .then_some(out)
     }
 
     /// Advances by raw bytes (forced text); `false` (and no change) if refused.

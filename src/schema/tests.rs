@@ -683,6 +683,13 @@ mod calls_tests {
                     assert_eq!(ca.len(), cb.len());
                     let mut done = b.clone();
                     assert!(done.advance_bytes(&cb) && done.is_accepting(), "completion finishes the document");
+                    // The look-ahead's walk down the distance table: as short, and as final.
+                    for m in [&a, &b] {
+                        let w = m.walked_completion().unwrap();
+                        assert_eq!(w.len(), ca.len(), "the walked completion {:?} is a shortest one for {s}", String::from_utf8_lossy(&w));
+                        let mut done = m.clone();
+                        assert!(done.advance_bytes(&w) && done.is_accepting(), "the walked completion finishes the document for {s}");
+                    }
                     let ids: Vec<u32> = (0..plain.mask_bits() as u32).filter(|&i| ma[i as usize / 64] >> (i % 64) & 1 == 1).collect();
                     assert!(!ids.is_empty());
                     let t = ids[(rng(&mut seed) % ids.len() as u64) as usize];
