@@ -905,7 +905,8 @@ impl CompiledSchema {
 
     /// Walks a shortest completion of a run down the distance table, handing its bytes to `f`
     /// one at a time until `f` returns `false` (a caller that needs only its beginning stops
-    /// there). One table lookup per byte class a step, no search; with calls, the run's nearest
+    /// there). One memo lookup a byte, no search (a state's bytes are scanned the first time a
+    /// walk reaches it, for the schema's lifetime); with calls, the run's nearest
     /// configuration follows bytes, calls and returns whose distances add up, falling back to
     /// [`CompiledSchema::cfgs_completion`] from where it stands should the table leave no such
     /// step. `false` when the run is dead.
