@@ -49,7 +49,8 @@ struct Frame {
 
 /// The canonical texts of a unique array's completed items. A look-ahead clones the tracker
 /// once per token and may complete an item on its copy: the set is shared, and an item added
-/// where it is shared goes to a short list of the copy's own instead of copying the set.
+/// where it is shared goes to a short list of the copy's own instead of copying the set (a
+/// list grown past [`ITEMS_MORE`], in a copy that lives on, is folded into a set of its own).
 #[derive(Clone, Debug, Default)]
 struct Items {
     set: Rc<HashSet<Vec<u8>>>,
@@ -70,7 +71,12 @@ impl Items {
             Some(set) => {
                 set.insert(t);
             }
-            None => self.more.push(t),
+            None if self.more.len() < ITEMS_MORE => self.more.push(t),
+            None => {
+                let set = Rc::make_mut(&mut self.set);
+                set.extend(self.more.drain(..));
+                set.insert(t);
+            }
         }
     }
 
@@ -78,6 +84,9 @@ impl Items {
         self.set.iter().chain(self.more.iter())
     }
 }
+
+/// Items a tracker copy keeps beside the shared set before it copies the set.
+const ITEMS_MORE: usize = 32;
 
 /// Duplicate item detected.
 #[derive(Debug)]

@@ -285,6 +285,29 @@ mod unique_tests {
         assert!(fast > 2_000 && fast < texts.len() - 2_000, "both ways are taken ({fast} of {} without serde)", texts.len());
     }
 
+    /// A matcher copied while an array is open keeps both copies' items apart, and the copy
+    /// that goes on past the shared set's list of its own still refuses every duplicate.
+    #[test]
+    fn copied_matchers_keep_their_own_items() {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let s = json!({"type": "array", "items": {"type": "integer"}, "uniqueItems": true});
+        let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
+        let mut m = Matcher::new(&c);
+        assert!(m.advance_bytes(b"[7,8"));
+        let kept = m.clone();
+        for i in 10..110 {
+            assert!(m.advance_bytes(format!(",{i}").as_bytes()), "item {i}");
+        }
+        for dup in [",7]", ",8,", ",10]", ",41]", ",42,", ",109]"] {
+            assert!(!m.clone().advance_bytes(dup.as_bytes()), "{dup} is a duplicate");
+        }
+        assert!(m.advance_bytes(b",110]") && m.is_accepting());
+        let mut k = kept.clone();
+        assert!(k.advance_bytes(b",0,50]") && k.is_accepting(), "the copy's items are its own");
+        assert!(!kept.clone().advance_bytes(b",7]"));
+    }
+
     #[test]
     fn unique_items_at_run_time() {
         let v = tests::byte_vocab();
