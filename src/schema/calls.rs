@@ -14,6 +14,8 @@
 //! or sixty-four copies, so lowering and mask computation are linear in the schema, not in its
 //! expansion.
 
+use std::rc::Rc;
+
 use super::automata::{Dfa, HashMap, DEAD};
 
 /// The call marker: `CALL hi lo` in a lowered automaton stands for one value of sub-automaton
@@ -41,10 +43,19 @@ pub(crate) struct Calls {
 }
 
 /// One configuration of a run: a state and the return states below it (innermost last).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Config {
     pub q: u32,
     pub stack: Vec<u32>,
+}
+
+/// [`Calls::advance_memo`]'s memo, for tokens read from one run: the states after a token's
+/// plain prefix (4 bytes each, little-endian, [`DEAD`] for a configuration that died) followed
+/// by the token's bytes after that prefix → the run after the token.
+#[derive(Default)]
+pub(crate) struct AdvanceMemo {
+    runs: HashMap<Vec<u8>, Rc<Vec<Config>>>,
+    key: Vec<u8>,
 }
 
 /// The call markers leaving `q`: (sub-automaton id, return state).
@@ -232,7 +243,10 @@ impl Calls {
         out
     }
 
-    /// Pops the configurations that can only return (their value is complete).
+    /// Pops the configurations that can only return (their value is complete), and puts the
+    /// run in its one order (sorted, without repeats: a run is a set, and what is read from it,
+    /// such as the shortest completion's choices among equals, must not depend on how it was
+    /// reached).
     pub fn settle(&self, cfgs: &mut Vec<Config>) {
         for c in cfgs.iter_mut() {
             while self.exit_only[c.q as usize] {
@@ -240,7 +254,8 @@ impl Calls {
                 c.q = r;
             }
         }
-        dedup(cfgs);
+        cfgs.sort_unstable();
+        cfgs.dedup();
     }
 
     /// The configurations after reading `bytes` (settled); empty if the text is refused.
@@ -265,6 +280,50 @@ impl Calls {
         }
         self.settle(&mut cur);
         cur
+    }
+
+    /// [`Calls::advance`] for a caller that advances many tokens from one run (the `uniqueItems`
+    /// look-ahead, one token per candidate): the run steps the plain prefix of `bytes` as a DFA,
+    /// and what follows is read once per (run, rest of the bytes) and kept in `memo` (tokens
+    /// that differ only before a quote share their closing part). One memo serves one `cfgs`.
+    pub fn advance_memo(&self, dfa: &Dfa, cfgs: &[Config], bytes: &[u8], memo: &mut AdvanceMemo) -> Rc<Vec<Config>> {
+        // The plain prefix: every configuration steps as a DFA state (its stack untouched); one
+        // that dies drops out. The key is the states after it, then the bytes left.
+        let key = &mut memo.key;
+        key.clear();
+        key.extend(cfgs.iter().flat_map(|c| c.q.to_le_bytes()));
+        let mut i = 0;
+        let plain = |key: &[u8]| key.chunks(4).all(|q| q == DEAD.to_le_bytes() || self.plain(u32::from_le_bytes([q[0], q[1], q[2], q[3]])));
+        while i < bytes.len() && plain(key) {
+            let mut alive = false;
+            for q in key.chunks_mut(4) {
+                let s = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+                if s != DEAD {
+                    let t = dfa.next(s, bytes[i]);
+                    alive |= t != DEAD;
+                    q.copy_from_slice(&t.to_le_bytes());
+                }
+            }
+            if !alive {
+                return Rc::new(Vec::new());
+            }
+            i += 1;
+        }
+        key.extend_from_slice(&bytes[i..]);
+        if let Some(next) = memo.runs.get(&key[..]) {
+            return next.clone();
+        }
+        let mut run: Vec<Config> = Vec::with_capacity(cfgs.len());
+        for (c, q) in cfgs.iter().zip(key.chunks(4)) {
+            let q = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+            if q != DEAD {
+                run.push(Config { q, stack: c.stack.clone() });
+            }
+        }
+        dedup(&mut run);
+        let next = Rc::new(self.advance(dfa, &run, &bytes[i..]));
+        memo.runs.insert(key.clone(), next.clone());
+        next
     }
 
     /// [`Calls::advance`] by one byte from a closure already taken (`closure(cfgs)`): the same

@@ -19,7 +19,7 @@ use std::collections::HashSet;
 use std::sync::Arc as Rc;
 
 use super::lower::PStep;
-use super::calls::Config;
+use super::calls::{AdvanceMemo, Config};
 use super::{CompiledSchema, StateId};
 
 /// Automaton steps the dead-end search may take for one mask (all tokens together), and for
@@ -88,6 +88,52 @@ impl Items {
 /// Items a tracker copy keeps beside the shared set before it copies the set.
 const ITEMS_MORE: usize = 32;
 
+/// What the candidates of one mask share in the dead-end look-ahead.
+struct Look<'a> {
+    /// Automaton steps left ([`LOOK_BUDGET`] at the start).
+    budget: u32,
+    /// The runs after the candidates.
+    runs: AdvanceMemo,
+    /// Inside a string value of the item in progress (see `dead_end`): whether the item is that
+    /// string, and what follows each place where the string's text so far (opening quote
+    /// included) is found in an earlier item (only at its start, where the item is the string).
+    string: Option<(bool, Vec<&'a [u8]>)>,
+    /// The ways out walked for such tokens.
+    walks: Vec<Walk>,
+}
+
+/// One walk out of the array after a token inside a string value (see `dead_end`).
+struct Walk {
+    /// The run after the token.
+    run: std::rc::Rc<Vec<Config>>,
+    /// Whether the token closed the string, and its bytes after the quote.
+    closed: bool,
+    rest: Vec<u8>,
+    /// What follows the string's text so far in the items the walk finished after the item in
+    /// progress; `None` where the walk found no way out.
+    later: Option<Vec<Vec<u8>>>,
+}
+
+/// Earlier items' bytes at most over which a string value's text is looked for (a longer list
+/// leaves each token to its own walk).
+const LOOK_HAY: usize = 1 << 16;
+
+/// Appends to `tails` what follows each occurrence of `text` in `item` (only at its start if
+/// `at_start`).
+fn tails_after<'a, T: From<&'a [u8]>>(item: &'a [u8], text: &[u8], at_start: bool, tails: &mut Vec<T>) {
+    if at_start {
+        if let Some(tail) = item.strip_prefix(text) {
+            tails.push(tail.into());
+        }
+        return;
+    }
+    for (i, _) in item.iter().enumerate().filter(|&(_, &b)| b == b'"') {
+        if let Some(tail) = item[i..].strip_prefix(text) {
+            tails.push(tail.into());
+        }
+    }
+}
+
 /// Duplicate item detected.
 #[derive(Debug)]
 pub(crate) struct Dup;
@@ -105,6 +151,10 @@ pub(crate) struct Tracker {
     text: Vec<u8>,
     base: usize,
     pos: usize,
+    /// While not 0: the canonical texts of the items completed in the unique array at this
+    /// stack depth are also written to `log` (a look-ahead's record of its walk).
+    log_at: usize,
+    log: Vec<Vec<u8>>,
 }
 
 /// Canonical text of a JSON value: keys sorted, numbers by value (as JSON Schema compares).
@@ -307,7 +357,7 @@ enum Done {
 
 impl Tracker {
     fn value_done(&mut self, done: Done) -> Result<(), Dup> {
-        let (base, pos) = (self.base, self.pos);
+        let (base, pos, logged) = (self.base, self.pos, self.log_at == self.stack.len());
         if let Some(top) = self.stack.last_mut() {
             if top.is_arr && top.unique {
                 let t = match done {
@@ -317,6 +367,9 @@ impl Tracker {
                 };
                 if top.items.contains(&t) {
                     return Err(Dup);
+                }
+                if logged {
+                    self.log.push(t.clone());
                 }
                 top.items.insert(t);
             }
@@ -443,6 +496,8 @@ impl Tracker {
             text: Vec::new(),
             base: self.pos,
             pos: self.pos,
+            log_at: 0,
+            log: Vec::new(),
         }
     }
 
@@ -465,12 +520,28 @@ pub struct Matcher<S: std::ops::Deref<Target = CompiledSchema>> {
     /// recomputing it.
     steps: u64,
     checked: Option<(u64, Vec<u64>)>,
+    /// Whether the look-ahead shares work between one mask's candidates (the run's advance,
+    /// the walks inside a string value); off only in tests, which check that it changes no mask.
+    share: bool,
 }
 
 impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
     pub fn new(schema: S) -> Matcher<S> {
         let (cfgs, track) = (schema.start_cfgs(), !schema.unique.is_empty());
-        Matcher { schema, cfgs, tracker: Tracker::default(), track, steps: 0, checked: None }
+        Matcher { schema, cfgs, tracker: Tracker::default(), track, steps: 0, checked: None, share: true }
+    }
+
+    /// The automaton's mask alone, without the run-time checks.
+    #[cfg(test)]
+    pub(crate) fn automaton_allowed(&self, out: &mut [u64]) {
+        self.schema.cfgs_allowed(&self.cfgs, out);
+    }
+
+    /// The matcher with the look-ahead's sharing between candidates off (see `share`).
+    #[cfg(test)]
+    pub(crate) fn unshared(mut self) -> Matcher<S> {
+        self.share = false;
+        self
     }
 
     /// The compiled schema.
@@ -618,10 +689,24 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         }
         candidates.sort_unstable();
         candidates.dedup();
-        let mut budget = LOOK_BUDGET;
+        let mut look = Look { budget: LOOK_BUDGET, runs: AdvanceMemo::default(), string: None, walks: Vec::new() };
+        // Inside a string value of the item in progress (not a key, no escape so far, no unique
+        // array between the item and the string): where its text so far is found in the earlier
+        // items.
+        let deeper_unique = t.stack[d..].iter().any(|f| f.unique);
+        if self.share && t.in_str && !t.buf_is_key && !t.esc && !deeper_unique && !t.buf.contains(&b'\\') {
+            let total: usize = top.items.iter().map(|e| e.len()).sum();
+            if simple || total <= LOOK_HAY {
+                let mut tails = Vec::new();
+                for e in top.items.iter() {
+                    tails_after(e, &t.buf, simple, &mut tails);
+                }
+                look.string = Some((simple, tails));
+            }
+        }
         for id in candidates {
             let allowed = out.get(id as usize / 64).is_some_and(|w| w >> (id % 64) & 1 == 1);
-            if allowed && self.dead_end(id, d, &mut budget) {
+            if allowed && self.dead_end(id, d, &mut look) {
                 out[id as usize / 64] &= !(1u64 << (id % 64));
             }
         }
@@ -630,12 +715,38 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
     /// Whether `token` leaves the unique array at stack depth `d` no way to end without a
     /// duplicate item: `true` when shown, `false` when a way is found; when the search runs out
     /// of `budget` (automaton steps, shared by one mask), whether the token completes a
-    /// duplicate through the only continuation the automaton leaves.
-    fn dead_end(&self, token: u32, d: usize, budget: &mut u32) -> bool {
+    /// duplicate through the only continuation the automaton leaves. `look` holds what the
+    /// mask's candidates share.
+    fn dead_end(&self, token: u32, d: usize, look: &mut Look) -> bool {
         let bytes = self.schema.vocabulary().token_bytes(token);
-        let q = self.schema.cfgs_advance(&self.cfgs, bytes);
+        let q = match self.share {
+            true => self.schema.cfgs_advance_memo(&self.cfgs, bytes, &mut look.runs),
+            false => std::rc::Rc::new(self.schema.cfgs_advance(&self.cfgs, bytes)),
+        };
         if q.is_empty() {
             return false;
+        }
+        // Inside a string value (see `Look::string`), a token that stays in the string, or
+        // closes it and then reads only punctuation, changes the item in progress only in that
+        // string's text. Tokens with the same run after them and the same bytes after the
+        // quote walk the same way out of the array, past the same later items: the first of
+        // them walks it and records them; each other escapes when no earlier item and no such
+        // later item holds the string's text so far followed by the token's (its own finished
+        // item would hold it; one whose repeated key drops the string is the first one's item).
+        let mut record = None;
+        if let Some((simple, tails)) = &look.string {
+            let k = bytes.iter().position(|&b| b == b'"' || b == b'\\').unwrap_or(bytes.len());
+            let (text, rest) = bytes.split_at((k + 1).min(bytes.len()));
+            let punct = rest.iter().all(|&b| matches!(b, b',' | b']' | b'}' | b' ' | b'\t' | b'\n' | b'\r'));
+            if bytes.get(k).is_none_or(|&b| b == b'"') && punct && !tails.iter().any(|tail| tail.starts_with(text)) {
+                let closed = k < bytes.len();
+                let walk = look.walks.iter().find(|w| w.closed == closed && w.rest[..] == *rest && (std::rc::Rc::ptr_eq(&w.run, &q) || w.run[..] == q[..]));
+                match walk {
+                    Some(Walk { later: Some(later), .. }) if !later.iter().any(|tail| tail.starts_with(text)) => return false,
+                    Some(_) => {}
+                    None => record = Some((closed, rest, *simple)),
+                }
+            }
         }
         // The search needs the text kept for container items only when one can complete:
         // an item of the array that is a container, or the array itself inside another unique
@@ -645,12 +756,37 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
             let mut t = if containers { self.tracker.clone() } else { self.tracker.without_text() };
             bytes.iter().all(|&b| t.step(b, &self.schema.unique).is_ok()).then_some(t)
         };
-        let Some(t) = after_token() else { return true };
+        let Some(mut t) = after_token() else {
+            if let Some((closed, rest, _)) = record {
+                look.walks.push(Walk { run: q.clone(), closed, rest: rest.to_vec(), later: None });
+            }
+            return true;
+        };
+        if t.stack.len() < d {
+            return false; // the token closed the array
+        }
         // Most tokens leave a way out along the automaton's shortest completion (walked on the
-        // tracker itself; the rare search below starts from a fresh one).
-        if self.completion_escapes(&q, t, d) {
+        // tracker itself; the rare search below starts from a fresh one). Whether the item in
+        // progress is finished: if not, it is the first the walk finishes.
+        let done = !t.in_str && t.stack.len() == d;
+        if record.is_some() {
+            t.log_at = d;
+        }
+        let walked = self.completion_walk(&q, t, d);
+        if let Some((closed, rest, simple)) = record {
+            let later = walked.as_ref().map(|items| {
+                let mut tails = Vec::new();
+                for e in items.iter().skip((!done) as usize) {
+                    tails_after(e, &self.tracker.buf, simple, &mut tails);
+                }
+                tails
+            });
+            look.walks.push(Walk { run: q.clone(), closed, rest: rest.to_vec(), later });
+        }
+        if walked.is_some() {
             return false;
         }
+        let budget = &mut look.budget;
         let Some(t) = after_token() else { return true };
         let last_ws = bytes.last().is_some_and(|b| b.is_ascii_whitespace());
         let mut mine = (*budget).min(LOOK_TOKEN_BUDGET);
@@ -665,7 +801,12 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
     /// Whether the automaton's shortest completion from `q`, read by `t`, closes the unique array
     /// at stack depth `d` without a duplicate on the way (only the completion's beginning, up to
     /// that close, is walked).
-    fn completion_escapes(&self, q: &[Config], mut t: Tracker, d: usize) -> bool {
+    fn completion_escapes(&self, q: &[Config], t: Tracker, d: usize) -> bool {
+        self.completion_walk(q, t, d).is_some()
+    }
+
+    /// [`Matcher::completion_escapes`], with what `t` logged on the way when it escapes.
+    fn completion_walk(&self, q: &[Config], mut t: Tracker, d: usize) -> Option<Vec<Vec<u8>>> {
         let mut out = false;
         self.schema.cfgs_completion_steps(q, |b| {
             if t.step(b, &self.schema.unique).is_err() {
@@ -674,7 +815,7 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
             out = t.stack.len() < d;
             !out
         });
-        out
+        out.then_some(t.log)
     }
 
     /// Depth-first search for bytes, allowed by the automaton and making no duplicate, that close

@@ -842,6 +842,15 @@ impl CompiledSchema {
         }
     }
 
+    /// [`CompiledSchema::cfgs_advance`] for many tokens from one run, sharing the work of their
+    /// common endings through `memo` (see [`calls::Calls::advance_memo`]).
+    pub(crate) fn cfgs_advance_memo(&self, cfgs: &[Config], bytes: &[u8], memo: &mut calls::AdvanceMemo) -> std::rc::Rc<Vec<Config>> {
+        match &self.calls {
+            Some(c) => c.advance_memo(&self.dfa, cfgs, bytes, memo),
+            None => std::rc::Rc::new(self.cfgs_advance(cfgs, bytes)),
+        }
+    }
+
     pub(crate) fn cfgs_accepting(&self, cfgs: &[Config]) -> bool {
         match &self.calls {
             Some(c) => c.accepting(&self.dfa, cfgs),

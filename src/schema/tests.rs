@@ -308,6 +308,62 @@ mod unique_tests {
         assert!(!kept.clone().advance_bytes(b",7]"));
     }
 
+    /// The look-ahead's sharing between a mask's candidates (one advance per run and rest of
+    /// the token, one walk out of the array per group of tokens inside a string value) changes
+    /// no mask: random walks through unique arrays of strings and of objects holding strings,
+    /// with and without calls, where short strings over two letters soon repeat and corner.
+    #[test]
+    fn shared_look_ahead_masks_like_each_token_alone() {
+        let mut v = tests::byte_vocab();
+        v.pop();
+        for s in ["a", "b", "aa", "ab", "ba", "bb", "aab", "a\"", "b\"", "ab\"", "a\",", "b\",", "ab\",", "a\"]", "b\"}", "a\"},", "\"},", "\"}]", "\",\"", "ba\"}, "] {
+            v.push(s.as_bytes().to_vec());
+        }
+        v.push(Vec::new()); // EOS
+        let eos = (v.len() - 1) as u32;
+        let short = json!({"type": "string", "pattern": "^[ab]*$", "maxLength": 3});
+        let schemas = [
+            json!({"type": "array", "items": short, "uniqueItems": true}),
+            json!({"type": "array", "items": short, "uniqueItems": true, "minItems": 6}),
+            json!({"type": "array", "items": {"type": "object", "properties": {"k": short}, "required": ["k"], "additionalProperties": false}, "uniqueItems": true, "minItems": 4}),
+            json!({"type": "array", "items": {"enum": ["a", "ab", "aab", "b", "ba"]}, "uniqueItems": true, "minItems": 2}),
+            json!({"type": "array", "items": {"type": "object", "properties": {"k": short}, "required": ["k"], "additionalProperties": false}, "uniqueItems": true}),
+            json!({"type": "array", "items": {"type": "object", "properties": {"k": short, "n": {"enum": [1, 2]}, "w": short}, "required": ["k", "w"], "additionalProperties": false}, "uniqueItems": true, "maxItems": 12}),
+            json!({"type": "object", "properties": {"l": {"type": "array", "items": {"type": "array", "items": short, "maxItems": 2}, "uniqueItems": true}}, "required": ["l"], "additionalProperties": false}),
+        ];
+        let mut rnd = tests::xorshift(0x2545_f491_4f6c_dd1d);
+        let (mut shared, mut alone) = (Vec::new(), Vec::new());
+        let mut cornered = 0;
+        for s in &schemas {
+            for calls in [0, 4] {
+                let c = CompiledSchema::compile(s, &v, &[eos], &CompileOptions { call_min_states: calls, ..Default::default() }).unwrap();
+                shared.resize(c.mask_words(), 0);
+                alone.resize(c.mask_words(), 0);
+                for walk in 0..60 {
+                    let (mut m, mut text) = (Matcher::new(&c), Vec::new());
+                    for _ in 0..300 {
+                        m.allowed(&mut shared);
+                        m.clone().unshared().allowed(&mut alone);
+                        assert_eq!(shared, alone, "schema {s} (calls {calls}), walk {walk}: masks differ after {:?}", String::from_utf8_lossy(&text));
+                        let mut plain = shared.clone();
+                        m.automaton_allowed(&mut plain);
+                        cornered += (plain != shared) as usize;
+                        let ids: Vec<u32> = (0..v.len() as u32).filter(|&id| shared[id as usize / 64] >> (id % 64) & 1 == 1).collect();
+                        assert!(!ids.is_empty(), "schema {s}: nothing allowed after {:?}", String::from_utf8_lossy(&text));
+                        let go_on: Vec<u32> = ids.iter().copied().filter(|&id| id != eos).collect();
+                        let id = if go_on.is_empty() || rnd(16) == 0 && ids.contains(&eos) { eos } else { go_on[rnd(go_on.len() as u64) as usize] };
+                        if id == eos {
+                            break;
+                        }
+                        assert!(m.advance(id));
+                        text.extend_from_slice(&v[id as usize]);
+                    }
+                }
+            }
+        }
+        assert!(cornered > 500, "the walks reach masks the look-ahead narrows ({cornered})");
+    }
+
     #[test]
     fn unique_items_at_run_time() {
         let v = tests::byte_vocab();
