@@ -110,6 +110,8 @@ fn run_corpus(cases: &[Case], vocab: &Arc<Vocabulary>, tokens: &[Vec<u8>], eos: 
         assert!(walked || s.mask_max_us.is_none(), "{}: slowest mask {:?} without a walk", s.id, s.mask_max_us);
         assert!(s.mask_max_us.is_none_or(|m| m <= r.mask_us.max), "{}: slowest mask above the corpus maximum", s.id);
         assert_eq!(s.masks_over_50us > 0, s.mask_max_us.is_some_and(|m| m > 50.0), "{}", s.id);
+        assert_eq!(s.masks_over_20us > 0, s.mask_max_us.is_some_and(|m| m > 20.0), "{}", s.id);
+        assert!(s.masks_over_20us >= s.masks_over_50us, "{}", s.id);
     }
     assert!(r.per_schema.iter().map(|s| s.masks_over_50us).sum::<usize>() <= r.mask_lookups);
     r

@@ -14,6 +14,12 @@
 //! asks for it only ever removes texts, so it cannot let an invalid document through; a search
 //! that runs out of budget leaves the token allowed (the answer may then still end with
 //! `no_allowed_token`, never with a duplicate).
+//!
+//! One mask's candidates share work: the run after each token is read once per ending of a
+//! token that the run reads alike (`calls::AdvanceMemo`), and inside a string value the tokens
+//! that leave the automaton in one run walk one way out of the array together, each then
+//! checking only its own string's text against the items (see `Matcher::dead_end`). Sharing
+//! changes no mask (a test compares every mask with each token searched alone).
 
 use std::collections::HashSet;
 use std::sync::Arc as Rc;
