@@ -57,11 +57,36 @@ pub(crate) struct Overflow {
     pub states: usize,
 }
 
-/// Nondeterministic automaton with byte-range edges and epsilon moves.
+/// Nondeterministic automaton with byte-range edges and epsilon moves, kept as two flat lists
+/// in the order added (building one allocates per list, not per state); [`Nfa::adjacency`]
+/// groups them by state for the constructions that walk them.
 #[derive(Default, Clone)]
 pub(crate) struct Nfa {
-    eps: Vec<Vec<u32>>,
-    edges: Vec<Vec<(u8, u8, u32)>>,
+    n: u32,
+    /// Epsilon moves (from, to).
+    eps: Vec<(u32, u32)>,
+    /// Byte-range edges (from, lo, hi, to).
+    edges: Vec<(u32, u8, u8, u32)>,
+}
+
+/// An [`Nfa`]'s moves grouped by source state: state `s`'s epsilon targets are
+/// `eps[eps_start[s]..eps_start[s + 1]]` and its edges `edges[edge_start[s]..edge_start[s + 1]]`,
+/// each in the order added.
+struct Adjacency {
+    eps_start: Vec<u32>,
+    eps: Vec<u32>,
+    edge_start: Vec<u32>,
+    edges: Vec<(u8, u8, u32)>,
+}
+
+impl Adjacency {
+    fn eps(&self, s: u32) -> &[u32] {
+        &self.eps[self.eps_start[s as usize] as usize..self.eps_start[s as usize + 1] as usize]
+    }
+
+    fn edges(&self, s: u32) -> &[(u8, u8, u32)] {
+        &self.edges[self.edge_start[s as usize] as usize..self.edge_start[s as usize + 1] as usize]
+    }
 }
 
 impl Nfa {
@@ -70,21 +95,52 @@ impl Nfa {
     }
 
     pub fn len(&self) -> usize {
-        self.eps.len()
+        self.n as usize
     }
 
     pub fn state(&mut self) -> u32 {
-        self.eps.push(Vec::new());
-        self.edges.push(Vec::new());
-        (self.eps.len() - 1) as u32
+        self.n += 1;
+        self.n - 1
     }
 
     pub fn eps(&mut self, from: u32, to: u32) {
-        self.eps[from as usize].push(to);
+        debug_assert!(from < self.n && to < self.n);
+        self.eps.push((from, to));
     }
 
     pub fn range(&mut self, from: u32, lo: u8, hi: u8, to: u32) {
-        self.edges[from as usize].push((lo, hi, to));
+        debug_assert!(from < self.n && to < self.n && lo <= hi);
+        self.edges.push((from, lo, hi, to));
+    }
+
+    /// The moves grouped by source state (a counting sort: the order added is kept per state).
+    fn adjacency(&self) -> Adjacency {
+        let n = self.len();
+        let mut eps_start = vec![0u32; n + 1];
+        for &(f, _) in &self.eps {
+            eps_start[f as usize + 1] += 1;
+        }
+        let mut edge_start = vec![0u32; n + 1];
+        for &(f, ..) in &self.edges {
+            edge_start[f as usize + 1] += 1;
+        }
+        for i in 0..n {
+            eps_start[i + 1] += eps_start[i];
+            edge_start[i + 1] += edge_start[i];
+        }
+        let mut fill = eps_start.clone();
+        let mut eps = vec![0u32; self.eps.len()];
+        for &(f, t) in &self.eps {
+            eps[fill[f as usize] as usize] = t;
+            fill[f as usize] += 1;
+        }
+        fill.copy_from_slice(&edge_start);
+        let mut edges = vec![(0u8, 0u8, 0u32); self.edges.len()];
+        for &(f, lo, hi, t) in &self.edges {
+            edges[fill[f as usize] as usize] = (lo, hi, t);
+            fill[f as usize] += 1;
+        }
+        Adjacency { eps_start, eps, edge_start, edges }
     }
 
     pub fn byte(&mut self, from: u32, b: u8, to: u32) {
@@ -131,9 +187,7 @@ impl Nfa {
         }
         let n = dfa.n_states();
         let base = self.len() as u32;
-        for _ in 0..n {
-            self.state();
-        }
+        self.n += n as u32;
         self.eps(from, base + dfa.start);
         for s in 1..n {
             let row = dfa.row(s as u32);
@@ -158,16 +212,14 @@ impl Nfa {
     /// The whole automaton with `start` and `accept` as one word sequence: equal sequences are
     /// equal automata (for memoising [`Nfa::determinize`]).
     pub fn fingerprint(&self, start: u32, accept: u32) -> Vec<u32> {
-        let mut f = Vec::with_capacity(3 + self.eps.len() * 2 + self.edges.iter().map(|e| e.len() * 2).sum::<usize>() + self.eps.iter().map(|e| e.len()).sum::<usize>());
-        f.extend([self.eps.len() as u32, start, accept]);
-        for (eps, edges) in self.eps.iter().zip(&self.edges) {
-            f.push(eps.len() as u32);
-            f.extend_from_slice(eps);
-            f.push(edges.len() as u32);
-            for &(lo, hi, to) in edges {
-                f.push((lo as u32) << 8 | hi as u32);
-                f.push(to);
-            }
+        let mut f = Vec::with_capacity(5 + self.eps.len() * 2 + self.edges.len() * 3);
+        f.extend([self.n, start, accept, self.eps.len() as u32]);
+        for &(from, to) in &self.eps {
+            f.extend([from, to]);
+        }
+        f.push(self.edges.len() as u32);
+        for &(from, lo, hi, to) in &self.edges {
+            f.extend([from, (lo as u32) << 8 | hi as u32, to]);
         }
         f
     }
@@ -177,11 +229,9 @@ impl Nfa {
     pub fn determinize(&self, start: u32, accept: u32, cap: usize) -> Result<Dfa, Overflow> {
         // Byte classes: boundaries of every edge range.
         let mut boundary = [false; 257];
-        for es in &self.edges {
-            for &(lo, hi, _) in es {
-                boundary[lo as usize] = true;
-                boundary[hi as usize + 1] = true;
-            }
+        for &(_, lo, hi, _) in &self.edges {
+            boundary[lo as usize] = true;
+            boundary[hi as usize + 1] = true;
         }
         let mut classes = [0u8; 256];
         let mut reps: Vec<u8> = Vec::new();
@@ -195,17 +245,18 @@ impl Nfa {
         }
         let ncls = reps.len();
         let n = self.len();
+        let adj = self.adjacency();
         // Keep only "important" states (with edges, or the accept state) in subsets.
-        let important: Vec<bool> =
-            (0..n).map(|s| !self.edges[s].is_empty() || s as u32 == accept).collect();
+        let important: Vec<bool> = (0..n as u32).map(|s| !adj.edges(s).is_empty() || s == accept).collect();
         let mut mark = vec![0u32; n];
         let mut gen = 0u32;
         let mut stack: Vec<u32> = Vec::new();
-        let mut closure = |seeds: &mut Vec<u32>, mark: &mut Vec<u32>, gen: &mut u32| -> Vec<u32> {
+        // The closure of `seeds`, sorted, into `out`.
+        let mut closure = |seeds: &[u32], out: &mut Vec<u32>, mark: &mut Vec<u32>, gen: &mut u32| {
             *gen += 1;
             let g = *gen;
             stack.clear();
-            let mut out = Vec::new();
+            out.clear();
             for &s in seeds.iter() {
                 if mark[s as usize] != g {
                     mark[s as usize] = g;
@@ -216,7 +267,7 @@ impl Nfa {
                 if important[s as usize] {
                     out.push(s);
                 }
-                for &t in &self.eps[s as usize] {
+                for &t in adj.eps(s) {
                     if mark[t as usize] != g {
                         mark[t as usize] = g;
                         stack.push(t);
@@ -224,14 +275,14 @@ impl Nfa {
                 }
             }
             out.sort_unstable();
-            out
         };
         let mut map: HashMap<Vec<u32>, u32> = HashMap::default();
         let mut sets: Vec<Vec<u32>> = vec![Vec::new()];
         let mut trans: Vec<u32> = vec![DEAD; ncls];
         let mut acc = vec![false];
         map.insert(Vec::new(), DEAD);
-        let s0 = closure(&mut vec![start], &mut mark, &mut gen);
+        let mut s0 = Vec::new();
+        closure(&[start], &mut s0, &mut mark, &mut gen);
         let start_id = if s0.is_empty() {
             DEAD
         } else {
@@ -242,13 +293,14 @@ impl Nfa {
             1
         };
         let mut buckets: Vec<Vec<u32>> = vec![Vec::new(); ncls];
+        let mut set: Vec<u32> = Vec::new();
         let mut i = 1;
         while i < sets.len() {
             for bkt in buckets.iter_mut() {
                 bkt.clear();
             }
             for &s in &sets[i] {
-                for &(lo, hi, t) in &self.edges[s as usize] {
+                for &(lo, hi, t) in adj.edges(s) {
                     for cl in classes[lo as usize]..=classes[hi as usize] {
                         buckets[cl as usize].push(t);
                     }
@@ -258,17 +310,15 @@ impl Nfa {
                 if buckets[cl].is_empty() {
                     continue;
                 }
-                let mut seeds = std::mem::take(&mut buckets[cl]);
-                let set = closure(&mut seeds, &mut mark, &mut gen);
-                seeds.clear();
-                buckets[cl] = seeds;
-                let id = match map.get(&set) {
+                closure(&buckets[cl], &mut set, &mut mark, &mut gen);
+                let id = match map.get(set.as_slice()) {
                     Some(&id) => id,
                     None => {
                         let id = sets.len() as u32;
                         if sets.len() >= cap {
                             return Err(Overflow { states: sets.len() });
                         }
+                        let set = set.clone();
                         map.insert(set.clone(), id);
                         acc.push(set.binary_search(&accept).is_ok());
                         sets.push(set);
@@ -359,33 +409,46 @@ impl Dfa {
         s != DEAD && self.accept[s as usize]
     }
 
-    /// Removes unreachable / useless states and merges equivalent ones (Moore refinement).
+    /// Removes unreachable / useless states and merges equivalent ones (Hopcroft refinement).
     /// The result is numbered in breadth-first order from the start, dead state 0.
     pub fn minimize(&self) -> Dfa {
         let n = self.n_states();
         let ncls = self.ncls;
+        if self.start == DEAD {
+            return Dfa::empty();
+        }
+        // The live entries of every row, (class, target) in class order, read off the dense
+        // table once: most of a JSON automaton's entries lead to the dead state, and every pass
+        // below (reachability, co-reachability, refinement, renumbering) needs only the others.
+        let mut fstart: Vec<u32> = Vec::with_capacity(n + 1);
+        let mut fwd: Vec<(u32, u32)> = Vec::new();
+        fstart.push(0);
+        for s in 0..n {
+            for (c, &t) in self.row(s as u32).iter().enumerate() {
+                if t != DEAD {
+                    fwd.push((c as u32, t));
+                }
+            }
+            fstart.push(fwd.len() as u32);
+        }
+        let out = |s: u32| &fwd[fstart[s as usize] as usize..fstart[s as usize + 1] as usize];
         // Reachable from start.
         let mut reach = vec![false; n];
-        let mut stack = vec![];
-        if self.start != DEAD {
-            reach[self.start as usize] = true;
-            stack.push(self.start);
-        }
+        let mut stack = vec![self.start];
+        reach[self.start as usize] = true;
         while let Some(s) = stack.pop() {
-            for &t in self.row(s) {
+            for &(_, t) in out(s) {
                 if !reach[t as usize] {
                     reach[t as usize] = true;
                     stack.push(t);
                 }
             }
         }
-        // Co-reachable (can reach an accepting state).
+        // Co-reachable (can reach an accepting state), over the reachable states' entries.
         let mut rstart = vec![0u32; n + 1];
-        for s in 0..n {
-            if reach[s] {
-                for &t in self.row(s as u32) {
-                    rstart[t as usize + 1] += 1;
-                }
+        for s in (0..n).filter(|&s| reach[s]) {
+            for &(_, t) in out(s as u32) {
+                rstart[t as usize + 1] += 1;
             }
         }
         for i in 0..n {
@@ -393,14 +456,13 @@ impl Dfa {
         }
         let mut fill = rstart.clone();
         let mut rsrc = vec![0u32; rstart[n] as usize];
-        for s in 0..n {
-            if reach[s] {
-                for &t in self.row(s as u32) {
-                    rsrc[fill[t as usize] as usize] = s as u32;
-                    fill[t as usize] += 1;
-                }
+        for s in (0..n).filter(|&s| reach[s]) {
+            for &(_, t) in out(s as u32) {
+                rsrc[fill[t as usize] as usize] = s as u32;
+                fill[t as usize] += 1;
             }
         }
+        drop(fill);
         let mut live = vec![false; n];
         for s in 0..n {
             if reach[s] && self.accept[s] && s != DEAD as usize {
@@ -416,17 +478,18 @@ impl Dfa {
                 }
             }
         }
-        if self.start == DEAD || !live[self.start as usize] {
+        if !live[self.start as usize] {
             return Dfa::empty();
         }
         // Hopcroft refinement over all states; the initial partition puts every non-live state
         // with the dead state.
         let init: Vec<u32> = (0..n).map(|s| if !live[s] { 0 } else if self.accept[s] { 1 } else { 2 }).collect();
-        let (cls, count) = hopcroft(n, ncls, &self.trans, &init);
+        let (cls, count) = hopcroft(n, ncls, &fstart, &fwd, &init);
         // Make sure the dead state's class is 0.
         let dead_c = cls[DEAD as usize];
         let cls: Vec<u32> = cls.iter().map(|&c| if c == dead_c { 0 } else if c == 0 { dead_c } else { c }).collect();
-        // Renumber in BFS order from the start.
+        // Renumber in BFS order from the start. A reachable state that cannot accept shares the
+        // dead state's class (it is never split from it), so entries into it become dead ones.
         let mut order: Vec<u32> = vec![u32::MAX; count];
         order[0] = 0;
         let mut reps: Vec<u32> = vec![0];
@@ -436,7 +499,7 @@ impl Dfa {
         reps.push(self.start);
         queue.push_back(self.start);
         while let Some(s) = queue.pop_front() {
-            for &t in self.row(s) {
+            for &(_, t) in out(s) {
                 let c = cls[t as usize];
                 if order[c as usize] == u32::MAX {
                     order[c as usize] = reps.len() as u32;
@@ -450,36 +513,47 @@ impl Dfa {
         let mut accept = vec![false; m];
         for (i, &r) in reps.iter().enumerate().skip(1) {
             accept[i] = self.accept[r as usize];
-            for (c, &t) in self.row(r).iter().enumerate() {
-                trans[i * ncls + c] = order[cls[t as usize] as usize];
+            for &(c, t) in out(r) {
+                trans[i * ncls + c as usize] = order[cls[t as usize] as usize];
             }
         }
         Dfa { classes: self.classes, ncls, trans, accept, start: 1 }.compact_classes()
     }
 
-    /// Merges byte classes whose columns are identical.
+    /// Merges byte classes whose columns are identical. Columns are hashed in one pass over the
+    /// rows and compared only where their hashes agree; kept classes keep their order.
     fn compact_classes(mut self) -> Dfa {
         let n = self.n_states();
-        let mut colmap: HashMap<Vec<u32>, u8> = HashMap::default();
-        let mut remap = vec![0u8; self.ncls];
-        let mut keep: Vec<usize> = Vec::new();
-        for c in 0..self.ncls {
-            let col: Vec<u32> = (0..n).map(|s| self.trans[s * self.ncls + c]).collect();
-            let len = colmap.len() as u8;
-            let id = *colmap.entry(col).or_insert_with(|| {
-                keep.push(c);
-                len
-            });
-            remap[c] = id;
+        let k = self.ncls;
+        let mut hashes = vec![0u64; k];
+        for row in self.trans.chunks_exact(k) {
+            for (h, &t) in hashes.iter_mut().zip(row) {
+                *h = (h.rotate_left(5) ^ t as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
+            }
         }
-        if keep.len() == self.ncls {
+        let same = |a: usize, b: usize| (0..n).all(|s| self.trans[s * k + a] == self.trans[s * k + b]);
+        let mut by_hash: HashMap<u64, Vec<usize>> = HashMap::default();
+        let mut remap = vec![0u8; k];
+        let mut keep: Vec<usize> = Vec::new();
+        for c in 0..k {
+            let firsts = by_hash.entry(hashes[c]).or_default();
+            match firsts.iter().copied().find(|&j| same(keep[j], c)) {
+                Some(j) => remap[c] = j as u8,
+                None => {
+                    firsts.push(keep.len());
+                    remap[c] = keep.len() as u8;
+                    keep.push(c);
+                }
+            }
+        }
+        if keep.len() == k {
             return self;
         }
         let nc = keep.len();
         let mut trans = vec![DEAD; n * nc];
         for s in 0..n {
             for (j, &c) in keep.iter().enumerate() {
-                trans[s * nc + j] = self.trans[s * self.ncls + c];
+                trans[s * nc + j] = self.trans[s * k + c];
             }
         }
         for b in 0..256 {
@@ -724,12 +798,13 @@ impl Dfa {
     }
 }
 
-/// Hopcroft's partition refinement. `init[s]` is the initial block of state `s` (block ids
-/// dense from 0). Returns the final block of every state and the number of blocks.
-/// Hopcroft's partition refinement, splitters taken a whole block at a time. `init` numbers the
-/// initial blocks; block 0 must hold every state that is unreachable or cannot reach acceptance
-/// (only the reachable states' classes are meaningful in the result).
-fn hopcroft(n: usize, k: usize, trans: &[u32], init: &[u32]) -> (Vec<u32>, usize) {
+/// Hopcroft's partition refinement, splitters taken a whole block at a time, over `k` byte
+/// classes. `fwd[fstart[s]..fstart[s + 1]]` are state `s`'s entries (class, target) that do not
+/// lead to the dead state. `init[s]` is the initial block of state `s` (block ids dense from 0);
+/// block 0 must hold every state that is unreachable or cannot reach acceptance (only the
+/// reachable states' classes are meaningful in the result). Returns the final block of every
+/// state and the number of blocks.
+fn hopcroft(n: usize, k: usize, fstart: &[u32], fwd: &[(u32, u32)], init: &[u32]) -> (Vec<u32>, usize) {
     // Refinable partition.
     let nblocks0 = init.iter().map(|&b| b as usize + 1).max().unwrap_or(1);
     // Every block of the initial partition but one is a splitter (the DFA is complete, so the
@@ -741,7 +816,7 @@ fn hopcroft(n: usize, k: usize, trans: &[u32], init: &[u32]) -> (Vec<u32>, usize
     let skip = 0usize;
     // Inverse transitions by target: (class, source).
     let mut inv_start = vec![0u32; n + 1];
-    for &t in trans.iter().take(n * k) {
+    for &(_, t) in fwd {
         if init[t as usize] as usize != skip {
             inv_start[t as usize + 1] += 1;
         }
@@ -752,10 +827,10 @@ fn hopcroft(n: usize, k: usize, trans: &[u32], init: &[u32]) -> (Vec<u32>, usize
     let mut fill = inv_start.clone();
     let mut inv: Vec<(u32, u32)> = vec![(0, 0); inv_start[n] as usize];
     for s in 0..n {
-        for c in 0..k {
-            let t = trans[s * k + c] as usize;
+        for &(c, t) in &fwd[fstart[s] as usize..fstart[s + 1] as usize] {
+            let t = t as usize;
             if init[t] as usize != skip {
-                inv[fill[t] as usize] = (c as u32, s as u32);
+                inv[fill[t] as usize] = (c, s as u32);
                 fill[t] += 1;
             }
         }
@@ -908,10 +983,11 @@ mod tests {
     }
 
     fn nfa_accepts(nfa: &Nfa, start: u32, accept: u32, text: &[u8]) -> bool {
+        let adj = nfa.adjacency();
         let close = |set: &mut Vec<u32>| {
             let mut i = 0;
             while i < set.len() {
-                for &t in &nfa.eps[set[i] as usize] {
+                for &t in adj.eps(set[i]) {
                     if !set.contains(&t) {
                         set.push(t);
                     }
@@ -924,7 +1000,7 @@ mod tests {
         for &b in text {
             let mut next = Vec::new();
             for &q in &cur {
-                for &(lo, hi, t) in &nfa.edges[q as usize] {
+                for &(lo, hi, t) in adj.edges(q) {
                     if lo <= b && b <= hi && !next.contains(&t) {
                         next.push(t);
                     }
@@ -1011,6 +1087,21 @@ impl Dfa {
             cls.push(*seed.entry(key).or_insert(id));
         }
         let mut count = seed.len();
+        // Rows without their dead entries, as (class, target): the dead state is alone in its
+        // class from the seed on (refinement only splits), so two rows agree class for class
+        // exactly when their live entries do. A JSON automaton's rows are mostly dead.
+        let mut rstart: Vec<u32> = Vec::with_capacity(n + 1);
+        let mut live: Vec<(u32, u32)> = Vec::new();
+        rstart.push(0);
+        for q in 0..n {
+            for (c, &t) in self.trans[q * k..q * k + k].iter().enumerate() {
+                if t != DEAD {
+                    live.push((c as u32, t));
+                }
+            }
+            rstart.push(live.len() as u32);
+        }
+        let row = |q: usize| &live[rstart[q] as usize..rstart[q + 1] as usize];
         let mut reps: Vec<u32> = Vec::new();
         let mut buckets: HashMap<u64, Vec<u32>> = HashMap::default();
         let mut next = vec![0u32; n];
@@ -1018,15 +1109,17 @@ impl Dfa {
             buckets.clear();
             reps.clear();
             for q in 0..n {
-                let row = &self.trans[q * k..q * k + k];
+                let r = row(q);
                 let mut h = FxHasher::default();
                 h.write_u32(cls[q]);
-                for &t in row {
+                h.write_usize(r.len());
+                for &(c, t) in r {
+                    h.write_u32(c);
                     h.write_u32(cls[t as usize]);
                 }
-                let same = |r: u32| {
-                    let rr = &self.trans[r as usize * k..r as usize * k + k];
-                    cls[r as usize] == cls[q] && rr.iter().zip(row).all(|(&a, &b)| cls[a as usize] == cls[b as usize])
+                let same = |p: u32| {
+                    let rp = row(p as usize);
+                    cls[p as usize] == cls[q] && rp.len() == r.len() && rp.iter().zip(r).all(|(&(ca, a), &(cb, b))| ca == cb && cls[a as usize] == cls[b as usize])
                 };
                 let bucket = buckets.entry(h.finish()).or_default();
                 let found = bucket.iter().copied().find(|&id| same(reps[id as usize]));
