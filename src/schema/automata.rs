@@ -15,9 +15,14 @@ pub(crate) struct FxHasher(u64);
 impl Hasher for FxHasher {
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            self.add(u64::from_le_bytes(w.try_into().unwrap_or([0; 8])));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
             let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
+            w[..rest.len()].copy_from_slice(rest);
             self.add(u64::from_le_bytes(w));
         }
     }

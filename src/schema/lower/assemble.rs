@@ -46,8 +46,16 @@ impl<'a> Lowerer<'a> {
         if (0..256).any(|b| row[d.classes[b] as usize] != DEAD && !matches!(b as u8, b'{' | b'[' | CALL)) {
             return None;
         }
+        // A sample of the automaton hashes it (every id's automaton is compared whole before
+        // it is reused): the same large values are placed hundreds of times in a big schema,
+        // and hashing all of each cost more than the comparisons.
         let mut h = automata::FxHasher::default();
-        d.hash(&mut h);
+        (d.start, d.ncls, d.accept.len()).hash(&mut h);
+        d.classes.hash(&mut h);
+        let stride = (d.trans.len() / 256).max(1);
+        for w in d.trans.iter().step_by(stride) {
+            h.write_u32(*w);
+        }
         let key = h.finish();
         if let Some(ids) = self.sub_ids.get(&key) {
             if let Some(&id) = ids.iter().find(|&&id| self.subs[id as usize] == *d) {
