@@ -244,6 +244,11 @@ pub(crate) struct Lowerer<'a> {
     /// call only earlier ones, so the calls form a DAG.
     pub subs: Vec<Dfa>,
     sub_ids: HashMap<u64, Vec<u32>>,
+    /// The undeclared keys of an object without `propertyNames`, by its declared key texts
+    /// (any string but those): the same object is lowered again in every stack context.
+    base_keys: HashMap<Vec<Vec<u8>>, Rc<Dfa>>,
+    /// Declared keys' automata, by key text.
+    key_lits: HashMap<Vec<u8>, Rc<Dfa>>,
     /// The schema object whose `unevaluatedProperties` / `unevaluatedItems` the conjunction
     /// being merged may carry: the sole member of the conjunction (or the target of a bare
     /// `$ref` there). Everything merged into its node is then one of its in-place sub-schemas;
@@ -372,6 +377,8 @@ impl<'a> Lowerer<'a> {
             det_memo_words: 0,
             subs: Vec::new(),
             sub_ids: HashMap::default(),
+            base_keys: HashMap::default(),
+            key_lits: HashMap::default(),
             eval_root: None,
             checking: 0,
         };

@@ -254,11 +254,22 @@ impl<'a> Lowerer<'a> {
         let mut extras: Vec<(Dfa, Rc<Dfa>, Option<(Dfa, Rc<Dfa>)>)> = Vec::new();
         let additional_forbidden = node.additional.as_ref().is_some_and(|a| a.iter().any(|s| s.v == &Value::Bool(false)));
         let allow_any = node.additional.is_none() && self.opts.allow_undeclared_properties && any_depth > 0;
-        let any_key = self.any_string(ptr)?;
-        let mut base_key = Dfa::minus(&any_key, &Dfa::literals(declared_texts.iter().map(|t| t.as_slice()), cap).map_err(self.overflow(ptr))?, cap).map_err(self.overflow(ptr))?;
-        if let Some(n) = &names {
-            base_key = Dfa::intersect(&base_key, n, cap).map_err(self.overflow(ptr))?;
-        }
+        let base_key = match self.base_keys.get(&declared_texts) {
+            Some(d) => (**d).clone(),
+            None => {
+                let any_key = self.any_string(ptr)?;
+                let d = Dfa::minus(&any_key, &Dfa::literals(declared_texts.iter().map(|t| t.as_slice()), cap).map_err(self.overflow(ptr))?, cap).map_err(self.overflow(ptr))?;
+                if self.base_keys.len() >= 4096 {
+                    self.base_keys.clear();
+                }
+                self.base_keys.insert(declared_texts.clone(), Rc::new(d.clone()));
+                d
+            }
+        };
+        let base_key = match &names {
+            Some(n) => Dfa::intersect(&base_key, n, cap).map_err(self.overflow(ptr))?,
+            None => base_key,
+        };
         // Undeclared keys fall into classes by which patterns match them: the key space is
         // split by each pattern in turn (inside / outside), keeping the non-empty parts, so
         // overlapping patterns cost only the overlaps they really have.
@@ -365,7 +376,17 @@ impl<'a> Lowerer<'a> {
             if v.is_empty() {
                 continue;
             }
-            let key = Dfa::literals([text.as_slice()], cap).map_err(self.overflow(ptr))?;
+            let key = match self.key_lits.get(text) {
+                Some(k) => k.clone(),
+                None => {
+                    let k = Rc::new(Dfa::literals([text.as_slice()], cap).map_err(self.overflow(ptr))?);
+                    if self.key_lits.len() >= 1 << 16 {
+                        self.key_lits.clear();
+                    }
+                    self.key_lits.insert(text.clone(), k.clone());
+                    k
+                }
+            };
             self.key_edges(&mut nfa, &st[i], &st[i + 1], &key, v, false, layers, &bump, &max_ok);
             if let Some(vw) = vw.as_ref().filter(|d| !d.is_empty()) {
                 self.key_edges(&mut nfa, &st[i], &st[i + 1], &key, vw, true, layers, &bump, &max_ok);
