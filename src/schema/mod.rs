@@ -486,22 +486,36 @@ impl CompiledSchema {
         let words = vocab.words();
         let n = dfa.n_states();
         let mut masks: Vec<u64> = vec![0; words]; // mask 0: the dead state's (empty)
+        // How many non-zero words each distinct mask has.
+        let mut mask_nnz: Vec<usize> = vec![0];
         let mut state_mask = vec![0u32; n];
-        // Distinct masks by content hash (computed on the worker threads) → mask ids; equal
-        // hashes are compared word for word against `masks`.
-        // Eight independent lanes: a 262k-token mask is 4 096 words, hashed once per state.
-        let mask_hash = |m: &[u64]| {
-            const K: u64 = 0x517c_c1b7_2722_0a95;
-            let mut lanes = [0u64; 8];
-            for c in m.chunks(8) {
-                for (l, &w) in lanes.iter_mut().zip(c) {
-                    *l = (l.rotate_left(5) ^ w).wrapping_mul(K);
+        // A state's mask leaves its worker as its non-zero words (index, word): most states of
+        // a JSON automaton allow few tokens, so hashing, comparing and collecting the whole
+        // bitset (6 KiB at 49k tokens, 32 KiB at 262k) cost more than computing it. The worker's
+        // own bitset is cleared word by word as it is read.
+        let take_sparse = |buf: &mut [u64]| -> Vec<(u32, u64)> {
+            let mut out = Vec::new();
+            for (i, w) in buf.iter_mut().enumerate() {
+                if *w != 0 {
+                    out.push((i as u32, std::mem::take(w)));
                 }
             }
-            lanes.iter().fold(m.len() as u64, |h, &l| (h.rotate_left(5) ^ l).wrapping_mul(K))
+            out
+        };
+        // Distinct masks by a hash of those words (computed on the worker threads) → mask ids;
+        // equal hashes are compared word for word against `masks`.
+        let mask_hash = |m: &[(u32, u64)]| {
+            use std::hash::Hasher;
+            let mut h = automata::FxHasher::default();
+            h.write_usize(m.len());
+            for &(i, w) in m {
+                h.write_u32(i);
+                h.write_u64(w);
+            }
+            h.finish()
         };
         let mut seen: automata::HashMap<u64, Vec<u32>> = automata::HashMap::default();
-        seen.insert(mask_hash(&vec![0; words]), vec![0]);
+        seen.insert(mask_hash(&[]), vec![0]);
         let mut state_unc = vec![0u32; if calls.is_some() { n } else { 0 }];
         let mut unc: Vec<Vec<u32>> = Vec::new();
         let mut unc_seen: automata::HashMap<Vec<u32>, u32> = automata::HashMap::default();
@@ -556,30 +570,33 @@ impl CompiledSchema {
                     return Err(SchemaError::TooLarge { pointer: String::new(), what: "token mask bytes".into(), limit: opts.max_mask_bytes });
                 }
                 let known = tokens::Known { masks: &masks, words, state_mask: &state_mask, done: &done, state_unc: &state_unc, unc: &unc };
-                let computed: Vec<(Vec<u64>, u64, Vec<u32>)> = chunk
+                let computed: Vec<(Vec<(u32, u64)>, u64, Vec<u32>)> = chunk
                     .par_iter()
-                    .map_init(Vec::new, |stack, &s| {
-                        let mut buf = vec![0u64; words];
-                        let mut u = Vec::new();
-                        if pass == 0 {
-                            match &calls {
-                                Some(c) => vocab.mask_calls(&dfa, c, s, &loops, Some(&known), &mut buf, &mut u),
-                                None => vocab.mask(&dfa, s, &loops, Some(&known), &mut buf, stack),
-                            }
-                        } else {
-                            let r = rep_of[s as usize] as usize;
-                            let m = state_mask[r] as usize;
-                            buf.copy_from_slice(&masks[m * words..(m + 1) * words]);
-                            if let Some(c) = &calls {
-                                u = unc[state_unc[r] as usize].clone();
-                                vocab.redo_long(&dfa, Some(c), s, &mut buf, &mut u);
+                    .map_init(
+                        || (Vec::new(), vec![0u64; words]),
+                        |(stack, buf), &s| {
+                            let mut u = Vec::new();
+                            if pass == 0 {
+                                match &calls {
+                                    Some(c) => vocab.mask_calls(&dfa, c, s, &loops, Some(&known), buf, &mut u),
+                                    None => vocab.mask(&dfa, s, &loops, Some(&known), buf, stack),
+                                }
                             } else {
-                                vocab.redo_long(&dfa, None, s, &mut buf, &mut u);
+                                let r = rep_of[s as usize] as usize;
+                                let m = state_mask[r] as usize;
+                                buf.copy_from_slice(&masks[m * words..(m + 1) * words]);
+                                if let Some(c) = &calls {
+                                    u = unc[state_unc[r] as usize].clone();
+                                    vocab.redo_long(&dfa, Some(c), s, buf, &mut u);
+                                } else {
+                                    vocab.redo_long(&dfa, None, s, buf, &mut u);
+                                }
                             }
-                        }
-                        let h = mask_hash(&buf);
-                        (buf, h, u)
-                    })
+                            let sparse = take_sparse(buf);
+                            let h = mask_hash(&sparse);
+                            (sparse, h, u)
+                        },
+                    )
                     .collect();
                 for (&s, (buf, h, u)) in chunk.iter().zip(computed) {
                     if calls.is_some() {
@@ -595,11 +612,22 @@ impl CompiledSchema {
                         state_unc[s as usize] = id;
                     }
                     let ids = seen.entry(h).or_default();
-                    let id = match ids.iter().copied().find(|&id| masks[id as usize * words..(id as usize + 1) * words] == buf[..]) {
+                    // Equal counts of non-zero words, and each of this mask's equal to the
+                    // stored one's: the same words are non-zero in both, so the masks are equal.
+                    let same = |id: u32| {
+                        let base = id as usize * words;
+                        mask_nnz[id as usize] == buf.len() && buf.iter().all(|&(i, w)| masks[base + i as usize] == w)
+                    };
+                    let id = match ids.iter().copied().find(|&id| same(id)) {
                         Some(id) => id,
                         None => {
                             let id = (masks.len() / words.max(1)) as u32;
-                            masks.extend_from_slice(&buf);
+                            let base = masks.len();
+                            masks.resize(base + words, 0);
+                            for &(i, w) in &buf {
+                                masks[base + i as usize] = w;
+                            }
+                            mask_nnz.push(buf.len());
                             ids.push(id);
                             id
                         }

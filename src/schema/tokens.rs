@@ -361,8 +361,15 @@ impl Vocabulary {
         self.n_bits.div_ceil(64)
     }
 
-    /// The loop table of every state with at least 64 self-loop bytes (string bodies).
+    /// The loop table of every state with at least 32 self-loop bytes (string bodies).
     pub(crate) fn loop_tables_for(&self, dfa: &Dfa) -> Vec<Option<Arc<LoopTable>>> {
+        // Each byte class's bytes (a state's self-loop set is a union of classes).
+        let mut class_bytes = vec![([0u64; 4], 0u32); dfa.ncls];
+        for b in 0..256usize {
+            let c = &mut class_bytes[dfa.classes[b] as usize];
+            c.0[b / 64] |= 1u64 << (b % 64);
+            c.1 += 1;
+        }
         (0..dfa.n_states() as u32)
             .map(|state| {
                 if state == DEAD {
@@ -370,10 +377,12 @@ impl Vocabulary {
                 }
                 let mut set = [0u64; 4];
                 let mut n_loop = 0;
-                for b in 0..256usize {
-                    if dfa.trans[state as usize * dfa.ncls + dfa.classes[b] as usize] == state {
-                        set[b / 64] |= 1u64 << (b % 64);
-                        n_loop += 1;
+                for (&t, (bytes, count)) in dfa.row(state).iter().zip(&class_bytes) {
+                    if t == state {
+                        for (s, b) in set.iter_mut().zip(bytes) {
+                            *s |= b;
+                        }
+                        n_loop += count;
                     }
                 }
                 if n_loop < 32 {
