@@ -194,19 +194,30 @@ impl Nfa {
         let base = self.len() as u32;
         self.n += n as u32;
         self.eps(from, base + dfa.start);
+        // The byte classes as runs of consecutive bytes (first byte, class): a state's edges are
+        // its maximal runs of bytes with one live target.
+        let mut runs: Vec<(u8, u8)> = Vec::with_capacity(dfa.ncls * 2);
+        for b in 0..256usize {
+            if b == 0 || dfa.classes[b] != dfa.classes[b - 1] {
+                runs.push((b as u8, dfa.classes[b]));
+            }
+        }
         for s in 1..n {
             let row = dfa.row(s as u32);
-            let mut b = 0usize;
-            while b < 256 {
-                let t = row[dfa.classes[b] as usize];
-                let mut e = b;
-                while e + 1 < 256 && row[dfa.classes[e + 1] as usize] == t {
-                    e += 1;
+            let mut lo = 0u8;
+            let mut t = row[runs[0].1 as usize];
+            for &(first, c) in &runs[1..] {
+                let u = row[c as usize];
+                if u != t {
+                    if t != DEAD {
+                        self.range(base + s as u32, lo, first - 1, base + t);
+                    }
+                    lo = first;
+                    t = u;
                 }
-                if t != DEAD {
-                    self.range(base + s as u32, b as u8, e as u8, base + t);
-                }
-                b = e + 1;
+            }
+            if t != DEAD {
+                self.range(base + s as u32, lo, 255, base + t);
             }
             if dfa.accept[s] {
                 self.eps(base + s as u32, to);

@@ -462,9 +462,9 @@ impl<'a> Lowerer<'a> {
                 let d = d.clone();
                 // (Duplicates are kept while lowering, so every computation's own log is
                 // complete; they are removed at the end.)
-                for rel in self.conj_unique.get(&key).cloned().unwrap_or_default() {
+                for rel in self.conj_unique.get(&key).into_iter().flatten() {
                     let mut p = self.path.clone();
-                    p.extend(rel);
+                    p.extend(rel.iter().cloned());
                     self.unique.push(p);
                 }
                 return Ok(d);
@@ -480,7 +480,10 @@ impl<'a> Lowerer<'a> {
         let d = Rc::new(res?);
         if let Some(k) = key {
             let plen = self.path.len();
-            let rel: Vec<Vec<PStep>> = self.unique[u0..].iter().map(|p| p[plen.min(p.len())..].to_vec()).collect();
+            let mut rel: Vec<Vec<PStep>> = self.unique[u0..].iter().map(|p| p[plen.min(p.len())..].to_vec()).collect();
+            // (Repeats within one computation's log add nothing: the list is a set.)
+            rel.sort_unstable();
+            rel.dedup();
             self.conj_unique.insert(k.clone(), rel);
             self.conj_cache.insert(k, d.clone());
         }
