@@ -1119,11 +1119,16 @@ impl Dfa {
         }
         let row = |q: usize| &live[rstart[q] as usize..rstart[q + 1] as usize];
         let mut reps: Vec<u32> = Vec::new();
-        let mut buckets: HashMap<u64, Vec<u32>> = HashMap::default();
+        // Classes by signature hash: the first class with that hash, then a chain through
+        // `same_hash` (no list per bucket).
+        let mut buckets: HashMap<u64, u32> = HashMap::default();
+        buckets.reserve(n);
+        let mut same_hash: Vec<u32> = Vec::with_capacity(n);
         let mut next = vec![0u32; n];
         for _ in 0..depth {
             buckets.clear();
             reps.clear();
+            same_hash.clear();
             for q in 0..n {
                 let r = row(q);
                 let mut h = FxHasher::default();
@@ -1137,14 +1142,28 @@ impl Dfa {
                     let rp = row(p as usize);
                     cls[p as usize] == cls[q] && rp.len() == r.len() && rp.iter().zip(r).all(|(&(ca, a), &(cb, b))| ca == cb && cls[a as usize] == cls[b as usize])
                 };
-                let bucket = buckets.entry(h.finish()).or_default();
-                let found = bucket.iter().copied().find(|&id| same(reps[id as usize]));
+                let id = reps.len() as u32;
+                let first = *buckets.entry(h.finish()).or_insert(id);
+                let mut found = None;
+                if first != id {
+                    let mut c = first;
+                    while c != u32::MAX {
+                        if same(reps[c as usize]) {
+                            found = Some(c);
+                            break;
+                        }
+                        let after = same_hash[c as usize];
+                        if after == u32::MAX {
+                            same_hash[c as usize] = id; // a new class joins the chain's end
+                        }
+                        c = after;
+                    }
+                }
                 next[q] = match found {
-                    Some(id) => id,
+                    Some(c) => c,
                     None => {
-                        let id = reps.len() as u32;
                         reps.push(q as u32);
-                        bucket.push(id);
+                        same_hash.push(u32::MAX);
                         id
                     }
                 };
