@@ -528,6 +528,7 @@ impl CompiledSchema {
         const CHUNK: usize = 256;
         let states: Vec<u32> = (1..n as u32).collect();
         let loops = vocab.loop_tables_for(&dfa);
+        let chains = vocab.chain_plans(&dfa, calls.as_ref(), &loops);
         // States that no string of up to SHORT_TOKEN bytes tells apart have the same mask over
         // the tokens that short (the other tokens are few: walked state by state). Large
         // automata (counting states of long strings, repeated tails) collapse 5–15× this way.
@@ -577,9 +578,10 @@ impl CompiledSchema {
                         |(stack, buf), &s| {
                             let mut u = Vec::new();
                             if pass == 0 {
-                                match &calls {
-                                    Some(c) => vocab.mask_calls(&dfa, c, s, &loops, Some(&known), buf, &mut u),
-                                    None => vocab.mask(&dfa, s, &loops, Some(&known), buf, stack),
+                                match (&calls, &chains[s as usize]) {
+                                    (_, Some(plan)) => vocab.mask_chain(&dfa, calls.as_ref(), s, plan, &loops, Some(&known), buf, &mut u),
+                                    (Some(c), None) => vocab.mask_calls(&dfa, c, s, &loops, Some(&known), buf, &mut u),
+                                    (None, None) => vocab.mask(&dfa, s, &loops, Some(&known), buf, stack),
                                 }
                             } else {
                                 let r = rep_of[s as usize] as usize;

@@ -851,6 +851,62 @@ mod class_tests {
     }
 }
 
+#[cfg(test)]
+mod chain_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Counting states (bounded strings, hostname labels) masked from their chain plans give the
+    /// masks of a walk of the whole trie, run-time lists included, with and without calls:
+    /// tokens that stay in the chain, leave it at a quote, an escape or a multi-byte character,
+    /// run past its end, or are longer than the chain.
+    #[test]
+    fn chain_masks_equal_walked_masks() {
+        let mut v = byte_vocab();
+        let eos_tok = v.pop().unwrap();
+        let mut seen: std::collections::HashSet<Vec<u8>> = v.iter().cloned().collect();
+        let pieces: &[&[u8]] = &[b"a", b"Z", b"0", b"x", b" ", b"-", b".", b"\"", b"\\", b"\\n", "\u{e9}".as_bytes(), b"\xc3", b"\xa9", b",", b"}", b"]", b":", b"{"];
+        let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15);
+        while v.len() < 256 + 600 {
+            let mut t = Vec::new();
+            for _ in 0..1 + rnd(26) {
+                t.extend_from_slice(pieces[rnd(pieces.len() as u64) as usize]);
+            }
+            if seen.insert(t.clone()) {
+                v.push(t);
+            }
+        }
+        v.push(eos_tok);
+        let eos = (v.len() - 1) as u32;
+        let schema = json!({"type": "object", "properties": {
+            "a": {"type": "string", "maxLength": 40}, "b": {"type": "string", "minLength": 20, "maxLength": 30},
+            "h": {"type": "string", "format": "hostname"}, "d": {"type": "string", "minLength": 25},
+            "c": {"type": "array", "items": {"type": "object", "properties": {"s": {"type": "string", "maxLength": 18}}}, "maxItems": 3}}});
+        for calls in [0, 16] {
+            let o = CompileOptions { call_min_states: calls, ..Default::default() };
+            let c = CompiledSchema::compile(&schema, &v, &[eos], &o).unwrap();
+            assert_eq!(c.has_calls(), calls > 0);
+            let loops = c.vocab.loop_tables_for(&c.dfa);
+            let plans = c.vocab.chain_plans(&c.dfa, c.calls.as_ref(), &loops);
+            let planned = plans.iter().filter(|p| p.is_some()).count();
+            assert!(planned > 100, "states with a chain plan: {planned} (calls {calls})");
+            let (mut buf, mut unc, mut stack) = (vec![0u64; c.table.words], Vec::new(), Vec::new());
+            let (mut chained, mut chained_unc) = (vec![0u64; c.table.words], Vec::new());
+            for q in 1..c.dfa.n_states() as u32 {
+                let Some(plan) = &plans[q as usize] else { continue };
+                c.vocab.mask_chain(&c.dfa, c.calls.as_ref(), q, plan, &loops, None, &mut chained, &mut chained_unc);
+                match &c.calls {
+                    Some(k) => c.vocab.mask_calls(&c.dfa, k, q, &loops, None, &mut buf, &mut unc),
+                    None => c.vocab.mask(&c.dfa, q, &loops, None, &mut buf, &mut stack),
+                }
+                assert_eq!(chained, buf, "mask of state {q} (calls {calls})");
+                assert_eq!(chained_unc, unc, "run-time list of state {q} (calls {calls})");
+                assert_eq!(chained.as_slice(), c.allowed(StateId(q)), "compiled mask of state {q} (calls {calls})");
+            }
+        }
+    }
+}
+
 /// Cases the JSON Schema Test Suite found (issue 28), kept here so that `cargo test` holds them
 /// without the suite: each compiles exactly or is refused by name.
 mod suite_regressions {

@@ -36,6 +36,36 @@ pub(crate) struct LoopTable {
     first_bad: Vec<i16>,
 }
 
+/// Length of the chains [`Vocabulary::chain_plans`] looks for: a token of at most this many
+/// bytes read in a chain never leaves it.
+const CHAIN: usize = SHORT_TOKEN;
+
+/// The maskable tokens split for a byte set C (at least 32 bytes) that a chain of states reads
+/// step by step (counting states: strings with a `maxLength` or `minLength`, bounded formats).
+#[derive(Debug)]
+pub(crate) struct ChainTable {
+    /// `full_le[m]`: the tokens of at most `m` bytes, all in C (`m` up to [`CHAIN`]).
+    full_le: Vec<Vec<u64>>,
+    /// The tokens with a byte outside C, with the index of the first, by that index.
+    partial: Vec<(u32, u16)>,
+    /// `nodes_at[d]`: the trie nodes at depth `d` whose spelling is all in C.
+    nodes_at: Vec<Vec<u32>>,
+}
+
+/// A state that starts a chain of `m` steps (1 < `m` ≤ [`CHAIN`]): on every byte of C it goes
+/// to `states[1]`, which goes on every byte of C to `states[2]`, and so on up to `states[m]`,
+/// every state before `states[m]` without calls or returns. A token's bytes in C up to its
+/// `m`-th byte then keep it in the chain: its mask is the tokens of C bytes only that end within
+/// the chain, each other token of the table's `partial` list walked from the chain state it
+/// leaves at, and the trie below depth `m` (its all-C nodes there) walked from `states[m]` —
+/// instead of a walk of the whole trie, which for a 49k vocabulary visits some 100k nodes in
+/// every counting state.
+pub(crate) struct ChainPlan {
+    table: Arc<ChainTable>,
+    m: usize,
+    states: [u32; CHAIN + 1],
+}
+
 /// Masks already computed for some states (filled in as the compiler goes). A walk that enters
 /// a looping state `t` with the rest of a token made of loop bytes up to the token's first byte
 /// outside the loop set reads that token as `t` reads it from the start: `t`'s mask decides.
@@ -274,6 +304,8 @@ pub struct Vocabulary {
     /// Loop tables by loop set, kept across compilations (at most 64; a few hundred KiB each,
     /// rebuilt in milliseconds when dropped).
     loop_tables: Mutex<HashMap<([u64; 4], bool), Arc<LoopTable>>>,
+    /// Chain tables by byte set, kept across compilations like the loop tables.
+    chain_tables: Mutex<HashMap<[u64; 4], Arc<ChainTable>>>,
     /// Ids of the maskable tokens longer than [`SHORT_TOKEN`] bytes.
     long: Vec<u32>,
 }
@@ -300,6 +332,7 @@ impl Vocabulary {
             quoted: std::sync::OnceLock::new(),
             first_unions: Mutex::new(HashMap::new()),
             loop_tables: Mutex::new(HashMap::new()),
+            chain_tables: Mutex::new(HashMap::new()),
             tokens: tokens.to_vec(),
             eos: eos_ids.to_vec(),
             n_bits: tokens.len().max(max_eos),
@@ -450,6 +483,160 @@ impl Vocabulary {
         t
     }
 
+    /// The chain plan of every state that starts a chain (see [`ChainPlan`]); looping states
+    /// keep their loop tables.
+    pub(crate) fn chain_plans(&self, dfa: &Dfa, calls: Option<&Calls>, loops: &[Option<Arc<LoopTable>>]) -> Vec<Option<ChainPlan>> {
+        let n = dfa.n_states();
+        let mut class_bytes = vec![([0u64; 4], 0u32); dfa.ncls];
+        for b in 0..256usize {
+            let c = &mut class_bytes[dfa.classes[b] as usize];
+            c.0[b / 64] |= 1u64 << (b % 64);
+            c.1 += 1;
+        }
+        let plain = |q: u32| calls.is_none_or(|c| c.plain(q) && !c.exit_only[q as usize]);
+        // Per state, the target most of its bytes lead to (not itself, not dead) when that is
+        // at least 32 bytes: (those bytes, the target).
+        let mut per_target: Vec<(u32, [u64; 4], u32)> = Vec::new();
+        let dom: Vec<Option<([u64; 4], u32)>> = (0..n as u32)
+            .map(|q| {
+                if q == DEAD || !plain(q) {
+                    return None;
+                }
+                per_target.clear();
+                for (&t, (bytes, count)) in dfa.row(q).iter().zip(&class_bytes) {
+                    if t == DEAD || t == q {
+                        continue;
+                    }
+                    let i = per_target.iter().position(|e| e.0 == t).unwrap_or_else(|| {
+                        per_target.push((t, [0; 4], 0));
+                        per_target.len() - 1
+                    });
+                    let e = &mut per_target[i];
+                    for (a, b) in e.1.iter_mut().zip(bytes) {
+                        *a |= b;
+                    }
+                    e.2 += count;
+                }
+                let best = per_target.iter().max_by_key(|e| e.2)?;
+                (best.2 >= 32).then_some((best.1, best.0))
+            })
+            .collect();
+        let subset = |a: &[u64; 4], b: &[u64; 4]| a.iter().zip(b).all(|(x, y)| x & !y == 0);
+        (0..n as u32)
+            .map(|q| {
+                if loops[q as usize].is_some() {
+                    return None;
+                }
+                let (set, _) = dom[q as usize]?;
+                let mut states = [q; CHAIN + 1];
+                let mut m = 0;
+                while m < CHAIN {
+                    match dom[states[m] as usize] {
+                        Some((s_set, t)) if subset(&set, &s_set) => {
+                            states[m + 1] = t;
+                            m += 1;
+                        }
+                        _ => break,
+                    }
+                }
+                (m >= CHAIN / 2).then(|| ChainPlan { table: self.chain_table(set), m, states })
+            })
+            .collect()
+    }
+
+    fn chain_table(&self, set: [u64; 4]) -> Arc<ChainTable> {
+        if let Ok(m) = self.chain_tables.lock() {
+            if let Some(t) = m.get(&set) {
+                return t.clone();
+            }
+        }
+        let mut full_le = vec![vec![0u64; self.words()]; CHAIN + 1];
+        let mut partial = Vec::new();
+        for &id in &self.trie.tok_ids {
+            let t = &self.tokens[id as usize];
+            match t.iter().position(|&b| !in_set(&set, b)) {
+                None => {
+                    for f in full_le.iter_mut().skip(t.len()) {
+                        set_bit(f, id);
+                    }
+                }
+                Some(p) => partial.push((id, p.min(u16::MAX as usize) as u16)),
+            }
+        }
+        partial.sort_by_key(|&(id, p)| (p, id));
+        // The all-C nodes by depth, down to CHAIN.
+        let trie = &self.trie;
+        let mut nodes_at: Vec<Vec<u32>> = vec![Vec::new(); CHAIN + 1];
+        nodes_at[0].push(0);
+        for d in 0..CHAIN {
+            let (this, below) = nodes_at.split_at_mut(d + 1);
+            for &node in &this[d] {
+                let (fe, ne) = trie.node_edges[node as usize];
+                for e in fe as usize..(fe + ne) as usize {
+                    if in_set(&set, trie.edge_byte[e]) {
+                        below[0].push(trie.edge_child[e]);
+                    }
+                }
+            }
+        }
+        let t = Arc::new(ChainTable { full_le, partial, nodes_at });
+        if let Ok(mut m) = self.chain_tables.lock() {
+            if m.len() > 64 {
+                m.clear();
+            }
+            m.insert(set, t.clone());
+        }
+        t
+    }
+
+    /// [`Vocabulary::mask`] (without `calls`) or [`Vocabulary::mask_calls`] (with) of a state
+    /// that starts a chain, from its plan: the same bits and run-time list.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn mask_chain(&self, dfa: &Dfa, calls: Option<&Calls>, state: u32, plan: &ChainPlan, loops: &[Option<Arc<LoopTable>>], known: Option<&Known>, out: &mut [u64], unc: &mut Vec<u32>) {
+        out.iter_mut().for_each(|w| *w = 0);
+        unc.clear();
+        if dfa.accept[state as usize] {
+            for &e in &self.eos {
+                set_bit(out, e);
+            }
+        }
+        let step = |q: u32, bytes: &[u8]| -> u8 {
+            match calls {
+                Some(c) => c.walk(dfa, q, &[], bytes),
+                None => {
+                    let mut q = q;
+                    for &b in bytes {
+                        q = dfa.next(q, b);
+                        if q == DEAD {
+                            return 0;
+                        }
+                    }
+                    1
+                }
+            }
+        };
+        let (table, m) = (&plan.table, plan.m);
+        out.iter_mut().zip(&table.full_le[m]).for_each(|(o, f)| *o |= f);
+        // Tokens leaving the chain before its end, from where they leave it.
+        for &(id, p) in table.partial.iter().take_while(|&&(_, p)| (p as usize) < m) {
+            match step(plan.states[p as usize], &self.tokens[id as usize][p as usize..]) {
+                1 => set_bit(out, id),
+                2 => unc.push(id),
+                _ => {}
+            }
+        }
+        // Everything below depth m (the rest of the trie is decided above), from the chain's
+        // last state.
+        let starts = &table.nodes_at[m];
+        match calls {
+            Some(c) => self.walk_calls_from(&self.trie, dfa, c, plan.states[m], starts, Some(loops), known, None, out, unc),
+            None => self.walk_plain_from(&self.trie, dfa, plan.states[m], starts, Some(loops), known, None, out, &mut Vec::new()),
+        }
+        unc.retain(|&id| !bit(out, id));
+        unc.sort_unstable();
+        unc.dedup();
+    }
+
     /// Sets in `out` the bit of every token whose bytes lead from `state` to a live state, and
     /// the EOS bits if `state` accepts. `loops` comes from [`Vocabulary::loop_tables_for`];
     /// `stack` is scratch space.
@@ -483,6 +670,13 @@ impl Vocabulary {
     /// `skip_root`: bytes whose subtrees below the root are not walked.
     #[allow(clippy::too_many_arguments)]
     fn walk_plain(&self, trie: &Trie, dfa: &Dfa, q0: u32, loops: Option<&[Option<Arc<LoopTable>>]>, known: Option<&Known>, skip_root: Option<&[u64; 4]>, out: &mut [u64], stack: &mut Vec<(u32, u32)>) {
+        self.walk_plain_from(trie, dfa, q0, &[0], loops, known, skip_root, out, stack)
+    }
+
+    /// [`Vocabulary::walk_plain`] of the subtrees below `starts` (their own tokens excluded),
+    /// each entered in `q0`.
+    #[allow(clippy::too_many_arguments)]
+    fn walk_plain_from(&self, trie: &Trie, dfa: &Dfa, q0: u32, starts: &[u32], loops: Option<&[Option<Arc<LoopTable>>]>, known: Option<&Known>, skip_root: Option<&[u64; 4]>, out: &mut [u64], stack: &mut Vec<(u32, u32)>) {
         let step = |q0: u32, bytes: &[u8]| -> bool {
             let mut q = q0;
             for &b in bytes {
@@ -494,7 +688,7 @@ impl Vocabulary {
             true
         };
         stack.clear();
-        stack.push((0, q0));
+        stack.extend(starts.iter().map(|&node| (node, q0)));
         let ncls = dfa.ncls;
         // Looping states entered from the root whose masks decide every token of some first
         // bytes.
@@ -599,11 +793,18 @@ impl Vocabulary {
     /// set, the caller drops those).
     #[allow(clippy::too_many_arguments)]
     fn walk_calls(&self, trie: &Trie, dfa: &Dfa, calls: &Calls, q0: u32, loops: Option<&[Option<Arc<LoopTable>>]>, known: Option<&Known>, skip_root: Option<&[u64; 4]>, out: &mut [u64], unc: &mut Vec<u32>) {
+        self.walk_calls_from(trie, dfa, calls, q0, &[0], loops, known, skip_root, out, unc)
+    }
+
+    /// [`Vocabulary::walk_calls`] of the subtrees below `starts` (their own tokens excluded),
+    /// each entered in `q0` with an empty stack.
+    #[allow(clippy::too_many_arguments)]
+    fn walk_calls_from(&self, trie: &Trie, dfa: &Dfa, calls: &Calls, q0: u32, starts: &[u32], loops: Option<&[Option<Arc<LoopTable>>]>, known: Option<&Known>, skip_root: Option<&[u64; 4]>, out: &mut [u64], unc: &mut Vec<u32>) {
         // Trie nodes below which every token may go on past a return (decided at run time).
         let mut unc_nodes: Vec<u32> = Vec::new();
         // Looping states entered from the root with every token of some first bytes.
         let mut root_unc: Vec<(u32, [u64; 4])> = Vec::new();
-        let mut work: Vec<(u32, Config)> = vec![(0, Config { q: q0, stack: Vec::new() })];
+        let mut work: Vec<(u32, Config)> = starts.iter().map(|&node| (node, Config { q: q0, stack: Vec::new() })).collect();
         while let Some((node, c)) = work.pop() {
             let closed;
             let cs: &[Config] = if calls.plain(c.q) {
