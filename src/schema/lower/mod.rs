@@ -249,6 +249,8 @@ pub(crate) struct Lowerer<'a> {
     base_keys: HashMap<Vec<Vec<u8>>, Rc<Dfa>>,
     /// Declared keys' automata, by key text.
     key_lits: HashMap<Vec<u8>, Rc<Dfa>>,
+    /// Words held by `base_keys` and `key_lits` (both are dropped past 16 MiB).
+    key_memo_words: usize,
     /// The schema object whose `unevaluatedProperties` / `unevaluatedItems` the conjunction
     /// being merged may carry: the sole member of the conjunction (or the target of a bare
     /// `$ref` there). Everything merged into its node is then one of its in-place sub-schemas;
@@ -379,6 +381,7 @@ impl<'a> Lowerer<'a> {
             sub_ids: HashMap::default(),
             base_keys: HashMap::default(),
             key_lits: HashMap::default(),
+            key_memo_words: 0,
             eval_root: None,
             checking: 0,
         };

@@ -153,6 +153,19 @@ impl<'a> Lowerer<'a> {
         }
     }
 
+    /// Makes room in the key memos for `d` under a key of `key_bytes` bytes: both are emptied
+    /// when they would hold more than 16 MiB.
+    fn key_memo_room(&mut self, d: &Dfa, key_bytes: usize) {
+        const KEY_MEMO_WORDS: usize = 4 << 20;
+        let cost = d.trans.len() + d.accept.len() / 4 + key_bytes / 4 + 64;
+        if self.key_memo_words + cost > KEY_MEMO_WORDS {
+            self.base_keys.clear();
+            self.key_lits.clear();
+            self.key_memo_words = 0;
+        }
+        self.key_memo_words += cost;
+    }
+
     pub(super) fn lower_object(&mut self, node: &Node<'a>, ptr: &str, any_depth: u32) -> Result<Dfa, SchemaError> {
         let cap = self.cap;
         let inner_depth = any_depth.saturating_sub(1);
@@ -259,9 +272,7 @@ impl<'a> Lowerer<'a> {
             None => {
                 let any_key = self.any_string(ptr)?;
                 let d = Dfa::minus(&any_key, &Dfa::literals(declared_texts.iter().map(|t| t.as_slice()), cap).map_err(self.overflow(ptr))?, cap).map_err(self.overflow(ptr))?;
-                if self.base_keys.len() >= 4096 {
-                    self.base_keys.clear();
-                }
+                self.key_memo_room(&d, declared_texts.iter().map(|t| t.len() + 24).sum());
                 self.base_keys.insert(declared_texts.clone(), Rc::new(d.clone()));
                 d
             }
@@ -380,9 +391,7 @@ impl<'a> Lowerer<'a> {
                 Some(k) => k.clone(),
                 None => {
                     let k = Rc::new(Dfa::literals([text.as_slice()], cap).map_err(self.overflow(ptr))?);
-                    if self.key_lits.len() >= 1 << 16 {
-                        self.key_lits.clear();
-                    }
+                    self.key_memo_room(&k, text.len());
                     self.key_lits.insert(text.clone(), k.clone());
                     k
                 }
