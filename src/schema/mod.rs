@@ -578,7 +578,7 @@ impl CompiledSchema {
                         |(stack, buf), &s| {
                             let mut u = Vec::new();
                             if pass == 0 {
-                                match (&calls, &chains[s as usize]) {
+                                match (&calls, chains.get(s)) {
                                     (_, Some(plan)) => vocab.mask_chain(&dfa, calls.as_ref(), s, plan, &loops, Some(&known), buf, &mut u),
                                     (Some(c), None) => vocab.mask_calls(&dfa, c, s, &loops, Some(&known), buf, &mut u),
                                     (None, None) => vocab.mask(&dfa, s, &loops, Some(&known), buf, stack),

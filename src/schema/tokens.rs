@@ -66,6 +66,19 @@ pub(crate) struct ChainPlan {
     states: [u32; CHAIN + 1],
 }
 
+/// The chain plans of an automaton's states (most states have none).
+pub(crate) struct ChainPlans {
+    /// Per state, its plan's index in `plans`, or `u32::MAX`.
+    of: Vec<u32>,
+    plans: Vec<ChainPlan>,
+}
+
+impl ChainPlans {
+    pub fn get(&self, q: u32) -> Option<&ChainPlan> {
+        self.of.get(q as usize).and_then(|&i| self.plans.get(i as usize))
+    }
+}
+
 /// Masks already computed for some states (filled in as the compiler goes). A walk that enters
 /// a looping state `t` with the rest of a token made of loop bytes up to the token's first byte
 /// outside the loop set reads that token as `t` reads it from the start: `t`'s mask decides.
@@ -304,7 +317,7 @@ pub struct Vocabulary {
     /// Loop tables by loop set, kept across compilations (at most 64; a few hundred KiB each,
     /// rebuilt in milliseconds when dropped).
     loop_tables: Mutex<HashMap<([u64; 4], bool), Arc<LoopTable>>>,
-    /// Chain tables by byte set, kept across compilations like the loop tables.
+    /// Chain tables by byte set, kept across compilations (at most 8).
     chain_tables: Mutex<HashMap<[u64; 4], Arc<ChainTable>>>,
     /// Ids of the maskable tokens longer than [`SHORT_TOKEN`] bytes.
     long: Vec<u32>,
@@ -485,7 +498,7 @@ impl Vocabulary {
 
     /// The chain plan of every state that starts a chain (see [`ChainPlan`]); looping states
     /// keep their loop tables.
-    pub(crate) fn chain_plans(&self, dfa: &Dfa, calls: Option<&Calls>, loops: &[Option<Arc<LoopTable>>]) -> Vec<Option<ChainPlan>> {
+    pub(crate) fn chain_plans(&self, dfa: &Dfa, calls: Option<&Calls>, loops: &[Option<Arc<LoopTable>>]) -> ChainPlans {
         let n = dfa.n_states();
         let mut class_bytes = vec![([0u64; 4], 0u32); dfa.ncls];
         for b in 0..256usize {
@@ -522,7 +535,8 @@ impl Vocabulary {
             })
             .collect();
         let subset = |a: &[u64; 4], b: &[u64; 4]| a.iter().zip(b).all(|(x, y)| x & !y == 0);
-        (0..n as u32)
+        let mut plans = Vec::new();
+        let of = (0..n as u32)
             .map(|q| {
                 if loops[q as usize].is_some() {
                     return None;
@@ -539,9 +553,15 @@ impl Vocabulary {
                         _ => break,
                     }
                 }
-                (m >= CHAIN / 2).then(|| ChainPlan { table: self.chain_table(set), m, states })
+                if m < CHAIN / 2 {
+                    return None; // (a short chain leaves most of the trie to walk anyway)
+                }
+                plans.push(ChainPlan { table: self.chain_table(set), m, states });
+                Some(plans.len() as u32 - 1)
             })
-            .collect()
+            .map(|i| i.unwrap_or(u32::MAX))
+            .collect();
+        ChainPlans { of, plans }
     }
 
     fn chain_table(&self, set: [u64; 4]) -> Arc<ChainTable> {
@@ -581,8 +601,8 @@ impl Vocabulary {
         }
         let t = Arc::new(ChainTable { full_le, partial, nodes_at });
         if let Ok(mut m) = self.chain_tables.lock() {
-            if m.len() > 64 {
-                m.clear();
+            if m.len() >= 8 {
+                m.clear(); // (a vocabulary's tables for the usual few byte sets stay)
             }
             m.insert(set, t.clone());
         }
