@@ -52,7 +52,8 @@ pub(crate) struct ChainTable {
     nodes_at: Vec<Vec<u32>>,
 }
 
-/// A state that starts a chain of `m` steps (1 < `m` ≤ [`CHAIN`]): on every byte of C it goes
+/// A state that starts a chain of `m` steps ([`CHAIN`] / 2 ≤ `m` ≤ [`CHAIN`]; a shorter chain
+/// leaves most of the trie to walk, and the plain walk is faster there): on every byte of C it goes
 /// to `states[1]`, which goes on every byte of C to `states[2]`, and so on up to `states[m]`,
 /// every state before `states[m]` without calls or returns. A token's bytes in C up to its
 /// `m`-th byte then keep it in the chain: its mask is the tokens of C bytes only that end within
