@@ -107,6 +107,35 @@ impl Known<'_> {
     }
 }
 
+/// Each byte class's bytes, and how many.
+fn class_byte_sets(dfa: &Dfa) -> Vec<([u64; 4], u32)> {
+    let mut class_bytes = vec![([0u64; 4], 0u32); dfa.ncls];
+    for b in 0..256usize {
+        let c = &mut class_bytes[dfa.classes[b] as usize];
+        c.0[b / 64] |= 1u64 << (b % 64);
+        c.1 += 1;
+    }
+    class_bytes
+}
+
+/// How `bytes` read from `q` (with calls: an empty local stack): 0 dead, 1 read whole, 2 only
+/// past a return from `q`'s own automaton (decided at run time).
+fn token_verdict(dfa: &Dfa, calls: Option<&Calls>, q: u32, bytes: &[u8]) -> u8 {
+    match calls {
+        Some(c) => c.walk(dfa, q, &[], bytes),
+        None => {
+            let mut q = q;
+            for &b in bytes {
+                q = dfa.next(q, b);
+                if q == DEAD {
+                    return 0;
+                }
+            }
+            1
+        }
+    }
+}
+
 #[inline]
 fn bit(m: &[u64], id: u32) -> bool {
     m[id as usize / 64] >> (id % 64) & 1 == 1
@@ -410,13 +439,8 @@ impl Vocabulary {
 
     /// The loop table of every state with at least 32 self-loop bytes (string bodies).
     pub(crate) fn loop_tables_for(&self, dfa: &Dfa) -> Vec<Option<Arc<LoopTable>>> {
-        // Each byte class's bytes (a state's self-loop set is a union of classes).
-        let mut class_bytes = vec![([0u64; 4], 0u32); dfa.ncls];
-        for b in 0..256usize {
-            let c = &mut class_bytes[dfa.classes[b] as usize];
-            c.0[b / 64] |= 1u64 << (b % 64);
-            c.1 += 1;
-        }
+        // (A state's self-loop set is a union of classes.)
+        let class_bytes = class_byte_sets(dfa);
         (0..dfa.n_states() as u32)
             .map(|state| {
                 if state == DEAD {
@@ -501,12 +525,7 @@ impl Vocabulary {
     /// keep their loop tables.
     pub(crate) fn chain_plans(&self, dfa: &Dfa, calls: Option<&Calls>, loops: &[Option<Arc<LoopTable>>]) -> ChainPlans {
         let n = dfa.n_states();
-        let mut class_bytes = vec![([0u64; 4], 0u32); dfa.ncls];
-        for b in 0..256usize {
-            let c = &mut class_bytes[dfa.classes[b] as usize];
-            c.0[b / 64] |= 1u64 << (b % 64);
-            c.1 += 1;
-        }
+        let class_bytes = class_byte_sets(dfa);
         let plain = |q: u32| calls.is_none_or(|c| c.plain(q) && !c.exit_only[q as usize]);
         // Per state, the target most of its bytes lead to (not itself, not dead) when that is
         // at least 32 bytes: (those bytes, the target).
@@ -621,21 +640,7 @@ impl Vocabulary {
                 set_bit(out, e);
             }
         }
-        let step = |q: u32, bytes: &[u8]| -> u8 {
-            match calls {
-                Some(c) => c.walk(dfa, q, &[], bytes),
-                None => {
-                    let mut q = q;
-                    for &b in bytes {
-                        q = dfa.next(q, b);
-                        if q == DEAD {
-                            return 0;
-                        }
-                    }
-                    1
-                }
-            }
-        };
+        let step = |q: u32, bytes: &[u8]| token_verdict(dfa, calls, q, bytes);
         let (table, m) = (&plan.table, plan.m);
         out.iter_mut().zip(&table.full_le[m]).for_each(|(o, f)| *o |= f);
         // Tokens leaving the chain before its end, from where they leave it.
@@ -924,19 +929,7 @@ impl Vocabulary {
         }
         for &id in &self.long {
             let bytes = &self.tokens[id as usize];
-            let verdict = match calls {
-                Some(c) => c.walk(dfa, state, &[], bytes),
-                None => {
-                    let mut q = state;
-                    for &b in bytes {
-                        q = dfa.next(q, b);
-                        if q == DEAD {
-                            break;
-                        }
-                    }
-                    (q != DEAD) as u8
-                }
-            };
+            let verdict = token_verdict(dfa, calls, state, bytes);
             let (w, bit) = (id as usize / 64, 1u64 << (id % 64));
             if verdict == 1 {
                 out[w] |= bit;
