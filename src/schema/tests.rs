@@ -905,6 +905,47 @@ mod chain_tests {
             }
         }
     }
+
+    /// An automaton with more byte sets than the per-automaton bounds gets tables for as many
+    /// sets as the bounds allow (a schema once built one chain table of a 262k vocabulary per
+    /// state, 14 GB), and its masks are those of walking the whole trie.
+    #[test]
+    fn tables_per_automaton_are_bounded() {
+        use crate::schema::tokens::{MAX_CHAIN_TABLES, MAX_LOOP_TABLES};
+        let v = byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let extra: Vec<char> = "0123456789_-.+~!@#$%^&*()=:;,/?|<>'`".chars().collect();
+        assert!(extra.len() > MAX_LOOP_TABLES && extra.len() > MAX_CHAIN_TABLES);
+        let mut props = serde_json::Map::new();
+        for (i, x) in extra.iter().enumerate() {
+            let cls = match x {
+                '-' | '^' => format!("A-Za-z\\{x}"),
+                _ => format!("A-Za-z{x}"),
+            };
+            // Fixed runs (chains) and open runs (self-loops), each over its own byte set.
+            props.insert(format!("c{i}"), json!({"type": "string", "pattern": format!("^[{cls}]{{12}}$")}));
+            props.insert(format!("l{i}"), json!({"type": "string", "pattern": format!("^[{cls}]*$")}));
+        }
+        let c = CompiledSchema::compile(&json!({"type": "object", "properties": props}), &v, &[eos], &CompileOptions::default()).unwrap();
+        let loops = c.vocab.loop_tables_for(&c.dfa);
+        let plans = c.vocab.chain_plans(&c.dfa, c.calls.as_ref(), &loops);
+        let n = c.dfa.n_states() as u32;
+        let mut loop_tables: Vec<*const _> = loops.iter().flatten().map(Arc::as_ptr).collect();
+        loop_tables.sort();
+        loop_tables.dedup();
+        let mut chain_tables: Vec<*const _> = (0..n).filter_map(|q| plans.get(q)).map(|p| Arc::as_ptr(&p.table)).collect();
+        chain_tables.sort();
+        chain_tables.dedup();
+        assert_eq!(loop_tables.len(), MAX_LOOP_TABLES, "distinct loop tables");
+        assert_eq!(chain_tables.len(), MAX_CHAIN_TABLES, "distinct chain tables");
+        // The states left without a table are masked by walking, as every state can be.
+        let none: Vec<Option<Arc<crate::schema::tokens::LoopTable>>> = vec![None; n as usize];
+        let (mut buf, mut stack) = (vec![0u64; c.table.words], Vec::new());
+        for q in 1..n {
+            c.vocab.mask(&c.dfa, q, &none, None, &mut buf, &mut stack);
+            assert_eq!(buf.as_slice(), c.allowed(StateId(q)), "mask of state {q}");
+        }
+    }
 }
 
 /// Cases the JSON Schema Test Suite found (issue 28), kept here so that `cargo test` holds them

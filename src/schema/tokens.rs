@@ -40,14 +40,35 @@ pub(crate) struct LoopTable {
 /// bytes read in a chain never leaves it.
 const CHAIN: usize = SHORT_TOKEN;
 
+/// At most this many distinct loop tables and chain tables serve one automaton (the byte sets
+/// with the most states get them; the other states walk the trie). A table of a 262k vocabulary
+/// takes megabytes, and the vocabulary's own caches are small and cleared when full: without a
+/// per-automaton bound, an automaton with many byte sets could build one table per state.
+pub(crate) const MAX_LOOP_TABLES: usize = 32;
+pub(crate) const MAX_CHAIN_TABLES: usize = 8;
+
+/// The keys of `keys` kept by a bound of `cap` distinct ones: the most frequent (ties: the
+/// smaller key, so the choice depends on the automaton alone).
+fn most_used<K: Copy + Ord>(keys: impl Iterator<Item = K>, cap: usize) -> Vec<K> {
+    let mut all: Vec<K> = keys.collect();
+    all.sort_unstable();
+    let mut counted: Vec<(usize, K)> = all.chunk_by(|a, b| a == b).map(|g| (g.len(), g[0])).collect();
+    counted.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut kept: Vec<K> = counted.into_iter().take(cap).map(|(_, k)| k).collect();
+    kept.sort_unstable();
+    kept
+}
+
 /// The maskable tokens split for a byte set C (at least 32 bytes) that a chain of states reads
 /// step by step (counting states: strings with a `maxLength` or `minLength`, bounded formats).
 #[derive(Debug)]
 pub(crate) struct ChainTable {
     /// `full_le[m]`: the tokens of at most `m` bytes, all in C (`m` up to [`CHAIN`]).
     full_le: Vec<Vec<u64>>,
-    /// The tokens with a byte outside C, with the index of the first, by that index.
-    partial: Vec<(u32, u16)>,
+    /// The tokens with a byte outside C, by the index of the first and that byte.
+    partial: Vec<u32>,
+    /// The runs of `partial` of one such index and byte: (index, byte, end of the run).
+    groups: Vec<(u16, u8, u32)>,
     /// `nodes_at[d]`: the trie nodes at depth `d` whose spelling is all in C.
     nodes_at: Vec<Vec<u32>>,
 }
@@ -62,7 +83,7 @@ pub(crate) struct ChainTable {
 /// instead of a walk of the whole trie, which for a 49k vocabulary visits some 100k nodes in
 /// every counting state.
 pub(crate) struct ChainPlan {
-    table: Arc<ChainTable>,
+    pub(crate) table: Arc<ChainTable>,
     m: usize,
     states: [u32; CHAIN + 1],
 }
@@ -441,7 +462,7 @@ impl Vocabulary {
     pub(crate) fn loop_tables_for(&self, dfa: &Dfa) -> Vec<Option<Arc<LoopTable>>> {
         // (A state's self-loop set is a union of classes.)
         let class_bytes = class_byte_sets(dfa);
-        (0..dfa.n_states() as u32)
+        let keys: Vec<Option<([u64; 4], bool)>> = (0..dfa.n_states() as u32)
             .map(|state| {
                 if state == DEAD {
                     return None;
@@ -460,9 +481,12 @@ impl Vocabulary {
                     return None;
                 }
                 let ascii_only = set[2] == 0 && set[3] == 0;
-                Some(self.loop_table(set, ascii_only && loops_on_utf8(dfa, state)))
+                Some((set, ascii_only && loops_on_utf8(dfa, state)))
             })
-            .collect()
+            .collect();
+        let kept = most_used(keys.iter().flatten().copied(), MAX_LOOP_TABLES);
+        let tables: Vec<Arc<LoopTable>> = kept.iter().map(|&(set, utf8)| self.loop_table(set, utf8)).collect();
+        keys.iter().map(|k| k.and_then(|k| kept.binary_search(&k).ok()).map(|i| tables[i].clone())).collect()
     }
 
     fn loop_table(&self, set: [u64; 4], utf8: bool) -> Arc<LoopTable> {
@@ -555,8 +579,7 @@ impl Vocabulary {
             })
             .collect();
         let subset = |a: &[u64; 4], b: &[u64; 4]| a.iter().zip(b).all(|(x, y)| x & !y == 0);
-        let mut plans = Vec::new();
-        let of = (0..n as u32)
+        let chains: Vec<Option<([u64; 4], usize, [u32; CHAIN + 1])>> = (0..n as u32)
             .map(|q| {
                 if loops[q as usize].is_some() {
                     return None;
@@ -573,10 +596,19 @@ impl Vocabulary {
                         _ => break,
                     }
                 }
-                if m < CHAIN / 2 {
-                    return None; // (a short chain leaves most of the trie to walk anyway)
-                }
-                plans.push(ChainPlan { table: self.chain_table(set), m, states });
+                // (A short chain leaves most of the trie to walk anyway.)
+                (m >= CHAIN / 2).then_some((set, m, states))
+            })
+            .collect();
+        let kept = most_used(chains.iter().flatten().map(|c| c.0), MAX_CHAIN_TABLES);
+        let tables: Vec<Arc<ChainTable>> = kept.iter().map(|&set| self.chain_table(set)).collect();
+        let mut plans = Vec::new();
+        let of = chains
+            .into_iter()
+            .map(|c| {
+                let (set, m, states) = c?;
+                let i = kept.binary_search(&set).ok()?;
+                plans.push(ChainPlan { table: tables[i].clone(), m, states });
                 Some(plans.len() as u32 - 1)
             })
             .map(|i| i.unwrap_or(u32::MAX))
@@ -603,7 +635,16 @@ impl Vocabulary {
                 Some(p) => partial.push((id, p.min(u16::MAX as usize) as u16)),
             }
         }
-        partial.sort_by_key(|&(id, p)| (p, id));
+        partial.sort_by_key(|&(id, p)| (p, self.tokens[id as usize][p as usize], id));
+        let mut groups: Vec<(u16, u8, u32)> = Vec::new();
+        for (i, &(id, p)) in partial.iter().enumerate() {
+            let b = self.tokens[id as usize][p as usize];
+            match groups.last_mut() {
+                Some(g) if (g.0, g.1) == (p, b) => g.2 = i as u32 + 1,
+                _ => groups.push((p, b, i as u32 + 1)),
+            }
+        }
+        let partial = partial.into_iter().map(|(id, _)| id).collect();
         // The all-C nodes by depth, down to CHAIN.
         let trie = &self.trie;
         let mut nodes_at: Vec<Vec<u32>> = vec![Vec::new(); CHAIN + 1];
@@ -619,10 +660,10 @@ impl Vocabulary {
                 }
             }
         }
-        let t = Arc::new(ChainTable { full_le, partial, nodes_at });
+        let t = Arc::new(ChainTable { full_le, partial, groups, nodes_at });
         if let Ok(mut m) = self.chain_tables.lock() {
-            if m.len() >= 8 {
-                m.clear(); // (a vocabulary's tables for the usual few byte sets stay)
+            if m.len() >= 4 * MAX_CHAIN_TABLES {
+                m.clear(); // (the tables of a few automata's byte sets stay)
             }
             m.insert(set, t.clone());
         }
@@ -643,12 +684,23 @@ impl Vocabulary {
         let step = |q: u32, bytes: &[u8]| token_verdict(dfa, calls, q, bytes);
         let (table, m) = (&plan.table, plan.m);
         out.iter_mut().zip(&table.full_le[m]).for_each(|(o, f)| *o |= f);
-        // Tokens leaving the chain before its end, from where they leave it.
-        for &(id, p) in table.partial.iter().take_while(|&&(_, p)| (p as usize) < m) {
-            match step(plan.states[p as usize], &self.tokens[id as usize][p as usize..]) {
-                1 => set_bit(out, id),
-                2 => unc.push(id),
-                _ => {}
+        // Tokens leaving the chain before its end, from where they leave it; a byte that kills
+        // the chain state it leaves (a plain state) rejects its whole run at once (on a 262k
+        // vocabulary most tokens leave an ASCII chain at once on such a byte).
+        let mut begin = 0;
+        for &(p, b, end) in table.groups.iter().take_while(|g| (g.0 as usize) < m) {
+            let run = &table.partial[begin..end as usize];
+            begin = end as usize;
+            let q = plan.states[p as usize];
+            if dfa.next(q, b) == DEAD {
+                continue;
+            }
+            for &id in run {
+                match step(q, &self.tokens[id as usize][p as usize..]) {
+                    1 => set_bit(out, id),
+                    2 => unc.push(id),
+                    _ => {}
+                }
             }
         }
         // Everything below depth m (the rest of the trie is decided above), from the chain's
