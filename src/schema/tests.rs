@@ -908,7 +908,8 @@ mod chain_tests {
 
     /// An automaton with more byte sets than the per-automaton bounds gets tables for as many
     /// sets as the bounds allow (a schema once built one chain table of a 262k vocabulary per
-    /// state, 14 GB), and its masks are those of walking the whole trie.
+    /// state, 24 GB until the kernel killed it), and its masks are those of walking the whole
+    /// trie.
     #[test]
     fn tables_per_automaton_are_bounded() {
         use crate::schema::tokens::{MAX_CHAIN_TABLES, MAX_LOOP_TABLES};

@@ -47,16 +47,18 @@ const CHAIN: usize = SHORT_TOKEN;
 pub(crate) const MAX_LOOP_TABLES: usize = 32;
 pub(crate) const MAX_CHAIN_TABLES: usize = 8;
 
-/// The keys of `keys` kept by a bound of `cap` distinct ones: the most frequent (ties: the
-/// smaller key, so the choice depends on the automaton alone).
-fn most_used<K: Copy + Ord>(keys: impl Iterator<Item = K>, cap: usize) -> Vec<K> {
-    let mut all: Vec<K> = keys.collect();
+/// Per entry of `keys`, the table of its key, each built once by `build`, for at most `cap`
+/// distinct keys: the most frequent (ties: the smaller key, so the choice depends on the
+/// automaton alone). Entries of the other keys get none.
+fn shared_tables<K: Copy + Ord, T>(keys: &[Option<K>], cap: usize, build: impl Fn(K) -> Arc<T>) -> Vec<Option<Arc<T>>> {
+    let mut all: Vec<K> = keys.iter().flatten().copied().collect();
     all.sort_unstable();
     let mut counted: Vec<(usize, K)> = all.chunk_by(|a, b| a == b).map(|g| (g.len(), g[0])).collect();
     counted.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     let mut kept: Vec<K> = counted.into_iter().take(cap).map(|(_, k)| k).collect();
     kept.sort_unstable();
-    kept
+    let tables: Vec<Arc<T>> = kept.iter().map(|&k| build(k)).collect();
+    keys.iter().map(|k| k.and_then(|k| kept.binary_search(&k).ok()).map(|i| tables[i].clone())).collect()
 }
 
 /// The maskable tokens split for a byte set C (at least 32 bytes) that a chain of states reads
@@ -484,9 +486,7 @@ impl Vocabulary {
                 Some((set, ascii_only && loops_on_utf8(dfa, state)))
             })
             .collect();
-        let kept = most_used(keys.iter().flatten().copied(), MAX_LOOP_TABLES);
-        let tables: Vec<Arc<LoopTable>> = kept.iter().map(|&(set, utf8)| self.loop_table(set, utf8)).collect();
-        keys.iter().map(|k| k.and_then(|k| kept.binary_search(&k).ok()).map(|i| tables[i].clone())).collect()
+        shared_tables(&keys, MAX_LOOP_TABLES, |(set, utf8)| self.loop_table(set, utf8))
     }
 
     fn loop_table(&self, set: [u64; 4], utf8: bool) -> Arc<LoopTable> {
@@ -579,7 +579,7 @@ impl Vocabulary {
             })
             .collect();
         let subset = |a: &[u64; 4], b: &[u64; 4]| a.iter().zip(b).all(|(x, y)| x & !y == 0);
-        let chains: Vec<Option<([u64; 4], usize, [u32; CHAIN + 1])>> = (0..n as u32)
+        let chains: Vec<Option<_>> = (0..n as u32)
             .map(|q| {
                 if loops[q as usize].is_some() {
                     return None;
@@ -600,15 +600,15 @@ impl Vocabulary {
                 (m >= CHAIN / 2).then_some((set, m, states))
             })
             .collect();
-        let kept = most_used(chains.iter().flatten().map(|c| c.0), MAX_CHAIN_TABLES);
-        let tables: Vec<Arc<ChainTable>> = kept.iter().map(|&set| self.chain_table(set)).collect();
+        let sets: Vec<Option<[u64; 4]>> = chains.iter().map(|c| c.map(|c| c.0)).collect();
+        let tables = shared_tables(&sets, MAX_CHAIN_TABLES, |set| self.chain_table(set));
         let mut plans = Vec::new();
         let of = chains
             .into_iter()
-            .map(|c| {
-                let (set, m, states) = c?;
-                let i = kept.binary_search(&set).ok()?;
-                plans.push(ChainPlan { table: tables[i].clone(), m, states });
+            .zip(tables)
+            .map(|(c, table)| {
+                let ((_, m, states), table) = (c?, table?);
+                plans.push(ChainPlan { table, m, states });
                 Some(plans.len() as u32 - 1)
             })
             .map(|i| i.unwrap_or(u32::MAX))
