@@ -495,7 +495,7 @@ fn e2e_tools() {
     bad("/v1/chat/completions", &oa(r#","response_format":{"type":"json_object"}"#), 422, "cannot be combined with tools");
     bad(
         "/v1/chat/completions",
-        &oa(r#","tool_choice":"required""#).replace(r#""maxLength":40"#, r#""pattern":"(?<=a)b""#),
+        &oa(r#","tool_choice":"required""#).replace(r#""maxLength":40"#, r#""pattern":"(a)\\1""#),
         422,
         r#"tool \"get_weather\": unsupported `pattern`"#,
     );

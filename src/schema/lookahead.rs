@@ -10,8 +10,20 @@
 //! the look-ahead-free text between is compiled by regex-automata and concatenated in front.
 //! `^` passes only at the start of the string and `$` only where the continuation accepts the
 //! empty string. A look-ahead inside a repeated group (other than the "tempered dot" that
-//! `strings::lookahead_dfa` handles) and look-behind are refused by name. Look-aheads right after
-//! a leading `^` (`^(?=A)(?!B)REST`, password rules) are the simplest case of this.
+//! `strings::lookahead_dfa` handles) is refused by name. Look-aheads right after a leading `^`
+//! (`^(?=A)(?!B)REST`, password rules) are the simplest case of this.
+//!
+//! A look-behind is the mirror image, an operation on what precedes it: `X(?<!B)Y` matches
+//! `u·w` where `u` (the whole text before the point, the part before the match included) matches
+//! what precedes and does not end with a match of `B`. So the look-behinds of a top-level
+//! alternative are compiled left to right: the *prefix* automaton (the empty string for a match
+//! at the string's start, one or more characters for one later) is extended by the text up to
+//! each look-behind and intersected with (or minus) "ends with a match of `B`"; the rest of the
+//! alternative is compiled as above and concatenated behind it (`^[a-z.]*(?<!\.)$`, "no trailing
+//! dot"; `[a-z]+(?<!\.git)$`). Refused by name: a look-behind inside a group or a look-ahead, one
+//! after a look-ahead, a group holding one, or `$` in the same alternative, and one whose body holds
+//! `$` or a look-around. A group holding `^` or `$` is taken apart as a group holding a
+//! look-ahead is, so that its anchors see the text around it.
 
 use super::automata::{Dfa, Nfa, Overflow};
 use super::strings::{full_match_dfa, pattern_dfa, RegexIssue};
@@ -23,6 +35,8 @@ enum Item<'p> {
     Plain(&'p str),
     /// `(?=body)` or, negated, `(?!body)`.
     Look { negated: bool, body: &'p str },
+    /// `(?<=body)` or, negated, `(?<!body)`.
+    Behind { negated: bool, body: &'p str },
     /// A group holding a look-ahead, `?` after it or not.
     Group { body: &'p str, optional: bool },
     Start,
@@ -194,10 +208,18 @@ fn items<'p>(alt: &'p str) -> Result<Vec<Item<'p>>, RegexIssue> {
                 let inner = &alt[i + 1..end];
                 let q = quantifier_len(b, end + 1);
                 if inner.starts_with("?<=") || inner.starts_with("?<!") {
-                    return Err(unsupported("look-behind is not supported"));
+                    if q > 0 {
+                        return Err(unsupported("a quantified look-behind"));
+                    }
+                    flush(&mut out, &mut plain_from, i);
+                    out.push(Item::Behind { negated: inner.as_bytes()[2] == b'!', body: &inner[3..] });
+                    i = end + 1;
+                    continue;
                 }
                 let look = inner.starts_with("?=") || inner.starts_with("?!");
-                if !look && !has_lookaround(inner) {
+                // A group with an anchor inside is taken apart like one with a look-ahead, so that
+                // its `^` and `$` see what surrounds it (`(?=^.{3,63}$)(^[a-z.]+$)`).
+                if !look && !has_lookaround(inner) && !has_anchor(inner) {
                     plain_from.get_or_insert(i);
                     i = end + 1 + q;
                     continue;
@@ -221,7 +243,7 @@ fn items<'p>(alt: &'p str) -> Result<Vec<Item<'p>>, RegexIssue> {
                     };
                     let quant = &alt[end + 1..end + 1 + q];
                     if !matches!(quant, "" | "?" | "??") {
-                        return Err(unsupported("a look-ahead inside a repeated group"));
+                        return Err(unsupported("a look-ahead or an anchor inside a repeated group"));
                     }
                     out.push(Item::Group { body, optional: !quant.is_empty() });
                 }
@@ -321,6 +343,10 @@ impl Compiler {
             let tail = self.seq(rest, cont, false, depth)?;
             return self.concat(&p, &tail);
         }
+        if let Item::Behind { .. } = first {
+            // Top-level look-behinds are taken apart by `look_behinds` before `seq` sees them.
+            return Err(unsupported("a look-behind inside a group or a look-ahead"));
+        }
         if matches!(first, Item::Look { .. } | Item::Group { .. }) {
             self.ops.set(self.ops.get() + 1);
             if self.ops.get() > MAX_OPS {
@@ -350,8 +376,62 @@ impl Compiler {
                     g
                 }
             }
-            Item::Plain(_) => unreachable!("handled above"),
+            Item::Plain(_) | Item::Behind { .. } => unreachable!("handled above"),
         })
+    }
+
+    /// The strings that end with a match of `body` (a look-behind's), `^` in it passing only at
+    /// the string's start.
+    fn ends_with(&self, body: &str, plus: &Dfa) -> Result<Dfa, RegexIssue> {
+        let b = body.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'$' {
+                return Err(unsupported("`$` inside a look-behind"));
+            }
+            i = skip_atom(b, i);
+        }
+        if has_lookaround(body) {
+            return Err(unsupported("a look-around inside a look-behind"));
+        }
+        let at0 = self.alternation(body, &self.empty_string, true, 1)?;
+        let later = self.alternation(body, &self.empty_string, false, 1)?;
+        self.union(&at0, &self.concat(plus, &later)?)
+    }
+
+    /// The strings holding a match of the top-level alternative `items`, which has look-behinds
+    /// (module docs): for a match at the start and for one after `plus`.
+    fn look_behinds(&self, items: &[Item<'_>], plus: &Dfa) -> Result<Dfa, RegexIssue> {
+        let last = items.iter().rposition(|i| matches!(i, Item::Behind { .. })).expect("a look-behind");
+        if items[..last].iter().any(|i| matches!(i, Item::Look { .. } | Item::Group { .. } | Item::End)) {
+            return Err(unsupported("a look-ahead, a group holding one, or `$` before a look-behind"));
+        }
+        let mut out = Dfa::empty();
+        for (start, at_start) in [(&self.empty_string, true), (plus, false)] {
+            let mut prefix = start.clone();
+            let mut from = 0;
+            for (k, item) in items.iter().enumerate() {
+                let Item::Behind { negated, body } = item else { continue };
+                if from > 0 && items[from..k].iter().any(|i| matches!(i, Item::Start)) {
+                    return Err(unsupported("`^` after a look-behind"));
+                }
+                self.ops.set(self.ops.get() + 1);
+                if self.ops.get() > MAX_OPS {
+                    return Err(RegexIssue::TooLarge);
+                }
+                let text = self.seq(&items[from..k], &self.empty_string, at_start && from == 0, 0)?;
+                prefix = self.concat(&prefix, &text)?;
+                let ends = self.ends_with(body, plus)?;
+                prefix = if *negated { Dfa::minus(&prefix, &ends, self.cap) } else { Dfa::intersect(&prefix, &ends, self.cap) }.map_err(too_large)?;
+                from = k + 1;
+            }
+            if items[from..].iter().any(|i| matches!(i, Item::Start)) {
+                return Err(unsupported("`^` after a look-behind"));
+            }
+            let tail = self.seq(&items[from..], &self.any, false, 0)?;
+            out = self.union(&out, &self.concat(&prefix, &tail)?)?;
+        }
+        Ok(out)
     }
 }
 
@@ -359,12 +439,21 @@ impl Compiler {
 /// `strings::pattern_dfa`), look-aheads anywhere outside repetitions.
 pub(crate) fn search_dfa(pattern: &str, cap: usize) -> Result<Dfa, RegexIssue> {
     let c = Compiler { cap, any: full_match_dfa("(?s:.)*", cap)?, empty_string: full_match_dfa("", cap)?, ops: Default::default() };
-    // A match at the start, or after at least one character (where `^` cannot pass).
-    let at0 = c.alternation(pattern, &c.any, true, 0)?;
-    let later = c.alternation(pattern, &c.any, false, 0)?;
     let plus = full_match_dfa("(?s:.)+", cap)?;
-    let later = c.concat(&plus, &later)?;
-    Ok(c.union(&at0, &later)?.minimize())
+    let mut out = Dfa::empty();
+    for alt in alternatives(pattern) {
+        let items = items(alt)?;
+        let d = if items.iter().any(|i| matches!(i, Item::Behind { .. })) {
+            c.look_behinds(&items, &plus)?
+        } else {
+            // A match at the start, or after at least one character (where `^` cannot pass).
+            let at0 = c.seq(&items, &c.any, true, 0)?;
+            let later = c.seq(&items, &c.any, false, 0)?;
+            c.union(&at0, &c.concat(&plus, &later)?)?
+        };
+        out = c.union(&out, &d)?;
+    }
+    Ok(out.minimize())
 }
 
 #[cfg(test)]
@@ -381,7 +470,8 @@ mod tests {
         assert_eq!(items("x(?:(?!--)[a-z])?[(]\\(").unwrap(), vec![Item::Plain("x"), Item::Group { body: "(?!--)[a-z]", optional: true }, Item::Plain("[(]\\(")]);
         assert_eq!(items("(?:ab)*(c)").unwrap(), vec![Item::Plain("(?:ab)*(c)")]);
         assert!(matches!(items("(?:(?=a).)+"), Err(RegexIssue::Syntax(_))));
-        assert!(matches!(items("(?<=a)b"), Err(RegexIssue::Syntax(_))));
+        assert_eq!(items("(?<=a)b(?<!c)").unwrap(), vec![Item::Behind { negated: false, body: "a" }, Item::Plain("b"), Item::Behind { negated: true, body: "c" }]);
+        assert!(matches!(items("(?<=a)*b"), Err(RegexIssue::Syntax(_))));
         assert!(has_lookaround("a(?!b)") && has_lookaround("(?<!a)") && !has_lookaround("[(?=]\\(?=") && !has_lookaround("(?<n>a)"));
         assert_eq!(alternatives("a|(b|c)|[|]|\\|"), vec!["a", "(b|c)", "[|]", "\\|"]);
     }
@@ -417,6 +507,33 @@ mod tests {
         agrees("(?=^[ab]{2,3}$)a", b"abc", 5, |w| (2..=3).contains(&w.len()) && w.iter().all(|c| b"ab".contains(c)) && w[0] == b'a');
         // In an optional group, alternatives.
         agrees("^x(?:(?=y)..|z)?$", b"xyz", 4, |w| w == b"x" || w == b"xz" || (w.len() == 3 && w[0] == b'x' && w[1] == b'y'));
+    }
+
+    #[test]
+    fn look_behinds_match_their_definition() {
+        let ends = |w: &[u8], s: &[u8]| w.ends_with(s);
+        // No trailing dot (cfn-lint's S3 bucket names).
+        agrees("^[0-9a-z\\.\\-]*(?<!\\.)$", b"a.-X", 5, |w| w.iter().all(|c| b"a.-".contains(c)) && !ends(w, b"."));
+        // Not ending in ".git" (CodeCommit repository names), on a smaller alphabet.
+        agrees("^[a-z.]+(?<!\\.ga)$", b"a.g", 5, |w| !w.is_empty() && w.iter().all(|c| b"a.g".contains(c)) && !ends(w, b".ga"));
+        // Unanchored, positive and negative, looking back past the match's own start.
+        agrees("(?<=a)b", b"ab", 6, |w| w.windows(2).any(|x| x == b"ab"));
+        agrees("(?<!a)b", b"ab", 6, |w| w.iter().enumerate().any(|(i, &c)| c == b'b' && (i == 0 || w[i - 1] != b'a')));
+        agrees("x(?<!ax)y", b"axy", 6, |w| (1..w.len()).any(|i| w[i - 1] == b'x' && w[i] == b'y' && (i < 2 || w[i - 2] != b'a')));
+        // `^` inside the look-behind, two look-behinds, and one beside a look-ahead after it.
+        agrees("(?<=^v?)1", b"v1x", 4, |w| w.starts_with(b"1") || w.starts_with(b"v1"));
+        agrees("^a*(?<!b)(?<=a)(?!a)$", b"ab", 5, |w| !w.is_empty() && w.iter().all(|&c| c == b'a'));
+        // Anchors inside groups beside look-arounds (cfn-lint's bucket names, base64 or a URL).
+        agrees("(?=^.{2,3}$)(?!^(a\\.)+a$)(^((a|b)\\.)*(a|b)$)", b"ab.", 5, |w| {
+            let parts: Vec<&[u8]> = w.split(|&c| c == b'.').collect();
+            (2..=3).contains(&w.len()) && parts.iter().all(|p| p.len() == 1 && b"ab".contains(&p[0])) && !(w.len() == 3 && w == b"a.a")
+        });
+        agrees("(^x.$)|(^(?=(.{2})*$)a*$)", b"xa", 4, |w| (w.len() == 2 && w[0] == b'x') || (w.len() % 2 == 0 && w.iter().all(|&c| c == b'a')));
+        // A top-level alternative with one beside one without.
+        agrees("^b|a(?<=ba)", b"ab", 5, |w| w.starts_with(b"b") || w.windows(2).any(|x| x == b"ba"));
+        for p in ["(a(?<=a))", "(?=a(?<=a))", "(?=a)b(?<=b)", "a$(?<!a)", "(?<=a$)", "(?<=(?=a))", "a(?<=a)^"] {
+            assert!(matches!(search_dfa(p, 10_000), Err(RegexIssue::Syntax(_))), "{p}");
+        }
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub enum SchemaError {
     #[error("unsupported schema keyword `{keyword}` at `{pointer}`: structured output cannot enforce it exactly; remove it or rewrite the schema (see docs/schemas.md)")]
     Unsupported { keyword: String, pointer: String },
     /// A `pattern` outside the supported ECMA-262 subset (look-around, back-references, …).
-    #[error("unsupported `pattern` {pattern:?} at `{pointer}`: {reason}; use a regular pattern without look-behind or back-references")]
+    #[error("unsupported `pattern` {pattern:?} at `{pointer}`: {reason}; use a regular pattern without back-references")]
     UnsupportedPattern { pattern: String, pointer: String, reason: String },
     /// The schema is malformed.
     #[error("invalid schema at `{pointer}` (keyword `{keyword}`): {reason}")]

@@ -199,8 +199,27 @@ fn fix_item(item: &mut ClassSetItem) {
     }
 }
 
+/// Whether `rest` (the text after a `{`) completes a quantifier: `n}`, `n,}` or `n,m}`. Reads
+/// only as far as the digits go, so every `{` of a pattern costs its own digit run at most.
+fn quantifier_follows(mut rest: impl Iterator<Item = char>) -> bool {
+    let mut digits = 0;
+    let mut c = rest.next();
+    while c.is_some_and(|c| c.is_ascii_digit()) {
+        digits += 1;
+        c = rest.next();
+    }
+    if c == Some(',') {
+        c = rest.next();
+        while c.is_some_and(|c| c.is_ascii_digit()) {
+            c = rest.next();
+        }
+    }
+    digits > 0 && c == Some('}')
+}
+
 /// Textual ECMA-262 → regex-syntax rewrites the AST cannot express: in a class, `-` right after
-/// a class escape (`[\w-_]`) is a literal; `\b` / `\B` are ASCII word boundaries.
+/// a class escape (`[\w-_]`) is a literal; `\b` / `\B` are ASCII word boundaries; a `{` that
+/// does not start a quantifier is a literal (ECMA-262 Annex B, and Python: `^\${.*}$`).
 fn ecma_text(pattern: &str) -> String {
     let mut out = String::with_capacity(pattern.len() + 8);
     let mut chars = pattern.chars().peekable();
@@ -223,6 +242,16 @@ fn ecma_text(pattern: &str) -> String {
             }
             out.push(c);
             out.push(n);
+            // `\p{…}`, `\u{…}`, `\x{…}`: the braces belong to the escape.
+            if matches!(n, 'p' | 'P' | 'u' | 'x') && chars.peek() == Some(&'{') {
+                for b in chars.by_ref() {
+                    out.push(b);
+                    if b == '}' {
+                        break;
+                    }
+                }
+                continue;
+            }
             if in_class && matches!(n, 'w' | 'W' | 'd' | 'D' | 's' | 'S') && chars.peek() == Some(&'-') {
                 chars.next();
                 out.push_str("\\-");
@@ -241,6 +270,9 @@ fn ecma_text(pattern: &str) -> String {
         // Inside an ECMA class `[`, `&&` and `~~` are literal; regex-syntax reads them as a
         // nested class and set operations.
         if in_class && matches!(c, '[' | '&' | '~') {
+            out.push('\\');
+        }
+        if !in_class && c == '{' && !quantifier_follows(chars.clone()) {
             out.push('\\');
         }
         out.push(c);
@@ -515,13 +547,20 @@ mod tests {
         assert!(d.matches(b"abc") && !d.matches(b"ac"));
         let d = pattern_dfa("^a.c$", 10_000).unwrap();
         assert!(d.matches(b"abc") && !d.matches(b"a\nc") && d.matches("aéc".as_bytes()));
-        // Look-aheads anywhere (schema::lookahead); look-behind and a look-ahead repeated
-        // other than as the tempered dot are refused.
+        // Look-arounds (schema::lookahead); a look-behind inside a group and a look-ahead
+        // repeated other than as the tempered dot are refused.
         let d = pattern_dfa("(?=a)", 1000).unwrap();
         assert!(d.matches(b"xa") && !d.matches(b"xb"));
         let d = pattern_dfa("x(?!a)", 1000).unwrap();
         assert!(d.matches(b"x") && d.matches(b"xax") && !d.matches(b"xa") && !d.matches(b"a"));
-        assert!(pattern_dfa("(?<=a)b", 1000).is_err());
+        // A `{` that starts no quantifier is a literal; quantifiers and `\p{…}` keep theirs.
+        let d = pattern_dfa("^\\${.*?}$", 1000).unwrap();
+        assert!(d.matches(b"${abc}") && !d.matches(b"$abc") && !d.matches(b"x${a}"));
+        let d = pattern_dfa("^a{2}x{1,}\\p{Lu}{1}z{$", 100_000).unwrap();
+        assert!(d.matches(b"aaxxAz{") && !d.matches(b"aaxxz{") && !d.matches(b"aaxA"));
+        let d = pattern_dfa("(?<=a)b", 1000).unwrap();
+        assert!(d.matches(b"xab") && !d.matches(b"xb") && !d.matches(b"b"));
+        assert!(pattern_dfa("(?:(?<=a)b)", 1000).is_err());
         assert!(pattern_dfa("^(?:(?=a)[a-z])+$", 1000).is_err());
         let d = pattern_dfa("^(?!ab|cd)", 1000).unwrap();
         assert!(d.matches(b"ax") && !d.matches(b"abx") && !d.matches(b"cd") && d.matches(b""));
