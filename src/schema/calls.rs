@@ -388,24 +388,49 @@ impl Calls {
     pub fn distances(&self, dfa: &Dfa) -> (Vec<u32>, u32) {
         use std::cmp::Reverse;
         use std::collections::BinaryHeap;
+        const TEXT: u32 = u32::MAX;
         let n = dfa.n_states();
-        // Reverse edges: text (weight 1) and call (q -> r, weight = callee's shortest value).
-        let mut rev: Vec<Vec<(u32, bool, u32)>> = vec![Vec::new(); n]; // (from, is_call, callee start)
+        // Each state's distinct text successors (a row repeats one target over many byte
+        // classes) and its calls, as (target, from, callee start or TEXT); then the reverse
+        // edges in CSR form, grouped by target.
+        let mut edges: Vec<(u32, u32, u32)> = Vec::new();
+        let mut fwd_off = vec![0u32; n + 1];
+        let mut fwd: Vec<u32> = Vec::new();
         for q in 1..n as u32 {
-            for &t in dfa.row(q) {
-                if t != DEAD {
-                    rev[t as usize].push((q, false, 0));
+            let from = fwd.len();
+            fwd.extend(dfa.row(q).iter().copied().filter(|&t| t != DEAD));
+            fwd[from..].sort_unstable();
+            let mut w = from;
+            for r in from..fwd.len() {
+                if w == from || fwd[w - 1] != fwd[r] {
+                    fwd[w] = fwd[r];
+                    w += 1;
                 }
             }
-            for &(s, r) in self.calls(q) {
-                rev[r as usize].push((q, true, s));
-            }
+            fwd.truncate(w);
+            fwd_off[q as usize + 1] = fwd.len() as u32;
+            edges.extend(fwd[from..].iter().map(|&t| (t, q, TEXT)));
+            edges.extend(self.calls(q).iter().map(|&(s, r)| (r, q, s)));
         }
+        let mut off = vec![0u32; n + 1];
+        for &(t, ..) in &edges {
+            off[t as usize + 1] += 1;
+        }
+        for i in 1..=n {
+            off[i] += off[i - 1];
+        }
+        let mut fill = off.clone();
+        let mut rev = vec![(0u32, 0u32); edges.len()];
+        for &(t, q, s) in &edges {
+            rev[fill[t as usize] as usize] = (q, s);
+            fill[t as usize] += 1;
+        }
+        drop(edges);
         let mut dist = vec![u32::MAX; n];
         // Callees' distances are needed before their callers'; iterate Dijkstra rounds until
         // stable (rounds ≤ call depth + 1).
+        let mut heap = BinaryHeap::new();
         for _round in 0..=MAX_STACK {
-            let mut heap = BinaryHeap::new();
             let mut d2 = vec![u32::MAX; n];
             for q in 1..n {
                 if dfa.accept[q] || self.ret[q] {
@@ -417,8 +442,8 @@ impl Calls {
                 if dq > d2[t as usize] {
                     continue;
                 }
-                for &(q, is_call, s) in &rev[t as usize] {
-                    let w = if is_call { dist[s as usize] } else { 1 };
+                for &(q, s) in &rev[off[t as usize] as usize..off[t as usize + 1] as usize] {
+                    let w = if s == TEXT { 1 } else { dist[s as usize] };
                     if w == u32::MAX {
                         continue;
                     }
@@ -435,43 +460,58 @@ impl Calls {
             dist = d2;
         }
         // Largest need: a state's own distance plus, for every call it makes, the callee's
-        // largest need plus the return state's distance (DAG; memoised by callee start).
-        let mut worst = vec![u32::MAX; n];
-        fn need(c: &Calls, dfa: &Dfa, dist: &[u32], s: u32, worst: &mut Vec<u32>, depth: usize) -> u32 {
-            if worst[s as usize] != u32::MAX {
-                return worst[s as usize];
+        // largest need plus the return state's distance (DAG; memoised by callee start). The
+        // states of one callee's automaton are marked with its own stamp.
+        struct Need<'a> {
+            c: &'a Calls,
+            dist: &'a [u32],
+            fwd: &'a [u32],
+            fwd_off: &'a [u32],
+            worst: Vec<u32>,
+            stamp: Vec<u32>,
+            stamps: u32,
+        }
+        fn need(x: &mut Need<'_>, s: u32, depth: usize) -> u32 {
+            if x.worst[s as usize] != u32::MAX {
+                return x.worst[s as usize];
             }
             if depth >= 256 {
                 return u32::MAX / 2; // (decoded input only: always filter)
             }
             // The states of the automaton starting at `s`: reachable by text and returns of calls.
-            let mut seen = HashMap::<u32, ()>::default();
+            x.stamps += 1;
+            let me = x.stamps;
             let mut stack = vec![s];
+            x.stamp[s as usize] = me;
             let mut best = 0u32;
             while let Some(q) = stack.pop() {
-                if seen.insert(q, ()).is_some() {
-                    continue;
+                if x.dist[q as usize] != u32::MAX {
+                    best = best.max(x.dist[q as usize]);
                 }
-                if dist[q as usize] != u32::MAX {
-                    best = best.max(dist[q as usize]);
-                }
-                for &t in dfa.row(q) {
-                    if t != DEAD {
+                let (from, to) = (x.fwd_off[q as usize] as usize, x.fwd_off[q as usize + 1] as usize);
+                for &t in &x.fwd[from..to] {
+                    if x.stamp[t as usize] != me {
+                        x.stamp[t as usize] = me;
                         stack.push(t);
                     }
                 }
-                for &(cs, r) in c.calls(q) {
-                    stack.push(r);
-                    if dist[r as usize] != u32::MAX {
-                        let inner = need(c, dfa, dist, cs, worst, depth + 1);
-                        best = best.max(inner.saturating_add(dist[r as usize]));
+                for &(cs, r) in x.c.calls(q) {
+                    if x.dist[r as usize] != u32::MAX {
+                        let inner = need(x, cs, depth + 1);
+                        best = best.max(inner.saturating_add(x.dist[r as usize]));
+                    }
+                    // A nested callee's walk took other stamps: `r` is checked against ours.
+                    if x.stamp[r as usize] != me {
+                        x.stamp[r as usize] = me;
+                        stack.push(r);
                     }
                 }
             }
-            worst[s as usize] = best;
+            x.worst[s as usize] = best;
             best
         }
-        let max = need(self, dfa, &dist, dfa.start, &mut worst, 0);
+        let mut x = Need { c: self, dist: &dist, fwd: &fwd, fwd_off: &fwd_off, worst: vec![u32::MAX; n], stamp: vec![0; n], stamps: 0 };
+        let max = need(&mut x, dfa.start, 0);
         (dist, max)
     }
 }

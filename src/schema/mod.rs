@@ -247,7 +247,10 @@ pub struct CompiledSchema {
     pub(crate) unique: Vec<Vec<lower::PStep>>,
     stats: SchemaStats,
     /// Per state: bytes on the shortest path to acceptance (`u32::MAX`: none); and their
-    /// maximum over live states. Computed on first use (not part of the encoding).
+    /// maximum over live states. Computed when the schema is compiled or loaded (not part of the
+    /// encoding): the first generated token needs them (the token budget, the `uniqueItems`
+    /// look-ahead), and a lookup that computed them would stall that token (0.5 s at 287k
+    /// states).
     dist: std::sync::OnceLock<(Vec<u32>, u32)>,
     /// Per state: 1 + the only byte it allows, or 0 (for the `uniqueItems` check).
     forced: std::sync::OnceLock<Vec<u16>>,
@@ -658,7 +661,10 @@ impl CompiledSchema {
             max_length_generated: o.max_length_generated,
             max_items_generated: o.max_items_generated,
         };
-        Ok(CompiledSchema { vocab: vocab.clone(), dfa, table: MaskTable { words, masks, state_mask }, unique, stats, dist: Default::default(), forced: Default::default(), nearer: Default::default(), calls, state_unc, unc })
+        let mut c = CompiledSchema { vocab: vocab.clone(), dfa, table: MaskTable { words, masks, state_mask }, unique, stats, dist: Default::default(), forced: Default::default(), nearer: Default::default(), calls, state_unc, unc };
+        c.distances();
+        c.stats.compile_time = t0.elapsed();
+        Ok(c)
     }
 
     /// The start state.
@@ -787,29 +793,31 @@ impl CompiledSchema {
             if let Some(c) = &self.calls {
                 return c.distances(&self.dfa);
             }
-            let (n, k) = (self.dfa.n_states(), self.dfa.ncls);
-            // Reverse edges (CSR), then a breadth-first search from the accepting states.
+            let n = self.dfa.n_states();
+            // Reverse edges (CSR), one per distinct (state, successor) pair (a row repeats one
+            // successor over many byte classes), then a breadth-first search from the accepting
+            // states.
+            let mut edges: Vec<(u32, u32)> = Vec::new();
+            let mut succ: Vec<u32> = Vec::new();
+            for q in 1..n as u32 {
+                succ.clear();
+                succ.extend(self.dfa.row(q).iter().copied().filter(|&t| t != DEAD));
+                succ.sort_unstable();
+                succ.dedup();
+                edges.extend(succ.iter().map(|&t| (t, q)));
+            }
             let mut deg = vec![0u32; n + 1];
-            for q in 1..n {
-                for &t in self.dfa.row(q as u32) {
-                    if t != DEAD {
-                        deg[t as usize + 1] += 1;
-                    }
-                }
+            for &(t, _) in &edges {
+                deg[t as usize + 1] += 1;
             }
             for i in 1..=n {
                 deg[i] += deg[i - 1];
             }
             let mut fill = deg.clone();
-            let mut rev = vec![0u32; deg[n] as usize];
-            for q in 1..n {
-                for c in 0..k {
-                    let t = self.dfa.trans[q * k + c];
-                    if t != DEAD {
-                        rev[fill[t as usize] as usize] = q as u32;
-                        fill[t as usize] += 1;
-                    }
-                }
+            let mut rev = vec![0u32; edges.len()];
+            for &(t, q) in &edges {
+                rev[fill[t as usize] as usize] = q;
+                fill[t as usize] += 1;
             }
             let mut dist = vec![u32::MAX; n];
             let mut queue = std::collections::VecDeque::new();

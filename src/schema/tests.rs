@@ -53,6 +53,10 @@ fn object_basic() {
     let bytes = c.to_bytes();
     let d = CompiledSchema::from_bytes(&bytes).unwrap();
     assert_eq!(d.to_bytes(), bytes);
+    // The distances to acceptance are ready before the first lookup, compiled or loaded (a
+    // lookup that computed them would stall the first token on a large automaton).
+    assert!(c.dist.get().is_some() && d.dist.get().is_some());
+    assert_eq!(c.dist.get(), d.dist.get());
     for cut in [0, 5, bytes.len() / 2, bytes.len() - 1] {
         assert!(CompiledSchema::from_bytes(&bytes[..cut]).is_err());
     }

@@ -264,6 +264,8 @@ impl CompiledSchema {
             max_length_generated: 0,
             max_items_generated: 0,
         };
-        Ok(CompiledSchema { vocab, dfa, table, unique, stats, dist: Default::default(), forced: Default::default(), nearer: Default::default(), calls, state_unc, unc })
+        let c = CompiledSchema { vocab, dfa, table, unique, stats, dist: Default::default(), forced: Default::default(), nearer: Default::default(), calls, state_unc, unc };
+        c.distances(); // as `compile_with` does (the field's docs)
+        Ok(c)
     }
 }
