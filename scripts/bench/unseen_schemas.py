@@ -17,7 +17,8 @@ is how the resource schemas name their own document). External `$ref`s (to anoth
 are inlined: the target is copied under the root's `$defs` (`definitions` before draft 2019-09)
 with a derived name and the reference rewritten to it. References to the JSON Schema metaschemas
 stay (both the compiler and `jsonschema` know them). A schema with a reference that cannot be
-resolved this way is left out and counted. A schema without `$schema` gets draft 2020-12's, so
+resolved this way is left out and counted, and so is one with a `pattern` that Python's `re`
+cannot compile (the reference validator could not check it). A schema without `$schema` gets draft 2020-12's, so
 that the compiler and the validator read it by the same draft.
 
 Instances: documents synthesized from each schema (required properties only; all properties;
@@ -423,6 +424,29 @@ class Timeout(Exception):
     pass
 
 
+def python_cannot_read(schema):
+    """The first `pattern` (or `patternProperties` key) that Python's `re`, which `jsonschema`
+    validates with, cannot compile (`\\p{L}` for one), or None. Such a schema cannot be checked
+    against the reference validator (neither its instances nor a generated answer), so it is left
+    out of the corpus and counted."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            pats = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+            if isinstance(node.get("patternProperties"), dict):
+                pats += list(node["patternProperties"])
+            for p in pats:
+                try:
+                    re.compile(p)
+                except (re.error, RecursionError, OverflowError):
+                    return p
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
+
+
 def _alarm(*_):
     raise Timeout()
 
@@ -500,7 +524,7 @@ def main():
     seen_digests = set(ref_digests)
     for source, docs in sources.items():
         aliases = {self_id(d): url for url, d in docs.items() if self_id(d)}
-        c = counts.setdefault(source, {"candidates": 0, "in_reference": 0, "duplicate": 0, "unresolved_ref": 0, "taken": 0})
+        c = counts.setdefault(source, {"candidates": 0, "in_reference": 0, "duplicate": 0, "unresolved_ref": 0, "python_cannot_read": 0, "taken": 0})
         order = sorted(docs, key=lambda url: hashlib.sha256((args.seed + url).encode()).hexdigest())
         for url in order:
             if c["taken"] >= QUOTAS[source]:
@@ -516,6 +540,9 @@ def main():
                 schema, n_inlined = inline(url, doc, docs, aliases)
             except (Unresolved, RecursionError, ValueError, IndexError) as e:
                 c["unresolved_ref"] += 1
+                continue
+            if python_cannot_read(schema) is not None:
+                c["python_cannot_read"] += 1
                 continue
             if "$schema" not in schema:
                 schema = {"$schema": DRAFT_2020, **schema}
