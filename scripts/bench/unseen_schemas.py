@@ -17,8 +17,9 @@ is how the resource schemas name their own document). External `$ref`s (to anoth
 are inlined: the target is copied under the root's `$defs` (`definitions` before draft 2019-09)
 with a derived name and the reference rewritten to it. References to the JSON Schema metaschemas
 stay (both the compiler and `jsonschema` know them). A schema with a reference that cannot be
-resolved this way is left out and counted, and so is one with a `pattern` that Python's `re`
-cannot compile (the reference validator could not check it). A schema without `$schema` gets draft 2020-12's, so
+resolved this way is left out and counted, and so is one that the reference validator cannot
+read (a `pattern` that Python's `re` cannot compile, a reference it cannot resolve): it could not
+check a generated answer either. A schema without `$schema` gets draft 2020-12's, so
 that the compiler and the validator read it by the same draft.
 
 Instances: documents synthesized from each schema (required properties only; all properties;
@@ -225,7 +226,8 @@ def inline(main_url, main, docs, aliases):
         sub = copy.deepcopy(pointer_get(docs[url], frag))
         if isinstance(sub, dict):
             sub.pop("$id", None)
-            sub.pop("id", None) if isinstance(sub.get("id"), str) else None
+            if isinstance(sub.get("id"), str):  # draft 4's `id`; not a property named "id"
+                sub.pop("id")
             sub.pop("$schema", None)
         rewrite(sub, self_id(docs[url]) or url)
         schema.setdefault(defs_key, {})[name] = sub
@@ -560,8 +562,17 @@ def main():
             signal.alarm(20)
             try:
                 valid, invalid = make_instances(schema) if metaschema_valid else ([], [])
-            except (Timeout, Exception):
+            except Timeout:
+                # Kept without instances (it still counts for compile coverage and time).
+                print(f"{url}: no instances (the validator took over 20 s)", file=sys.stderr)
+                c["no_instances"] = c.get("no_instances", 0) + 1
                 valid, invalid = [], []
+            except Exception as e:
+                # The validator cannot read it (a reference it cannot resolve, for one): it could
+                # not check a generated answer either.
+                print(f"{url}: left out, the validator fails on it ({type(e).__name__})", file=sys.stderr)
+                c["python_cannot_read"] += 1
+                continue
             finally:
                 signal.alarm(0)
             name = url.rsplit("/", 1)[-1]

@@ -37,7 +37,7 @@ enum Item<'p> {
     Look { negated: bool, body: &'p str },
     /// `(?<=body)` or, negated, `(?<!body)`.
     Behind { negated: bool, body: &'p str },
-    /// A group holding a look-ahead, `?` after it or not.
+    /// A group holding a look-around or an anchor, `?` after it or not.
     Group { body: &'p str, optional: bool },
     Start,
     End,
