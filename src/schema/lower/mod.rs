@@ -561,7 +561,8 @@ impl<'a> Lowerer<'a> {
         if !node.undeclared.is_empty() {
             return self.lower_undeclared(node, ptr, any_depth);
         }
-        let mut types = effective_types(&node);
+        let declared = effective_types(&node);
+        let mut types = declared;
         if let Some(e) = &node.enums {
             let mut tb = 0;
             for v in e {
@@ -647,7 +648,11 @@ impl<'a> Lowerer<'a> {
                         numbers::number_dfa(false, None, None, Some(st), true, cap).is_ok_and(|m| m.matches(&canon))
                     });
                     let _ = d;
-                    if in_range && multiple {
+                    if in_range && multiple && declared & T_FRAC == 0 {
+                        // Under `type: integer` only the integer spelling: the text policy offers
+                        // no `3.0` for an integer, and draft 4 counts it as no integer at all.
+                        num_texts.push(canon);
+                    } else if in_range && multiple {
                         num_texts.extend(value_texts(v, self.opts));
                     }
                 } else {
