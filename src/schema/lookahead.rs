@@ -406,12 +406,20 @@ impl Compiler {
         if items[..last].iter().any(|i| matches!(i, Item::Look { .. } | Item::Group { .. } | Item::End)) {
             return Err(unsupported("a look-ahead, a group holding one, or `$` before a look-behind"));
         }
+        // "Ends with a match of the body", per look-behind: the same for both start cases.
+        let mut ends = Vec::new();
+        for item in items {
+            if let Item::Behind { body, .. } = item {
+                ends.push(self.ends_with(body, plus)?);
+            }
+        }
         let mut out = Dfa::empty();
         for (start, at_start) in [(&self.empty_string, true), (plus, false)] {
             let mut prefix = start.clone();
             let mut from = 0;
+            let mut behind = ends.iter();
             for (k, item) in items.iter().enumerate() {
-                let Item::Behind { negated, body } = item else { continue };
+                let Item::Behind { negated, .. } = item else { continue };
                 if from > 0 && items[from..k].iter().any(|i| matches!(i, Item::Start)) {
                     return Err(unsupported("`^` after a look-behind"));
                 }
@@ -421,8 +429,8 @@ impl Compiler {
                 }
                 let text = self.seq(&items[from..k], &self.empty_string, at_start && from == 0, 0)?;
                 prefix = self.concat(&prefix, &text)?;
-                let ends = self.ends_with(body, plus)?;
-                prefix = if *negated { Dfa::minus(&prefix, &ends, self.cap) } else { Dfa::intersect(&prefix, &ends, self.cap) }.map_err(too_large)?;
+                let ends = behind.next().expect("one per look-behind");
+                prefix = if *negated { Dfa::minus(&prefix, ends, self.cap) } else { Dfa::intersect(&prefix, ends, self.cap) }.map_err(too_large)?;
                 from = k + 1;
             }
             if items[from..].iter().any(|i| matches!(i, Item::Start)) {
