@@ -404,6 +404,29 @@ impl Dfa {
         &self.trans[i..i + self.ncls]
     }
 
+    /// Each live state's distinct successors, sorted (a row repeats one target over many byte
+    /// classes), in CSR form: state `q`'s are `succ[off[q]..off[q + 1]]` (none for the dead state).
+    pub(crate) fn successors(&self) -> (Vec<u32>, Vec<u32>) {
+        let n = self.n_states();
+        let mut off = vec![0u32; n + 1];
+        let mut succ: Vec<u32> = Vec::new();
+        for q in 1..n as u32 {
+            let from = succ.len();
+            succ.extend(self.row(q).iter().copied().filter(|&t| t != DEAD));
+            succ[from..].sort_unstable();
+            let mut w = from;
+            for r in from..succ.len() {
+                if w == from || succ[w - 1] != succ[r] {
+                    succ[w] = succ[r];
+                    w += 1;
+                }
+            }
+            succ.truncate(w);
+            off[q as usize + 1] = succ.len() as u32;
+        }
+        (off, succ)
+    }
+
     #[inline]
     pub fn next(&self, s: u32, b: u8) -> u32 {
         self.trans[s as usize * self.ncls + self.classes[b as usize] as usize]

@@ -390,26 +390,12 @@ impl Calls {
         use std::collections::BinaryHeap;
         const TEXT: u32 = u32::MAX;
         let n = dfa.n_states();
-        // Each state's distinct text successors (a row repeats one target over many byte
-        // classes) and its calls, as (target, from, callee start or TEXT); then the reverse
-        // edges in CSR form, grouped by target.
+        // Each state's distinct text successors and its calls, as (target, from, callee start
+        // or TEXT); then the reverse edges in CSR form, grouped by target.
+        let (fwd_off, fwd) = dfa.successors();
         let mut edges: Vec<(u32, u32, u32)> = Vec::new();
-        let mut fwd_off = vec![0u32; n + 1];
-        let mut fwd: Vec<u32> = Vec::new();
         for q in 1..n as u32 {
-            let from = fwd.len();
-            fwd.extend(dfa.row(q).iter().copied().filter(|&t| t != DEAD));
-            fwd[from..].sort_unstable();
-            let mut w = from;
-            for r in from..fwd.len() {
-                if w == from || fwd[w - 1] != fwd[r] {
-                    fwd[w] = fwd[r];
-                    w += 1;
-                }
-            }
-            fwd.truncate(w);
-            fwd_off[q as usize + 1] = fwd.len() as u32;
-            edges.extend(fwd[from..].iter().map(|&t| (t, q, TEXT)));
+            edges.extend(fwd[fwd_off[q as usize] as usize..fwd_off[q as usize + 1] as usize].iter().map(|&t| (t, q, TEXT)));
             edges.extend(self.calls(q).iter().map(|&(s, r)| (r, q, s)));
         }
         let mut off = vec![0u32; n + 1];

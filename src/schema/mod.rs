@@ -794,17 +794,12 @@ impl CompiledSchema {
                 return c.distances(&self.dfa);
             }
             let n = self.dfa.n_states();
-            // Reverse edges (CSR), one per distinct (state, successor) pair (a row repeats one
-            // successor over many byte classes), then a breadth-first search from the accepting
-            // states.
+            // Reverse edges (CSR), one per distinct (state, successor) pair, then a
+            // breadth-first search from the accepting states.
+            let (off, succ) = self.dfa.successors();
             let mut edges: Vec<(u32, u32)> = Vec::new();
-            let mut succ: Vec<u32> = Vec::new();
             for q in 1..n as u32 {
-                succ.clear();
-                succ.extend(self.dfa.row(q).iter().copied().filter(|&t| t != DEAD));
-                succ.sort_unstable();
-                succ.dedup();
-                edges.extend(succ.iter().map(|&t| (t, q)));
+                edges.extend(succ[off[q as usize] as usize..off[q as usize + 1] as usize].iter().map(|&t| (t, q)));
             }
             let mut deg = vec![0u32; n + 1];
             for &(t, _) in &edges {
