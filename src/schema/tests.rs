@@ -645,6 +645,103 @@ mod one_of_tests {
         assert!(tests::accepts(&c, r#"["a"]"#) && tests::accepts(&c, "[[1]]") && !tests::accepts(&c, "[]") && !tests::accepts(&c, r#"["a",[1]]"#));
     }
 
+    /// The `oneOf` shapes of real schemas the project had not seen (SchemaStore, buildkite,
+    /// bitbucket): types every branch admits, arrays whose only common value is `[]`, tuples
+    /// apart by length or by one position, discriminators not required, branches told apart by
+    /// a nested disjunction's required keys, and keys forbidden by `{"not": {}}` or by closed
+    /// objects whose patterns do not match them.
+    #[test]
+    fn one_of_shapes_of_unseen_schemas_are_exact() {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let compile = |s: &Value| CompiledSchema::compile(s, &v, &[eos], &CompileOptions::default()).unwrap();
+        let obj = |v: &Value| v.as_object().cloned().unwrap_or_default();
+        let is = |o: &serde_json::Map<String, Value>, k: &str, t: &str| o.get(k).is_some_and(|x| x.as_str() == Some(t));
+
+        // No `type` (plagiarize-me's merge rules): every number, array, string, boolean and
+        // null satisfies both branches, so none is valid; objects are told apart by `type`.
+        let s = json!({"oneOf": [{"required": ["type"], "properties": {"type": {"enum": ["a"]}}}, {"required": ["type"], "properties": {"type": {"enum": ["b"]}}}]});
+        let c = compile(&s);
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc(r#"{"type":"a"}"#) && acc(r#"{"type":"b","x":1}"#));
+        assert!(!acc("1") && !acc("1.5") && !acc("[]") && !acc("[1]") && !acc(r#""s""#) && !acc("null") && !acc("true") && !acc("{}"));
+        walks_are_valid(&c, eos, |v| is(&obj(v), "type", "a") || is(&obj(v), "type", "b"));
+
+        // Arrays of disjoint items (block.json's `margin`): `[]` satisfies both, no other array does.
+        let s = json!({"oneOf": [{"type": "boolean"}, {"type": "array", "items": {"enum": ["top", "left"]}}, {"type": "array", "items": {"enum": ["x", "y"]}}]});
+        let c = compile(&s);
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc("true") && acc(r#"["top"]"#) && acc(r#"["x","y"]"#) && !acc("[]") && !acc(r#"["top","x"]"#));
+        walks_are_valid(&c, eos, |v| match v {
+            Value::Bool(_) => true,
+            Value::Array(a) => !a.is_empty() && (a.iter().all(|x| x == "top" || x == "left") || a.iter().all(|x| x == "x" || x == "y")),
+            _ => false,
+        });
+
+        // Tuples (putout's rules): apart by length (a closed prefix bounds it) or by the rule
+        // at one position.
+        let s = json!({"oneOf": [{"enum": ["on", "off"]},
+            {"type": "array", "items": [{"enum": ["on", "off"]}, {"type": "object"}], "minItems": 2, "additionalItems": false},
+            {"type": "array", "items": [{"enum": ["on", "off"]}, {"type": "string"}, {"type": "object"}], "minItems": 3, "additionalItems": false},
+            {"type": "array", "items": [{"enum": ["on", "off"]}, {"type": "string"}], "minItems": 2, "additionalItems": false}]});
+        let c = compile(&s);
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc(r#""on""#) && acc(r#"["on",{}]"#) && acc(r#"["off","s",{"a":1}]"#) && acc(r#"["on","s"]"#));
+        assert!(!acc(r#"["on"]"#) && !acc(r#"["on",{},1]"#) && !acc(r#"["on","s",1]"#));
+
+        // A discriminator neither branch requires (testenvironments' ssh / remote): an object
+        // without it satisfies both, so each branch requires its own value. (Keys come in
+        // their declared order: the text policy.)
+        let s = json!({"type": "object", "oneOf": [
+            {"required": ["uri"], "properties": {"type": {"enum": ["ssh"]}, "uri": {"type": "string"}}},
+            {"required": ["uri"], "properties": {"type": {"enum": ["remote"]}, "uri": {"type": "string"}}}]});
+        let c = compile(&s);
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc(r#"{"type":"ssh","uri":"u"}"#) && acc(r#"{"type":"remote","uri":"u"}"#));
+        assert!(!acc(r#"{"uri":"u"}"#) && !acc(r#"{"uri":"u","type":"x"}"#) && !acc(r#"{"type":"ssh"}"#));
+        walks_are_valid(&c, eos, |v| {
+            let o = obj(v);
+            o.get("uri").is_some_and(|u| u.is_string()) && (is(&o, "type", "ssh") || is(&o, "type", "remote"))
+        });
+
+        // A branch whose own `oneOf` requires one of two keys (docker's image or file): the
+        // other branch leaves both out.
+        let s = json!({"type": "object", "oneOf": [{"oneOf": [{"required": ["img"]}, {"required": ["file"]}]}, {"required": ["wsl"]}]});
+        let c = compile(&s);
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc(r#"{"img":1}"#) && acc(r#"{"file":"f","z":2}"#) && acc(r#"{"wsl":null}"#));
+        assert!(!acc(r#"{"img":1,"wsl":2}"#) && !acc(r#"{"img":1,"file":2}"#) && !acc(r#"{"wsl":1,"file":2}"#) && !acc("{}"));
+        walks_are_valid(&c, eos, |v| {
+            let o = obj(v);
+            v.is_object() && [o.contains_key("img"), o.contains_key("file"), o.contains_key("wsl")].iter().filter(|&&b| b).count() == 1
+        });
+
+        // Closed objects sharing one key (buildkite's notifications): each requires its own.
+        let s = json!({"oneOf": [
+            {"type": "object", "properties": {"email": {"type": "string"}, "if": {"type": "string"}}, "additionalProperties": false},
+            {"type": "object", "properties": {"camp": {"type": "string"}, "if": {"type": "string"}}, "additionalProperties": false}]});
+        let c = compile(&s);
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc(r#"{"email":"a"}"#) && acc(r#"{"camp":"b","if":"c"}"#));
+        assert!(!acc("{}") && !acc(r#"{"if":"c"}"#) && !acc(r#"{"email":"a","camp":"b"}"#));
+
+        // A key forbidden by `{"not": {}}` (bitbucket's image without credentials), and one a
+        // closed object's patterns do not match (AsyncAPI's `$ref` beside `^x-`).
+        let s = json!({"oneOf": [
+            {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}, "password": {"not": {}}}},
+            {"type": "object", "required": ["name", "password"], "properties": {"name": {"type": "string"}, "password": {"type": "string"}}}]});
+        let c = compile(&s);
+        assert!(tests::accepts(&c, r#"{"name":"n"}"#) && tests::accepts(&c, r#"{"name":"n","password":"p"}"#));
+        assert!(!tests::accepts(&c, r#"{"name":"n","password":1}"#));
+        let s = json!({"oneOf": [
+            {"type": "object", "required": ["$ref"], "properties": {"$ref": {"type": "string"}}},
+            {"type": "object", "properties": {"summary": {"type": "string"}}, "patternProperties": {"^x-": {}}, "additionalProperties": false}]});
+        let c = compile(&s);
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc(r#"{"$ref":"r"}"#) && acc(r#"{"$ref":"r","summary":"s"}"#) && acc("{}") && acc(r#"{"x-a":1}"#));
+        assert!(!acc(r#"{"$ref":1}"#) && !acc(r#"{"y":1}"#));
+    }
+
     /// `allOf` members that close their objects with `patternProperties`: a key declared by
     /// another member falls under the patterns that match it, else under
     /// `additionalProperties` (hayson's `gridMeta`, web-types).

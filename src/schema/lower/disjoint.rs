@@ -133,8 +133,8 @@ impl<'a> Lowerer<'a> {
             rest &= !(T_INT | T_FRAC);
         }
         if rest & T_ARR != 0 {
-            let sep = |x: &Node, y: &Node| y.max_items.is_some_and(|m| m < x.min_items);
-            if !(sep(a, b) || sep(b, a) || self.first_items_disjoint(a, b, depth)?) {
+            let sep = |x: &Node, y: &Node| max_len(y).is_some_and(|m| m < x.min_items);
+            if !(sep(a, b) || sep(b, a) || self.items_disjoint(a, b, depth)?) {
                 return Ok(false);
             }
             rest &= !T_ARR;
@@ -148,17 +148,27 @@ impl<'a> Lowerer<'a> {
         Ok(rest == 0)
     }
 
-    /// Arrays of which one has at least one item, when the first items' rules are disjoint.
-    fn first_items_disjoint(&mut self, a: &Node<'a>, b: &Node<'a>, depth: u32) -> Result<bool, SchemaError> {
-        if depth == 0 || (a.min_items == 0 && b.min_items == 0) {
+    /// Arrays with an item at position `i` (one of them requires more than `i` items) whose
+    /// rules for that position are disjoint. Positions past both prefixes share one rule each,
+    /// so the first of them stands for all.
+    fn items_disjoint(&mut self, a: &Node<'a>, b: &Node<'a>, depth: u32) -> Result<bool, SchemaError> {
+        if depth == 0 {
             return Ok(false);
         }
-        let first = |n: &Node<'a>| n.prefix.first().or(n.items.as_ref()).cloned();
-        let (Some(fa), Some(fb)) = (first(a), first(b)) else { return Ok(false) };
-        match (self.node_of(fa)?, self.node_of(fb)?) {
-            (Some(na), Some(nb)) => self.disjoint(&na, &nb, depth - 1),
-            _ => Ok(true),
+        let at = |n: &Node<'a>, i: usize| n.prefix.get(i).or(n.items.as_ref()).cloned();
+        let present = a.min_items.max(b.min_items);
+        let positions = (a.prefix.len().max(b.prefix.len()) as u64 + 1).min(present);
+        for i in 0..positions as usize {
+            let (Some(fa), Some(fb)) = (at(a, i), at(b, i)) else { continue };
+            let apart = match (self.node_of(fa)?, self.node_of(fb)?) {
+                (Some(na), Some(nb)) => self.disjoint(&na, &nb, depth - 1)?,
+                _ => true,
+            };
+            if apart {
+                return Ok(true);
+            }
         }
+        Ok(false)
     }
 
     fn objects_disjoint(&mut self, a: &Node<'a>, b: &Node<'a>, depth: u32) -> Result<bool, SchemaError> {
@@ -170,11 +180,8 @@ impl<'a> Lowerer<'a> {
             for r in &x.required {
                 let declared = y.props.iter().find(|(n, _)| n == r);
                 let forbidden = match declared {
-                    Some((_, c)) => c.iter().any(|s| s.v == &Value::Bool(false)),
-                    None => {
-                        y.pattern_props.is_empty()
-                            && y.additional.as_ref().is_some_and(|c| c.iter().any(|s| s.v == &Value::Bool(false)))
-                    }
+                    Some((_, c)) => c.iter().any(denies),
+                    None => y.additional.as_ref().is_some_and(|c| c.iter().any(denies)) && !self.pattern_declares(y, r)?,
                 };
                 if forbidden {
                     return Ok(true);
@@ -208,16 +215,26 @@ impl<'a> Lowerer<'a> {
         Ok(false)
     }
 
+    /// Whether one of the node's `patternProperties` applies to the key.
+    fn pattern_declares(&mut self, n: &Node<'a>, key: &str) -> Result<bool, SchemaError> {
+        for (p, _, pp) in &n.pattern_props {
+            if self.pattern(p, pp)?.matches(key.as_bytes()) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// Whether no key can be present in both a closed object of `a` and one of `b` (both with
     /// `additionalProperties: false`; names declared `false` do not count). Then the only object
     /// both accept is `{}`.
     fn keys_disjoint(&mut self, a: &Node<'a>, b: &Node<'a>) -> Result<bool, SchemaError> {
-        let closed = |n: &Node| n.additional.as_ref().is_some_and(|c| c.iter().any(|s| s.v == &Value::Bool(false)));
+        let closed = |n: &Node| n.additional.as_ref().is_some_and(|c| c.iter().any(denies));
         if !closed(a) || !closed(b) {
             return Ok(false);
         }
         let names = |n: &Node<'a>| -> Vec<String> {
-            n.props.iter().filter(|(_, c)| !c.iter().any(|s| s.v == &Value::Bool(false))).map(|(k, _)| k.clone()).collect()
+            n.props.iter().filter(|(_, c)| !c.iter().any(denies)).map(|(k, _)| k.clone()).collect()
         };
         let (na, nb) = (names(a), names(b));
         let mut pa = Vec::new();
@@ -244,9 +261,21 @@ impl<'a> Lowerer<'a> {
     }
 
     /// Narrows the object branch `x` of an overlapping `oneOf` until no object of it satisfies
-    /// `y`: a key `y` requires is forbidden in `x`, or (closed objects with disjoint keys) `{}`
-    /// is left out. Every object removed either satisfies `y` too (so no branch alone) or has a
-    /// key whose value fails `y`'s rule for it — the second kind is the (documented) narrowing.
+    /// `y`, trying in turn (each kept only when the disjointness proof then succeeds, so the
+    /// result is sound whatever the schemas):
+    ///
+    /// 1. closed objects with disjoint keys: `{}` left out of `x`;
+    /// 2. a key `y` requires, forbidden in `x`;
+    /// 3. a disjunction of `y` each of whose alternatives requires a key: those keys forbidden
+    ///    in `x` (`y`'s objects carry one of them);
+    /// 4. `x` and `y` closed, and `x` declaring exactly one key `y` does not allow: that key
+    ///    required in `x`;
+    /// 5. a key both declare, with disjoint rules (a discriminator such as `"type": {"enum":
+    ///    ["ssh"]}` beside `["remote"]`): required in `x`.
+    ///
+    /// Every object removed either satisfies `y` too (so no branch alone) or fails `y` only by
+    /// the value of a key both declare, or by a key the removal concerns — the (documented)
+    /// narrowing.
     pub(super) fn narrow_apart(&mut self, x: &mut Node<'a>, y: &Node<'a>) -> Result<bool, SchemaError> {
         if self.disjoint(x, y, 2)? {
             return Ok(true);
@@ -257,8 +286,129 @@ impl<'a> Lowerer<'a> {
                 return Ok(true);
             }
         }
-        let Some(r) = y.required.iter().find(|r| !x.required.contains(r)).cloned() else { return Ok(false) };
-        self.add_prop(x, &r, Sub { v: &FALSE, ptr: "!".into(), base: "".into() })?;
-        self.disjoint(x, y, 2)
+        let mut tries: Vec<(Vec<String>, Option<String>)> = Vec::new();
+        for r in y.required.iter().filter(|r| !x.required.contains(r)) {
+            tries.push((vec![r.clone()], None));
+        }
+        for dj in &y.disj {
+            let mut keys = Vec::new();
+            for alt in &dj.alts {
+                let subs: Vec<Sub<'a>> = alt
+                    .iter()
+                    .filter_map(|i| match i {
+                        Alt::Sub(s) if !s.ptr.starts_with('¬') => Some(s.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                let Some(n) = self.node_of(subs)? else { continue };
+                match n.required.iter().find(|r| !x.required.contains(r)) {
+                    Some(r) => keys.push(r.clone()),
+                    None => {
+                        keys.clear();
+                        break;
+                    }
+                }
+            }
+            if !keys.is_empty() {
+                tries.push((keys, None));
+            }
+        }
+        let closed = |n: &Node<'a>| n.additional.as_ref().is_some_and(|c| c.iter().any(denies));
+        if closed(x) && closed(y) && x.pattern_props.is_empty() {
+            let mut own = Vec::new();
+            for (k, c) in &x.props {
+                let allowed = match y.props.iter().find(|(n, _)| n == k) {
+                    Some((_, cy)) => !cy.iter().any(denies),
+                    None => self.pattern_declares(y, k)?,
+                };
+                if !allowed && !c.iter().any(denies) {
+                    own.push(k.clone());
+                }
+            }
+            if let [k] = own.as_slice() {
+                tries.push((Vec::new(), Some(k.clone())));
+            }
+        }
+        for (k, cx) in &x.props {
+            let Some((_, cy)) = y.props.iter().find(|(n, _)| n == k) else { continue };
+            if x.required.contains(k) || cx.iter().any(denies) {
+                continue;
+            }
+            if let (Some(a), Some(b)) = (self.node_of(cx.clone())?, self.node_of(cy.clone())?) {
+                if self.disjoint(&a, &b, 1)? {
+                    tries.push((Vec::new(), Some(k.clone())));
+                }
+            }
+        }
+        for (forbid, require) in tries {
+            let mut t = x.clone();
+            for k in &forbid {
+                self.add_prop(&mut t, k, Sub { v: &FALSE, ptr: "!".into(), base: "".into() })?;
+            }
+            t.required.extend(require);
+            if self.disjoint(&t, y, 2)? {
+                *x = t;
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
+}
+
+/// A rule no value satisfies: `false`, or `{"not": {}}` / `{"not": true}` (annotations aside).
+pub(super) fn denies(s: &Sub<'_>) -> bool {
+    let trivial = |v: &Value| match v {
+        Value::Bool(b) => *b,
+        Value::Object(m) => m.keys().all(|k| ANNOTATIONS.contains(&k.as_str())),
+        _ => false,
+    };
+    match s.v {
+        Value::Bool(false) => true,
+        Value::Object(m) => m.get("not").is_some_and(trivial) && m.keys().all(|k| k == "not" || ANNOTATIONS.contains(&k.as_str())),
+        _ => false,
+    }
+}
+
+/// Keywords that never constrain a value.
+const ANNOTATIONS: [&str; 7] = ["title", "description", "$comment", "default", "examples", "deprecated", "markdownDescription"];
+
+/// The most items an array of the node can have: `maxItems`, or the prefix when no item may
+/// follow it.
+fn max_len(n: &Node<'_>) -> Option<u64> {
+    let closed = n.items.as_ref().is_some_and(|c| c.iter().any(denies)).then_some(n.prefix.len() as u64);
+    match (n.max_items, closed) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Whether the node admits every value of the JSON type group `g` (numbers or arrays; `false`
+/// when unsure).
+pub(super) fn universal(n: &Node<'_>, g: u8) -> bool {
+    let trivial = |c: &Vec<Sub<'_>>| c.iter().all(|s| match s.v {
+        Value::Bool(b) => *b,
+        Value::Object(m) => m.keys().all(|k| ANNOTATIONS.contains(&k.as_str())),
+        _ => false,
+    });
+    if n.never || n.types & g != g || n.enums.is_some() || !n.not_enums.is_empty() || !n.disj.is_empty() {
+        return false;
+    }
+    if g == T_INT | T_FRAC {
+        n.lo.is_none() && n.hi.is_none() && n.steps.is_empty()
+    } else if g == T_ARR {
+        n.prefix.iter().all(trivial)
+            && n.items.as_ref().is_none_or(trivial)
+            && n.unevaluated_items.as_ref().is_none_or(trivial)
+            && n.min_items == 0
+            && n.max_items.is_none()
+            && n.contains.is_none()
+            && !n.unique
+    } else {
+        false
+    }
+}
+
+/// Whether the node surely admits the empty array.
+pub(super) fn accepts_empty_array(n: &Node<'_>) -> bool {
+    !n.never && n.types & T_ARR != 0 && n.min_items == 0 && n.contains.is_none() && n.enums.is_none() && n.not_enums.is_empty() && n.disj.is_empty()
 }

@@ -6,6 +6,7 @@ use std::rc::Rc;
 use crate::schema::automata::Dfa;
 use crate::schema::SchemaError;
 
+use super::disjoint::{accepts_empty_array, universal};
 use super::{Alt, Disj, Lowerer, Node, Sub, BRANCH_BUDGET, T_ARR, T_BOOL, T_FRAC, T_INT, T_NULL, T_OBJ, T_STR};
 
 impl<'a> Lowerer<'a> {
@@ -127,6 +128,16 @@ impl<'a> Lowerer<'a> {
                     n
                 })
                 .collect();
+            if s.len() > 1 && !closed && g != T_OBJ && s.iter().filter(|&&i| universal(&branches[i].0, g)).count() >= 2 {
+                // Two branches admit every value of the type: none satisfies exactly one.
+                continue;
+            }
+            if s.len() > 1 && g == T_ARR && nodes.iter().filter(|n| accepts_empty_array(n)).count() >= 2 {
+                // `[]` satisfies two branches: no branch keeps it.
+                for n in &mut nodes {
+                    n.min_items = n.min_items.max(1);
+                }
+            }
             if s.len() > 1 && !closed {
                 if g == T_OBJ {
                     // Each branch keeps the objects no other branch accepts (narrowed apart from
@@ -175,3 +186,4 @@ impl<'a> Lowerer<'a> {
         self.union(&parts, &d.ptr)
     }
 }
+
