@@ -716,6 +716,15 @@ mod one_of_tests {
             v.is_object() && [o.contains_key("img"), o.contains_key("file"), o.contains_key("wsl")].iter().filter(|&&b| b).count() == 1
         });
 
+        // Discriminated unions of discriminated unions (snapcraft's projects by `base`): the
+        // branches are apart three levels down.
+        let p = |b: &str| json!({"type": "object", "required": ["base", "name"], "additionalProperties": false,
+            "properties": {"base": {"const": b}, "name": {"type": "string"}}});
+        let s = json!({"oneOf": [{"oneOf": [p("a"), p("b")]}, {"oneOf": [p("c"), {"oneOf": [p("d"), p("e")]}]}]});
+        let c = compile(&s);
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc(r#"{"base":"a","name":"n"}"#) && acc(r#"{"base":"e","name":"n"}"#) && !acc(r#"{"base":"f","name":"n"}"#));
+
         // Closed objects sharing one key (buildkite's notifications): each requires its own.
         let s = json!({"oneOf": [
             {"type": "object", "properties": {"email": {"type": "string"}, "if": {"type": "string"}}, "additionalProperties": false},

@@ -46,6 +46,12 @@ impl<'a> Lowerer<'a> {
         Ok(false)
     }
 
+    /// [`Self::disjoint`] for `oneOf` branches: two levels of nested disjunctions first, and
+    /// where that fails, four (discriminated unions of discriminated unions: snapcraft).
+    pub(super) fn apart(&mut self, a: &Node<'a>, b: &Node<'a>) -> Result<bool, SchemaError> {
+        Ok(self.disjoint(a, b, 2)? || self.disjoint(a, b, 4)?)
+    }
+
     /// The JSON types a node admits, its disjunctions included (alternatives looked into
     /// `depth` levels deep; deeper ones count as admitting every type).
     pub(super) fn node_types(&mut self, n: &Node<'a>, depth: u32) -> Result<u8, SchemaError> {
@@ -270,8 +276,8 @@ impl<'a> Lowerer<'a> {
     ///    in `x` (`y`'s objects carry one of them);
     /// 4. `x` and `y` closed, and `x` declaring exactly one key `y` does not allow: that key
     ///    required in `x`;
-    /// 5. a key both declare, with disjoint rules (a discriminator such as `"type": {"enum":
-    ///    ["ssh"]}` beside `["remote"]`): required in `x`.
+    /// 5. a key both declare with enumerations that share no value (a discriminator such as
+    ///    `"type": {"enum": ["ssh"]}` beside `["remote"]`): required in `x`.
     ///
     /// Every object removed either satisfies `y` too (so no branch alone) or fails `y` only by
     /// the value of a key both declare, or by a key the removal concerns — the (documented)
@@ -334,9 +340,12 @@ impl<'a> Lowerer<'a> {
             if x.required.contains(k) || cx.iter().any(denies) {
                 continue;
             }
+            // Discriminators are enumerations (`const` / `enum`): compared by value, cheaply.
             if let (Some(a), Some(b)) = (self.node_of(cx.clone())?, self.node_of(cy.clone())?) {
-                if self.disjoint(&a, &b, 1)? {
-                    tries.push((Vec::new(), Some(k.clone())));
+                if let (Some(ea), Some(eb)) = (&a.enums, &b.enums) {
+                    if !ea.iter().any(|u| eb.iter().any(|w| json_eq(u, w))) {
+                        tries.push((Vec::new(), Some(k.clone())));
+                    }
                 }
             }
         }

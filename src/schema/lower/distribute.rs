@@ -39,7 +39,7 @@ impl<'a> Lowerer<'a> {
             let mut all_disjoint = true;
             'pairs: for i in 0..branches.len() {
                 for j in i + 1..branches.len() {
-                    if !self.disjoint(&branches[i].0, &branches[j].0, 2)? {
+                    if !self.apart(&branches[i].0, &branches[j].0)? {
                         all_disjoint = false;
                         break 'pairs;
                     }
@@ -156,7 +156,7 @@ impl<'a> Lowerer<'a> {
                 } else {
                     for x in 0..nodes.len() {
                         for y in x + 1..nodes.len() {
-                            if !self.disjoint(&nodes[x], &nodes[y], 2)? {
+                            if !self.apart(&nodes[x], &nodes[y])? {
                                 return Err(unsupported());
                             }
                         }
