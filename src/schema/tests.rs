@@ -751,6 +751,31 @@ mod one_of_tests {
         assert!(!acc(r#"{"$ref":1}"#) && !acc(r#"{"y":1}"#));
     }
 
+    /// `if` chains on one discriminator (minecraft's item modifiers, v2ray's inbounds): 2^n
+    /// branches as written, of which the ones where two `if`s pass on a present key, or a
+    /// failed `if` forbids a key a passed one requires, are pruned as they are formed.
+    #[test]
+    fn if_chains_on_a_discriminator_compile() {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let compile = |s: &Value| CompiledSchema::compile(s, &v, &[eos], &CompileOptions::default()).unwrap();
+        // `if` without `required`: an object without `kind` passes every `if`.
+        let chain: Vec<Value> = (0..22).map(|i| json!({"if": {"properties": {"kind": {"const": format!("k{i}")}}},
+            "then": {"properties": {format!("p{i}"): {"type": "integer"}}}})).collect();
+        let c = compile(&json!({"type": "object", "allOf": chain}));
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc(r#"{"kind":"k3","p3":1}"#) && acc(r#"{"kind":"k3","p4":"s"}"#) && acc(r#"{"p4":5}"#) && acc(r#"{"kind":"other","p4":"s"}"#));
+        assert!(!acc(r#"{"kind":"k3","p3":"s"}"#) && !acc(r#"{"p4":"s"}"#) && !acc(r#"{"kind":"k21","p21":true}"#));
+        // `if` with `required` and `type`: a failed one is a non-object, an object without the
+        // key, or one with another value (three alternatives each, 3^14 combinations).
+        let chain: Vec<Value> = (0..14).map(|i| json!({"if": {"type": "object", "required": ["protocol"], "properties": {"protocol": {"const": format!("k{i}")}}},
+            "then": {"properties": {"settings": {"properties": {format!("p{i}"): {"type": "integer"}}}}}})).collect();
+        let c = compile(&json!({"allOf": chain}));
+        let acc = |t: &str| tests::accepts(&c, t);
+        assert!(acc(r#"{"protocol":"k5","settings":{"p5":1,"p6":"s"}}"#) && acc(r#"{"settings":{"p5":"s"}}"#) && acc("[1]"));
+        assert!(!acc(r#"{"protocol":"k5","settings":{"p5":"s"}}"#) && !acc(r#"{"protocol":"k13","settings":{"p13":[]}}"#));
+    }
+
     /// `allOf` members that close their objects with `patternProperties`: a key declared by
     /// another member falls under the patterns that match it, else under
     /// `additionalProperties` (hayson's `gridMeta`, web-types).

@@ -8,6 +8,7 @@ use crate::schema::numbers::Bound;
 use crate::schema::SchemaError;
 
 use super::literals::value_texts;
+use super::merge::ANNOTATIONS;
 use super::{dec_cmp, effective_types, json_eq, type_bits, Alt, Lowerer, Node, Sub, FALSE, T_ALL, T_ARR, T_BOOL, T_FRAC, T_INT, T_NULL, T_OBJ, T_STR};
 
 impl<'a> Lowerer<'a> {
@@ -364,8 +365,12 @@ impl<'a> Lowerer<'a> {
     }
 }
 
-/// A rule no value satisfies: `false`, or `{"not": {}}` / `{"not": true}` (annotations aside).
+/// A rule no value satisfies: `false`, or `{"not": {}}` / `{"not": true}` (annotations aside);
+/// not a negated sub-schema (`¬false` admits everything).
 pub(super) fn denies(s: &Sub<'_>) -> bool {
+    if s.ptr.starts_with('¬') {
+        return false;
+    }
     let trivial = |v: &Value| match v {
         Value::Bool(b) => *b,
         Value::Object(m) => m.keys().all(|k| ANNOTATIONS.contains(&k.as_str())),
@@ -377,9 +382,6 @@ pub(super) fn denies(s: &Sub<'_>) -> bool {
         _ => false,
     }
 }
-
-/// Keywords that never constrain a value.
-const ANNOTATIONS: [&str; 7] = ["title", "description", "$comment", "default", "examples", "deprecated", "markdownDescription"];
 
 /// The most items an array of the node can have: `maxItems`, or the prefix when no item may
 /// follow it.

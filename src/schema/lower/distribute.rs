@@ -3,11 +3,13 @@
 
 use std::rc::Rc;
 
+use serde_json::Value;
+
 use crate::schema::automata::Dfa;
 use crate::schema::SchemaError;
 
-use super::disjoint::{accepts_empty_array, universal};
-use super::{Alt, Disj, Lowerer, Node, Sub, BRANCH_BUDGET, T_ARR, T_BOOL, T_FRAC, T_INT, T_NULL, T_OBJ, T_STR};
+use super::disjoint::{accepts_empty_array, denies, universal};
+use super::{json_eq, Alt, Disj, Lowerer, Node, Sub, BRANCH_BUDGET, T_ARR, T_BOOL, T_FRAC, T_INT, T_NULL, T_OBJ, T_STR};
 
 impl<'a> Lowerer<'a> {
     /// Distributes the first disjunction of `node` over the rest of the conjunction.
@@ -31,7 +33,7 @@ impl<'a> Lowerer<'a> {
             let ok = self.merge_into(&mut n, q, d.keyword)?;
             let pushed: Vec<Rc<str>> = self.stack[depth0..].to_vec();
             self.stack.truncate(depth0);
-            if ok && !n.never {
+            if ok && !n.never && !surely_empty(&n) {
                 branches.push((n, pushed));
             }
         }
@@ -187,3 +189,36 @@ impl<'a> Lowerer<'a> {
     }
 }
 
+
+/// Whether no value satisfies the node, seen cheaply: no type left, or (objects only) a key it
+/// requires forbidden, or with two rules of `const` / `enum` that share no value. Prunes the
+/// branches of `if` chains on one discriminator (`if: {properties: {kind: {const: …}}}` twenty
+/// times, 2^20 branches as written): a failed `if` requires the key or forbids it, and two
+/// passed ones then clash.
+fn surely_empty<'a>(n: &Node<'a>) -> bool {
+    if n.types == 0 {
+        return true;
+    }
+    if n.types & !T_OBJ != 0 {
+        return false; // other values satisfy the node whatever its objects
+    }
+    let values = |s: &Sub<'a>| -> Option<Vec<&'a Value>> {
+        if s.ptr.starts_with('¬') {
+            return None;
+        }
+        let m = s.v.as_object()?;
+        match (m.get("const"), m.get("enum")) {
+            (Some(c), _) => Some(vec![c]),
+            (None, Some(Value::Array(a))) => Some(a.iter().collect()),
+            _ => None,
+        }
+    };
+    n.required.iter().any(|r| {
+        let Some((_, rules)) = n.props.iter().find(|(k, _)| k == r) else { return false };
+        if rules.iter().any(denies) {
+            return true;
+        }
+        let sets: Vec<Vec<&'a Value>> = rules.iter().filter_map(values).collect();
+        sets.iter().enumerate().any(|(i, a)| sets[i + 1..].iter().any(|b| !a.iter().any(|x| b.iter().any(|y| json_eq(x, y)))))
+    })
+}

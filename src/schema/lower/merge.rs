@@ -13,7 +13,7 @@ use crate::schema::SchemaError;
 use super::{as_u64, dec_cmp, dec_of, json_eq, ptr_join, type_name_bits, Alt, Disj, Lowerer, Node, Sub, FALSE, T_ALL, T_NULL};
 
 /// Keywords that carry no assertion (annotations, containers of definitions).
-const ANNOTATIONS: &[&str] = &[
+pub(super) const ANNOTATIONS: &[&str] = &[
     "$schema", "$id", "id", "$anchor", "$dynamicAnchor", "$recursiveAnchor", "$comment", "$vocabulary",
     "title", "description", "default", "examples", "example", "deprecated", "readOnly", "writeOnly",
     "contentMediaType", "contentEncoding", "contentSchema", "definitions", "$defs",
