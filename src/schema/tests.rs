@@ -776,6 +776,30 @@ mod one_of_tests {
         assert!(!acc(r#"{"protocol":"k5","settings":{"p5":"s"}}"#) && !acc(r#"{"protocol":"k13","settings":{"p13":[]}}"#));
     }
 
+    /// `anyOf` / `oneOf` whose alternatives only list values (Azure Pipelines' 228 tasks, each
+    /// `{"enum": [...], "description": ..., "ignoreCase": ...}`): one value list.
+    #[test]
+    fn value_list_alternatives_are_one_enum() {
+        let v = tests::byte_vocab();
+        let eos = (v.len() - 1) as u32;
+        let compile = |s: &Value| CompiledSchema::compile(s, &v, &[eos], &CompileOptions::default()).unwrap();
+        let c = compile(&json!({"anyOf": [{"enum": ["a", "b"], "description": "x", "ignoreCase": "value"}, {"const": "c", "doNotSuggest": false}]}));
+        assert!(tests::accepts(&c, r#""a""#) && tests::accepts(&c, r#""c""#) && !tests::accepts(&c, r#""d""#));
+        // oneOf: a value two alternatives list is in neither.
+        let c = compile(&json!({"oneOf": [{"enum": ["a", "b"]}, {"enum": ["b", "c"]}]}));
+        assert!(tests::accepts(&c, r#""a""#) && tests::accepts(&c, r#""c""#) && !tests::accepts(&c, r#""b""#));
+        // A `type` beside the values keeps those of that type; the node's own `enum` intersects.
+        let c = compile(&json!({"enum": [1, 2, "x"], "anyOf": [{"type": "integer", "enum": [1, 1.5, "x"]}, {"const": 2}]}));
+        assert!(tests::accepts(&c, "1") && tests::accepts(&c, "2") && !tests::accepts(&c, "1.5") && !tests::accepts(&c, r#""x""#));
+        // Another assertion in an alternative: branches as before, same language.
+        let c = compile(&json!({"anyOf": [{"enum": ["a", "bb"], "maxLength": 1}, {"const": "c"}]}));
+        assert!(tests::accepts(&c, r#""a""#) && tests::accepts(&c, r#""c""#) && !tests::accepts(&c, r#""bb""#));
+        // Hundreds of alternatives.
+        let tasks: Vec<Value> = (0..300).map(|i| json!({"enum": [format!("T{i}@1")], "ignoreCase": "value"})).collect();
+        let c = compile(&json!({"type": "object", "properties": {"task": {"anyOf": tasks}}}));
+        assert!(tests::accepts(&c, r#"{"task":"T299@1"}"#) && !tests::accepts(&c, r#"{"task":"T300@1"}"#));
+    }
+
     /// `allOf` members that close their objects with `patternProperties`: a key declared by
     /// another member falls under the patterns that match it, else under
     /// `additionalProperties` (hayson's `gridMeta`, web-types).

@@ -10,7 +10,7 @@ use crate::schema::numbers::{Bound, Dec};
 use crate::schema::strings;
 use crate::schema::SchemaError;
 
-use super::{as_u64, dec_cmp, dec_of, json_eq, ptr_join, type_name_bits, Alt, Disj, Lowerer, Node, Sub, FALSE, T_ALL, T_NULL};
+use super::{as_u64, dec_cmp, dec_of, json_eq, ptr_join, type_bits, type_name_bits, Alt, Disj, Lowerer, Node, Sub, FALSE, T_ALL, T_NULL};
 
 /// Keywords that carry no assertion (annotations, containers of definitions).
 pub(super) const ANNOTATIONS: &[&str] = &[
@@ -549,6 +549,15 @@ impl<'a> Lowerer<'a> {
                 }
                 "anyOf" | "oneOf" => {
                     let a = v.as_array().ok_or_else(|| bad(k, "expected an array"))?;
+                    if let Some(vals) = enum_alternatives(a, k == "oneOf") {
+                        // Alternatives that are only value lists (Azure Pipelines' 228 tasks):
+                        // one list, as `enum`, instead of as many branches.
+                        node.enums = Some(match node.enums.take() {
+                            None => vals,
+                            Some(prev) => prev.into_iter().filter(|p| vals.iter().any(|q| json_eq(p, q))).collect(),
+                        });
+                        continue;
+                    }
                     let pp = ptr_join(ptr, k);
                     let alts = a
                         .iter()
@@ -770,4 +779,54 @@ impl<'a> Lowerer<'a> {
         }
         Ok(if node.never { None } else { Some(node) })
     }
+}
+
+/// Editor annotations of SchemaStore schemas (VS Code's and IntelliJ's), which assert nothing.
+const EDITOR_ANNOTATIONS: &[&str] = &[
+    "markdownDescription", "enumDescriptions", "markdownEnumDescriptions", "doNotSuggest", "ignoreCase",
+    "deprecationMessage", "errorMessage", "patternErrorMessage", "defaultSnippets", "suggestSortText",
+];
+
+/// The values of `anyOf` (their union) or `oneOf` (those in exactly one) when every alternative
+/// is an inline schema asserting only `enum` / `const` (with a `type` every value has, and
+/// annotations); `None` otherwise.
+fn enum_alternatives(alts: &[Value], exactly_one: bool) -> Option<Vec<Value>> {
+    let mut lists: Vec<Vec<&Value>> = Vec::with_capacity(alts.len());
+    for alt in alts {
+        let m = alt.as_object()?;
+        let mut vals: Vec<&Value> = match (m.get("enum"), m.get("const")) {
+            (Some(Value::Array(e)), None) => e.iter().collect(),
+            (None, Some(c)) => vec![c],
+            _ => return None,
+        };
+        if let Some(t) = m.get("type") {
+            let bits = match t {
+                Value::String(n) => type_name_bits(n)?,
+                Value::Array(ns) => ns.iter().try_fold(0u8, |acc, n| Some(acc | n.as_str().and_then(type_name_bits)?))?,
+                _ => return None,
+            };
+            vals.retain(|v| type_bits(v) & bits != 0);
+        }
+        let plain = m.keys().all(|k| {
+            matches!(k.as_str(), "enum" | "const" | "type") || ANNOTATIONS.contains(&k.as_str()) || EDITOR_ANNOTATIONS.contains(&k.as_str()) || k.starts_with("x-")
+        });
+        if !plain {
+            return None;
+        }
+        lists.push(vals);
+    }
+    if lists.is_empty() {
+        return None;
+    }
+    let mut out: Vec<Value> = Vec::new();
+    for (i, l) in lists.iter().enumerate() {
+        for v in l {
+            let elsewhere = lists.iter().enumerate().filter(|(j, _)| *j != i).any(|(_, o)| o.iter().any(|w| json_eq(v, w)));
+            let seen = out.iter().any(|w| json_eq(v, w));
+            if !seen && !(exactly_one && elsewhere) {
+                out.push((*v).clone());
+            }
+        }
+    }
+    Some(out)
 }
