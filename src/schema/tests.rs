@@ -798,6 +798,10 @@ mod one_of_tests {
         let tasks: Vec<Value> = (0..300).map(|i| json!({"enum": [format!("T{i}@1")], "ignoreCase": "value"})).collect();
         let c = compile(&json!({"type": "object", "properties": {"task": {"anyOf": tasks}}}));
         assert!(tests::accepts(&c, r#"{"task":"T299@1"}"#) && !tests::accepts(&c, r#"{"task":"T300@1"}"#));
+        // Past the bound on values merged (a quadratic comparison), branches as before.
+        let many: Vec<Value> = (0..5000).map(|i| json!(i)).collect();
+        let c = compile(&json!({"anyOf": [{"enum": many}, {"const": "x"}]}));
+        assert!(tests::accepts(&c, "4999") && tests::accepts(&c, r#""x""#) && !tests::accepts(&c, "5000"));
     }
 
     /// `allOf` members that close their objects with `patternProperties`: a key declared by

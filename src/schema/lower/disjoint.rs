@@ -371,14 +371,18 @@ pub(super) fn denies(s: &Sub<'_>) -> bool {
     if s.ptr.starts_with('¬') {
         return false;
     }
-    let trivial = |v: &Value| match v {
-        Value::Bool(b) => *b,
-        Value::Object(m) => m.keys().all(|k| ANNOTATIONS.contains(&k.as_str())),
-        _ => false,
-    };
     match s.v {
         Value::Bool(false) => true,
-        Value::Object(m) => m.get("not").is_some_and(trivial) && m.keys().all(|k| k == "not" || ANNOTATIONS.contains(&k.as_str())),
+        Value::Object(m) => m.get("not").is_some_and(admits_all) && m.keys().all(|k| k == "not" || ANNOTATIONS.contains(&k.as_str())),
+        _ => false,
+    }
+}
+
+/// A schema every value satisfies: `true`, or an object of annotations only.
+fn admits_all(v: &Value) -> bool {
+    match v {
+        Value::Bool(b) => *b,
+        Value::Object(m) => m.keys().all(|k| ANNOTATIONS.contains(&k.as_str())),
         _ => false,
     }
 }
@@ -396,11 +400,7 @@ fn max_len(n: &Node<'_>) -> Option<u64> {
 /// Whether the node admits every value of the JSON type group `g` (numbers or arrays; `false`
 /// when unsure).
 pub(super) fn universal(n: &Node<'_>, g: u8) -> bool {
-    let trivial = |c: &Vec<Sub<'_>>| c.iter().all(|s| match s.v {
-        Value::Bool(b) => *b,
-        Value::Object(m) => m.keys().all(|k| ANNOTATIONS.contains(&k.as_str())),
-        _ => false,
-    });
+    let trivial = |c: &Vec<Sub<'_>>| c.iter().all(|s| !s.ptr.starts_with('¬') && admits_all(s.v));
     if n.never || n.types & g != g || n.enums.is_some() || !n.not_enums.is_empty() || !n.disj.is_empty() {
         return false;
     }

@@ -189,7 +189,6 @@ impl<'a> Lowerer<'a> {
     }
 }
 
-
 /// Whether no value satisfies the node, seen cheaply: no type left, or (objects only) a key it
 /// requires forbidden, or with two rules of `const` / `enum` that share no value. Prunes the
 /// branches of `if` chains on one discriminator (`if: {properties: {kind: {const: …}}}` twenty

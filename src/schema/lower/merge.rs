@@ -787,11 +787,16 @@ const EDITOR_ANNOTATIONS: &[&str] = &[
     "deprecationMessage", "errorMessage", "patternErrorMessage", "defaultSnippets", "suggestSortText",
 ];
 
+/// The most values [`enum_alternatives`] merges (its pairwise comparison is quadratic); past it
+/// the alternatives stay branches, under the branch budget.
+const MAX_ENUM_ALTERNATIVE_VALUES: usize = 4096;
+
 /// The values of `anyOf` (their union) or `oneOf` (those in exactly one) when every alternative
 /// is an inline schema asserting only `enum` / `const` (with a `type` every value has, and
 /// annotations); `None` otherwise.
 fn enum_alternatives(alts: &[Value], exactly_one: bool) -> Option<Vec<Value>> {
     let mut lists: Vec<Vec<&Value>> = Vec::with_capacity(alts.len());
+    let mut total = 0;
     for alt in alts {
         let m = alt.as_object()?;
         let mut vals: Vec<&Value> = match (m.get("enum"), m.get("const")) {
@@ -810,7 +815,8 @@ fn enum_alternatives(alts: &[Value], exactly_one: bool) -> Option<Vec<Value>> {
         let plain = m.keys().all(|k| {
             matches!(k.as_str(), "enum" | "const" | "type") || ANNOTATIONS.contains(&k.as_str()) || EDITOR_ANNOTATIONS.contains(&k.as_str()) || k.starts_with("x-")
         });
-        if !plain {
+        total += vals.len();
+        if !plain || total > MAX_ENUM_ALTERNATIVE_VALUES {
             return None;
         }
         lists.push(vals);
