@@ -829,7 +829,7 @@ fn enum_alternatives(alts: &[Value], exactly_one: bool) -> Option<Vec<Value>> {
         for v in l {
             let elsewhere = lists.iter().enumerate().filter(|(j, _)| *j != i).any(|(_, o)| o.iter().any(|w| json_eq(v, w)));
             let seen = out.iter().any(|w| json_eq(v, w));
-            if !seen && !(exactly_one && elsewhere) {
+            if !seen && (!exactly_one || !elsewhere) {
                 out.push((*v).clone());
             }
         }
