@@ -269,10 +269,7 @@ impl<'a> Lowerer<'a> {
                     } else {
                         v.as_array().ok_or_else(|| bad(k, "expected an array"))?.clone()
                     };
-                    node.enums = Some(match node.enums.take() {
-                        None => vals,
-                        Some(prev) => prev.into_iter().filter(|p| vals.iter().any(|q| json_eq(p, q))).collect(),
-                    });
+                    keep_values(node, vals);
                 }
                 "minimum" | "exclusiveMinimum" | "maximum" | "exclusiveMaximum" => {
                     if let Value::Bool(b) = v {
@@ -552,10 +549,7 @@ impl<'a> Lowerer<'a> {
                     if let Some(vals) = enum_alternatives(a, k == "oneOf") {
                         // Alternatives that are only value lists (Azure Pipelines' 228 tasks):
                         // one list, as `enum`, instead of as many branches.
-                        node.enums = Some(match node.enums.take() {
-                            None => vals,
-                            Some(prev) => prev.into_iter().filter(|p| vals.iter().any(|q| json_eq(p, q))).collect(),
-                        });
+                        keep_values(node, vals);
                         continue;
                     }
                     let pp = ptr_join(ptr, k);
@@ -779,6 +773,14 @@ impl<'a> Lowerer<'a> {
         }
         Ok(if node.never { None } else { Some(node) })
     }
+}
+
+/// Restricts the node to the values `vals` (an `enum`): the intersection with any list it has.
+fn keep_values(node: &mut Node<'_>, vals: Vec<Value>) {
+    node.enums = Some(match node.enums.take() {
+        None => vals,
+        Some(prev) => prev.into_iter().filter(|p| vals.iter().any(|q| json_eq(p, q))).collect(),
+    });
 }
 
 /// Editor annotations of SchemaStore schemas (VS Code's and IntelliJ's), which assert nothing.
