@@ -532,6 +532,7 @@ impl CompiledSchema {
         let states: Vec<u32> = (1..n as u32).collect();
         let loops = vocab.loop_tables_for(&dfa);
         let chains = vocab.chain_plans(&dfa, calls.as_ref(), &loops);
+        let entries = tokens::Entries::new(&dfa, &loops, calls.as_ref());
         // States that no string of up to SHORT_TOKEN bytes tells apart have the same mask over
         // the tokens that short (the other tokens are few: walked state by state). Large
         // automata (counting states of long strings, repeated tails) collapse 5–15× this way.
@@ -557,7 +558,8 @@ impl CompiledSchema {
         // Pass 1: every representative (every state without classes); pass 2: the rest, from
         // their representative's mask with the long tokens walked.
         // Looping states go first: a walk that enters one reads its mask instead of walking
-        // each token of the subtree (see `tokens::Known`).
+        // each token of the subtree (see `tokens::Known`), and a state that goes where one goes
+        // on a first byte reads it for every token starting with that byte (`tokens::Entries`).
         let mut done = vec![false; n];
         for pass in 0..2 {
             let todo: Vec<u32> = states.iter().copied().filter(|&s| is_rep(s) == (pass == 0)).collect();
@@ -573,7 +575,7 @@ impl CompiledSchema {
                 if masks.len() * 8 > opts.max_mask_bytes {
                     return Err(SchemaError::TooLarge { pointer: String::new(), what: "token mask bytes".into(), limit: opts.max_mask_bytes });
                 }
-                let known = tokens::Known { masks: &masks, words, state_mask: &state_mask, done: &done, state_unc: &state_unc, unc: &unc };
+                let known = tokens::Known { masks: &masks, words, state_mask: &state_mask, done: &done, state_unc: &state_unc, unc: &unc, entries: &entries };
                 let computed: Vec<(Vec<(u32, u64)>, u64, Vec<u32>)> = chunk
                     .par_iter()
                     .map_init(

@@ -839,9 +839,8 @@ mod mask_tests {
     use super::*;
     use serde_json::json;
 
-    /// Every precomputed mask equals the token-by-token definition.
-    #[test]
-    fn masks_match_definition() {
+    /// The byte vocabulary with words, escapes and multi-byte text added, and its EOS id.
+    pub(super) fn rich_vocab() -> (Vec<Vec<u8>>, u32) {
         let mut v = tests::byte_vocab();
         let eos = (v.len() - 1) as u32;
         // Tokens that enter a string body from its first character or an escape and leave it
@@ -860,13 +859,23 @@ mod mask_tests {
         for e in bytes {
             v.insert(v.len() - 1, e.to_vec());
         }
-        let eos = eos + (extra.len() + bytes.len()) as u32;
+        (v, eos + (extra.len() + bytes.len()) as u32)
+    }
+
+    /// Every precomputed mask equals the token-by-token definition.
+    #[test]
+    fn masks_match_definition() {
+        let (v, eos) = rich_vocab();
         for s in [
             json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string", "maxLength": 3}, "c": {"type": "number"}, "d": {}}}),
             json!({"type": "array", "items": {"type": "string", "minLength": 1}}),
             json!({"type": "object", "properties": {"k": {"type": "string", "minLength": 2}, "p": {"type": "string", "pattern": "^[^x]*x"}}, "required": ["k"]}),
             // A string body that loops on ASCII but not on every character (table by bytes).
             json!({"type": "array", "items": {"type": "string", "pattern": "^[^é]*$"}}),
+            // Property names: declared ones, else any string (a name's first state goes where
+            // the string body goes on most bytes, multi-byte lead bytes included).
+            json!({"type": "object", "properties": {"name": {"type": "integer"}, "nó": {"type": "string"}, "x": {}}, "additionalProperties": {"type": "string", "maxLength": 5}}),
+            json!({"type": "object", "patternProperties": {"^é": {"type": "boolean"}}, "additionalProperties": {"type": "array", "items": {"type": "string"}}}),
         ] {
             let c = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions::default()).unwrap();
             for st in 1..c.dfa.n_states() as u32 {
@@ -959,6 +968,35 @@ mod calls_tests {
             let bytes = called.to_bytes();
             for cut in [8, bytes.len() / 3, bytes.len() - 41, bytes.len() - 1] {
                 assert!(CompiledSchema::from_bytes(&bytes[..cut]).is_err());
+            }
+        }
+    }
+
+    /// With sub-automata, on a vocabulary of words and multi-byte text: the masks (and the
+    /// run-time lists behind them) give what the flat automaton's give, along random walks.
+    #[test]
+    fn calls_match_the_flat_automaton_on_words() {
+        let (v, eos) = super::mask_tests::rich_vocab();
+        let s = json!({"$defs": {"node": {"type": "object", "properties": {"name": {"type": "string"}, "nó": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
+                       "additionalProperties": {"type": "string", "maxLength": 4}}}, "$ref": "#/$defs/node"});
+        let plain = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions { call_min_states: 0, ..Default::default() }).unwrap();
+        let called = CompiledSchema::compile(&s, &v, &[eos], &CompileOptions { call_min_states: 4, ..Default::default() }).unwrap();
+        assert!(called.has_calls());
+        let words = plain.mask_words();
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        for _walk in 0..60 {
+            let (mut a, mut b) = (Matcher::new(&plain), Matcher::new(&called));
+            let (mut ma, mut mb) = (vec![0u64; words], vec![0u64; words]);
+            for _step in 0..60 {
+                a.allowed(&mut ma);
+                b.allowed(&mut mb);
+                assert_eq!(ma, mb, "masks differ");
+                let ids: Vec<u32> = (0..plain.mask_bits() as u32).filter(|&i| ma[i as usize / 64] >> (i % 64) & 1 == 1).collect();
+                let t = ids[(rng(&mut seed) % ids.len() as u64) as usize];
+                if t == eos {
+                    break;
+                }
+                assert!(a.advance(t) && b.advance(t));
             }
         }
     }

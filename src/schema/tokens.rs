@@ -21,8 +21,6 @@ use crate::tokenmask::Trie;
 /// stepped byte by byte from every string state.
 #[derive(Debug)]
 pub(crate) struct LoopTable {
-    /// The loop set C (bytes; with `utf8`, ASCII only).
-    set: [u64; 4],
     utf8: bool,
     /// First bytes below the root whose every token is in `full` or `suffixes` (C, and with
     /// `utf8` the lead bytes no token starts with a broken character from).
@@ -114,6 +112,48 @@ pub(crate) struct Known<'a> {
     /// With calls: per state its run-time list id, and the lists (sorted).
     pub state_unc: &'a [u32],
     pub unc: &'a [Vec<u32>],
+    pub entries: &'a Entries,
+}
+
+/// Per state `s`, the looping states `t` with some byte `b` from `t` to `s` (without calls and
+/// returns). A state `q` with `δ(q, b) = δ(t, b)` reads every token starting with `b` as `t`
+/// reads it, so once `t`'s mask is known, `q`'s mask over those tokens is `t`'s. String bodies
+/// are where this pays: a property name's first state (the declared names' first letters, else
+/// any string) goes on every other byte, the lead bytes of multi-byte characters included, where
+/// the string body goes — and on a 262k vocabulary the tokens starting with those bytes are
+/// most of it.
+#[derive(Debug, Default)]
+pub(crate) struct Entries {
+    off: Vec<u32>,
+    from: Vec<u32>,
+}
+
+impl Entries {
+    pub(crate) fn new(dfa: &Dfa, loops: &[Option<Arc<LoopTable>>], calls: Option<&Calls>) -> Entries {
+        let mut pairs: Vec<(u32, u32)> = Vec::new();
+        for (t, l) in loops.iter().enumerate() {
+            if l.is_none() || calls.is_some_and(|c| !c.plain(t as u32)) {
+                continue;
+            }
+            pairs.extend(dfa.row(t as u32).iter().filter(|&&s| s != DEAD).map(|&s| (s, t as u32)));
+        }
+        pairs.sort_unstable();
+        pairs.dedup();
+        let mut off = vec![0u32; dfa.n_states() + 1];
+        for &(s, _) in &pairs {
+            off[s as usize + 1] += 1;
+        }
+        for i in 0..dfa.n_states() {
+            off[i + 1] += off[i];
+        }
+        Entries { off, from: pairs.into_iter().map(|p| p.1).collect() }
+    }
+
+    /// A state other than `q` whose mask is known and that goes to `s` on `b`, as `q` does.
+    fn alike(&self, known: &Known, dfa: &Dfa, q: u32, b: u8, s: u32) -> Option<u32> {
+        let (lo, hi) = (*self.off.get(s as usize)? as usize, *self.off.get(s as usize + 1)? as usize);
+        self.from[lo..hi].iter().copied().find(|&t| t != q && dfa.next(t, b) == s && known.done.get(t as usize).copied().unwrap_or(false))
+    }
 }
 
 impl Known<'_> {
@@ -535,7 +575,7 @@ impl Vocabulary {
                 }
             }
         }
-        let t = Arc::new(LoopTable { set, utf8, root_done, full, suffixes: Trie::new(partial.into_iter()), last_bad, first_bad });
+        let t = Arc::new(LoopTable { utf8, root_done, full, suffixes: Trie::new(partial.into_iter()), last_bad, first_bad });
         if let Ok(mut m) = self.loop_tables.lock() {
             if m.len() > 64 {
                 m.clear();
@@ -780,6 +820,19 @@ impl Vocabulary {
                 if t == DEAD || (node == 0 && skip_root.is_some_and(|sk| in_set(sk, b))) {
                     continue;
                 }
+                if node == 0 {
+                    if let Some(v) = known.and_then(|k| k.entries.alike(k, dfa, q0, b, t)) {
+                        // Every token starting with b: a state whose mask is known goes where
+                        // `q0` goes on b, so its mask decides, word by word (after the walk,
+                        // once per state).
+                        let i = root_known.iter().position(|(q, _)| *q == v).unwrap_or_else(|| {
+                            root_known.push((v, [0u64; 4]));
+                            root_known.len() - 1
+                        });
+                        set_bit(&mut root_known[i].1, b as u32);
+                        continue;
+                    }
+                }
                 let child = trie.edge_child[e];
                 let (ft, nt) = trie.node_tok[child as usize];
                 if let Some(table) = loops.and_then(|l| l[t as usize].as_ref()).filter(|tb| !self.mid_char(tb, trie, child, b)) {
@@ -788,16 +841,6 @@ impl Vocabulary {
                     let d = trie.node_depth[child as usize] as i16;
                     let end = trie.sub_end[child as usize] as usize;
                     let tm = known.and_then(|k| k.mask(t));
-                    if let (Some(_), 0, true) = (tm, node, in_set(&table.set, b)) {
-                        // Every token starting with b: b keeps `t` in itself, so `t`'s mask
-                        // decides, word by word (after the walk, once per state).
-                        let i = root_known.iter().position(|(q, _)| *q == t).unwrap_or_else(|| {
-                            root_known.push((t, [0u64; 4]));
-                            root_known.len() - 1
-                        });
-                        set_bit(&mut root_known[i].1, b as u32);
-                        continue;
-                    }
                     for pos in ft as usize..end {
                         let id = trie.tok_ids[pos];
                         let ok = if table.last_bad[pos] < d {
@@ -903,6 +946,20 @@ impl Vocabulary {
                     if t == DEAD || (node == 0 && skip_root.is_some_and(|sk| in_set(sk, b))) {
                         continue;
                     }
+                    if node == 0 && c.stack.is_empty() {
+                        if let Some(v) = known.and_then(|k| k.entries.alike(k, dfa, c.q, b, t)) {
+                            // Every token starting with b: a plain state whose mask is known
+                            // goes where this configuration goes on b, so its mask decides,
+                            // word by word, and its run-time list (after the walk, once per
+                            // state).
+                            let i = root_unc.iter().position(|(q, _)| *q == v).unwrap_or_else(|| {
+                                root_unc.push((v, [0u64; 4]));
+                                root_unc.len() - 1
+                            });
+                            set_bit(&mut root_unc[i].1, b as u32);
+                            continue;
+                        }
+                    }
                     let child = trie.edge_child[e];
                     let (ft, nt) = trie.node_tok[child as usize];
                     match loops.and_then(|l| l[t as usize].as_ref()) {
@@ -911,16 +968,6 @@ impl Vocabulary {
                             let end = trie.sub_end[child as usize] as usize;
                             // With no local calls below, `t`'s own mask and list decide.
                             let tm = if c.stack.is_empty() { known.and_then(|k| k.mask(t).map(|m| (m, k.unc(t)))) } else { None };
-                            if let (Some(_), 0, true) = (tm, node, in_set(&table.set, b)) {
-                                // Every token starting with b: `t`'s mask decides, word by word,
-                                // and its run-time list (after the walk, once per state).
-                                let i = root_unc.iter().position(|(q, _)| *q == t).unwrap_or_else(|| {
-                                    root_unc.push((t, [0u64; 4]));
-                                    root_unc.len() - 1
-                                });
-                                set_bit(&mut root_unc[i].1, b as u32);
-                                continue;
-                            }
                             for pos in ft as usize..end {
                                 let id = trie.tok_ids[pos];
                                 if table.last_bad[pos] < d {
@@ -1041,7 +1088,7 @@ mod tests {
         let toks: Vec<Vec<u8>> = [&b"\xe6\x97\xa5\xe6\x9c"[..], "日本語".as_bytes(), b"a\xc3\xa9b", b"\x97\x97\x97\x97\x97x", "😀".as_bytes(), b"\xf0\x9f", b"\xc3", b"ab", b"\"\xc3\xbc\""]
             .iter().map(|t| t.to_vec()).chain(std::iter::once(Vec::new())).collect();
         let v = Vocabulary::new(&toks, &[toks.len() as u32 - 1]);
-        let table = LoopTable { set: [0; 4], utf8: true, root_done: [0; 4], full: Vec::new(), suffixes: Trie::new(std::iter::empty()), last_bad: Vec::new(), first_bad: Vec::new() };
+        let table = LoopTable { utf8: true, root_done: [0; 4], full: Vec::new(), suffixes: Trie::new(std::iter::empty()), last_bad: Vec::new(), first_bad: Vec::new() };
         let mut spell: Vec<Vec<u8>> = vec![Vec::new(); v.trie.node_edges.len()];
         let mut checked = 0;
         for n in 0..v.trie.node_edges.len() {
