@@ -258,6 +258,53 @@ impl Calls {
         cfgs.dedup();
     }
 
+    /// Whether `bytes` can be read from `c`: `!advance(dfa, [c], bytes).is_empty()`, found by a
+    /// depth-first search over the byte steps, calls and returns that shares one stack and
+    /// stops at the first way through, instead of a set of configurations built, cloned and
+    /// deduplicated at every byte (a run's mask resolves hundreds of tokens this way). `None`
+    /// when the search takes more than `budget` steps off the plain path (call cycles in decoded
+    /// input): the caller then asks [`Calls::advance`].
+    pub fn reads(&self, dfa: &Dfa, c: &Config, bytes: &[u8], scratch: &mut Vec<u32>, budget: u32) -> Option<bool> {
+        scratch.clear();
+        scratch.extend_from_slice(&c.stack);
+        let mut left = budget;
+        self.reads_from(dfa, c.q, bytes, scratch, &mut left)
+    }
+
+    fn reads_from(&self, dfa: &Dfa, mut q: u32, mut bytes: &[u8], stack: &mut Vec<u32>, left: &mut u32) -> Option<bool> {
+        while let (Some((&b, rest)), true) = (bytes.split_first(), self.plain(q)) {
+            q = dfa.next(q, b);
+            if q == DEAD {
+                return Some(false);
+            }
+            bytes = rest;
+        }
+        let Some((&b, rest)) = bytes.split_first() else { return Some(true) };
+        *left = left.checked_sub(1)?;
+        let t = dfa.next(q, b);
+        if t != DEAD && self.reads_from(dfa, t, rest, stack, left)? {
+            return Some(true);
+        }
+        if stack.len() < MAX_STACK {
+            for &(s, r) in self.calls(q) {
+                stack.push(r);
+                let found = self.reads_from(dfa, s, bytes, stack, left);
+                stack.pop();
+                if found? {
+                    return Some(true);
+                }
+            }
+        }
+        if self.ret[q as usize] {
+            if let Some(r) = stack.pop() {
+                let found = self.reads_from(dfa, r, bytes, stack, left);
+                stack.push(r);
+                return found;
+            }
+        }
+        Some(false)
+    }
+
     /// The configurations after reading `bytes` (settled); empty if the text is refused.
     pub fn advance(&self, dfa: &Dfa, cfgs: &[Config], bytes: &[u8]) -> Vec<Config> {
         let mut cur: Vec<Config> = cfgs.to_vec();

@@ -908,11 +908,17 @@ impl CompiledSchema {
             }
         }
         let Some(calls) = &self.calls else { return };
+        let mut scratch = Vec::new();
         for c in cfgs {
             let list = self.state_unc.get(c.q as usize).map_or(&[][..], |&u| &self.unc[u as usize][..]);
             for &id in list {
                 let (w, bit) = (id as usize / 64, 1u64 << (id % 64));
-                if w < n && out[w] & bit == 0 && !calls.advance(&self.dfa, std::slice::from_ref(c), self.vocab.token_bytes(id)).is_empty() {
+                if w >= n || out[w] & bit != 0 {
+                    continue;
+                }
+                let bytes = self.vocab.token_bytes(id);
+                let reads = calls.reads(&self.dfa, c, bytes, &mut scratch, 256).unwrap_or_else(|| !calls.advance(&self.dfa, std::slice::from_ref(c), bytes).is_empty());
+                if reads {
                     out[w] |= bit;
                 }
             }

@@ -999,6 +999,36 @@ mod calls_tests {
                 assert!(a.advance(t) && b.advance(t));
             }
         }
+        // The search that resolves a mask's run-time list answers as the run's own advance, for
+        // every token from every configuration along documents that nest (stacks of several
+        // returns), byte by byte.
+        let calls = called.calls.as_ref().unwrap();
+        let mut scratch = Vec::new();
+        let (mut seen, mut with_stack) = (0, 0);
+        for doc in [r#"{"name": "é", "nó": 2, "kids": [{"nó": 1, "kids": [{"x": "ab"}, {}]}, {"zz": "q"}]}"#, r#"{"kids":[{"kids":[{"kids":[]}]}],"a":"日本"}"#] {
+            let mut run = called.start_cfgs();
+            for &byte in doc.as_bytes() {
+                for c in &run {
+                    with_stack += usize::from(!c.stack.is_empty());
+                    for id in 0..v.len() as u32 {
+                        if id == eos {
+                            continue;
+                        }
+                        let bytes = &v[id as usize];
+                        let want = !calls.advance(&called.dfa, std::slice::from_ref(c), bytes).is_empty();
+                        assert_eq!(calls.reads(&called.dfa, c, bytes, &mut scratch, 256), Some(want), "token {:?} from {c:?}", String::from_utf8_lossy(bytes));
+                        seen += usize::from(want);
+                    }
+                }
+                run = called.cfgs_advance(&run, &[byte]);
+                assert!(!run.is_empty(), "{doc} is valid");
+            }
+        }
+        assert!(seen > 1000 && with_stack > 50, "the runs went deep enough ({seen} tokens read, {with_stack} configurations with a stack)");
+        // Out of budget: no answer (the caller falls back to `advance`).
+        let c = &called.start_cfgs()[0];
+        assert_eq!(calls.reads(&called.dfa, c, br#"{"kids": [{"kids": [{}]}]}"#, &mut scratch, 1), None);
+        assert_eq!(calls.reads(&called.dfa, c, br#"{"kids": [{"kids": [{}]}]}"#, &mut scratch, 256), Some(true));
     }
 
     #[test]
