@@ -152,8 +152,18 @@ impl Entries {
     /// A state other than `q` whose mask is known and that goes to `s` on `b`, as `q` does.
     fn alike(&self, known: &Known, dfa: &Dfa, q: u32, b: u8, s: u32) -> Option<u32> {
         let (lo, hi) = (*self.off.get(s as usize)? as usize, *self.off.get(s as usize + 1)? as usize);
-        self.from[lo..hi].iter().copied().find(|&t| t != q && dfa.next(t, b) == s && known.done.get(t as usize).copied().unwrap_or(false))
+        self.from[lo..hi].iter().copied().find(|&t| t != q && dfa.next(t, b) == s && known.mask(t).is_some())
     }
+}
+
+/// Adds `b` to the first bytes whose tokens state `v`'s finished mask decides (one entry per
+/// state, OR-ed in after the walk).
+fn add_first_byte(list: &mut Vec<(u32, [u64; 4])>, v: u32, b: u8) {
+    let i = list.iter().position(|(q, _)| *q == v).unwrap_or_else(|| {
+        list.push((v, [0u64; 4]));
+        list.len() - 1
+    });
+    set_bit(&mut list[i].1, b as u32);
 }
 
 impl Known<'_> {
@@ -825,11 +835,7 @@ impl Vocabulary {
                         // Every token starting with b: a state whose mask is known goes where
                         // `q0` goes on b, so its mask decides, word by word (after the walk,
                         // once per state).
-                        let i = root_known.iter().position(|(q, _)| *q == v).unwrap_or_else(|| {
-                            root_known.push((v, [0u64; 4]));
-                            root_known.len() - 1
-                        });
-                        set_bit(&mut root_known[i].1, b as u32);
+                        add_first_byte(&mut root_known, v, b);
                         continue;
                     }
                 }
@@ -952,11 +958,7 @@ impl Vocabulary {
                             // goes where this configuration goes on b, so its mask decides,
                             // word by word, and its run-time list (after the walk, once per
                             // state).
-                            let i = root_unc.iter().position(|(q, _)| *q == v).unwrap_or_else(|| {
-                                root_unc.push((v, [0u64; 4]));
-                                root_unc.len() - 1
-                            });
-                            set_bit(&mut root_unc[i].1, b as u32);
+                            add_first_byte(&mut root_unc, v, b);
                             continue;
                         }
                     }
