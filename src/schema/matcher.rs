@@ -16,12 +16,16 @@
 //! `no_allowed_token`, never with a duplicate).
 //!
 //! One mask's candidates share work: the run after each token is read once per ending of a
-//! token that the run reads alike (`calls::AdvanceMemo`), and inside a string value the tokens
-//! that leave the automaton in one run walk one way out of the array together, each then
-//! checking only its own string's text against the items (see `Matcher::dead_end`). Sharing
-//! changes no mask (a test compares every mask with each token searched alone).
+//! token that the run reads alike (`calls::AdvanceMemo`); inside a string of the item, or where
+//! one opens (a key where no unique array's path goes on by its name), the tokens that leave
+//! the automaton in one run walk one way out of the array together, each then checking only its
+//! own string's text against the items; and a token with whitespace before a value takes the
+//! verdict of the same token without it (see `Matcher::dead_end`); tokens spelled alike (a
+//! byte-fallback token beside a plain one) are decided once; and a token that begins an item no
+//! earlier one can equal is not searched (`opens_new_item`). Sharing changes no mask (a test
+//! compares every mask with each token searched alone).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc as Rc;
 
 use super::lower::PStep;
@@ -100,12 +104,28 @@ struct Look<'a> {
     budget: u32,
     /// The runs after the candidates.
     runs: AdvanceMemo,
-    /// Inside a string value of the item in progress (see `dead_end`): whether the item is that
-    /// string, and what follows each place where the string's text so far (opening quote
-    /// included) is found in an earlier item (only at its start, where the item is the string).
-    string: Option<(bool, Vec<&'a [u8]>)>,
+    /// Inside a string value of the item in progress, or where one may open (see `dead_end`).
+    string: Option<StringLook<'a>>,
     /// The ways out walked for such tokens.
     walks: Vec<Walk>,
+    /// The tracker a token is read on (its memory kept from token to token).
+    scratch: Tracker,
+    /// Verdicts by token bytes without leading whitespace, each with the run it was read to.
+    verdicts: HashMap<Vec<u8>, Vec<(std::rc::Rc<Vec<Config>>, bool)>>,
+}
+
+/// Where the candidates of one mask stay in, or open, a string value of the item in progress.
+struct StringLook<'a> {
+    /// Whether the item is that string.
+    simple: bool,
+    /// The string's text so far, opening quote included (`"` where a token opens it).
+    so_far: &'a [u8],
+    /// Whether the tracker is before the string: a token is read from its opening quote, after
+    /// any whitespace.
+    opens: bool,
+    /// What follows each place where `so_far` is found in an earlier item (only at its start,
+    /// where the item is the string).
+    tails: Vec<&'a [u8]>,
 }
 
 /// One walk out of the array after a token inside a string value (see `dead_end`).
@@ -138,6 +158,40 @@ fn tails_after<'a, T: From<&'a [u8]>>(item: &'a [u8], text: &[u8], at_start: boo
             tails.push(tail.into());
         }
     }
+}
+
+/// Whether `token`, read between items of a unique array (after `[` or a comma), begins an
+/// item that no earlier item can equal and leaves it unfinished: a string that no earlier item
+/// begins with, an object or array where no earlier item is one, or part of a literal that no
+/// earlier item begins with (whitespace before it is nothing to the item). Numbers are not:
+/// `2e-1` is the earlier `0.2`.
+fn opens_new_item(token: &[u8], items: &Items) -> bool {
+    let opened = token.trim_ascii_start();
+    let Some(&first) = opened.first() else { return false };
+    let shape: &[u8] = match first {
+        b'"' if !opened[1..].iter().any(|b| matches!(b, b'"' | b'\\')) => opened,
+        b'{' | b'[' => {
+            // Still open after every byte (a bracket inside a string is text).
+            let (mut depth, mut in_str, mut esc) = (0i32, false, false);
+            for &b in opened {
+                match (in_str, b) {
+                    (true, _) if esc => esc = false,
+                    (true, b'\\') => esc = true,
+                    (true, b'"') | (false, b'"') => in_str = !in_str,
+                    (false, b'{' | b'[') => depth += 1,
+                    (false, b'}' | b']') => depth -= 1,
+                    _ => {}
+                }
+                if depth < 1 {
+                    return false;
+                }
+            }
+            &opened[..1]
+        }
+        b't' | b'f' | b'n' if [&b"true"[..], b"false", b"null"].iter().any(|l| l.starts_with(opened)) => opened,
+        _ => return false,
+    };
+    !items.iter().any(|p| p.starts_with(shape))
 }
 
 /// Duplicate item detected.
@@ -490,20 +544,34 @@ impl Tracker {
         Ok(())
     }
 
-    /// A copy without the text kept for container items (for a look-ahead that completes none).
-    fn without_text(&self) -> Tracker {
-        Tracker {
-            stack: self.stack.clone(),
-            in_str: self.in_str,
-            esc: self.esc,
-            scalar: self.scalar,
-            buf: self.buf.clone(),
-            buf_is_key: self.buf_is_key,
-            text: Vec::new(),
-            base: self.pos,
-            pos: self.pos,
-            log_at: 0,
-            log: Vec::new(),
+    /// Makes this tracker a copy of `src` (without the text kept for container items where
+    /// `text` is false), in the memory it holds: a look-ahead copies the tracker once per token.
+    fn copy_from(&mut self, src: &Tracker, text: bool) {
+        self.stack.truncate(src.stack.len());
+        let n = self.stack.len();
+        for (f, s) in self.stack.iter_mut().zip(&src.stack) {
+            f.is_arr = s.is_arr;
+            f.item_start = s.item_start;
+            f.live.clone_from(&s.live);
+            f.unique = s.unique;
+            f.items.set.clone_from(&s.items.set);
+            f.items.more.clone_from(&s.items.more);
+            f.key.clone_from(&s.key);
+            f.expect_key = s.expect_key;
+        }
+        self.stack.extend(src.stack[n..].iter().cloned());
+        (self.in_str, self.esc, self.scalar, self.buf_is_key, self.pos) = (src.in_str, src.esc, src.scalar, src.buf_is_key, src.pos);
+        self.buf.clone_from(&src.buf);
+        self.text.clear();
+        self.log.clear();
+        if text {
+            self.text.extend_from_slice(&src.text);
+            self.base = src.base;
+            self.log_at = src.log_at;
+            self.log.extend(src.log.iter().cloned());
+        } else {
+            self.base = src.pos;
+            self.log_at = 0;
         }
     }
 
@@ -527,7 +595,7 @@ pub struct Matcher<S: std::ops::Deref<Target = CompiledSchema>> {
     steps: u64,
     checked: Option<(u64, Vec<u64>)>,
     /// Whether the look-ahead shares work between one mask's candidates (the run's advance,
-    /// the walks inside a string value); off only in tests, which check that it changes no mask.
+    /// the walks in a string, whitespace); off only in tests, which check that it changes no mask.
     share: bool,
 }
 
@@ -631,8 +699,9 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         let vocab = self.schema.vocabulary();
         let t = &self.tracker;
         // The common case, a string or number item of the only unique array with items: a token
-        // that only goes on with a string (or opens one) that no earlier item begins with can
-        // always end as a new item, and is not searched.
+        // that only goes on with a string that no earlier item begins with, or opens an item no
+        // earlier one can equal (`opens_new_item`), can always end as a new item, and is not
+        // searched.
         let simple = d == t.stack.len() && !t.stack[..d - 1].iter().any(|f| f.unique);
         let top = &t.stack[d - 1];
         let in_item_str = simple && t.in_str && !t.buf_is_key;
@@ -681,13 +750,9 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
                 }
                 // (Not `quote_only`: inside a string of a wide mask a token without a quote
                 // leaves the rest free, and it was not read here.)
-                let searched = if !simple {
-                    true
-                } else if !t.in_str && bytes[0] == b'"' && !bytes[1..].iter().any(|b| matches!(b, b'"' | b'\\')) {
-                    top.items.iter().any(|p| p.len() > bytes.len() && p.starts_with(bytes))
-                } else {
-                    true
-                };
+                // (Without sharing every token is searched: the test that compares the two checks
+                // this rule too.)
+                let searched = !simple || t.in_str || t.scalar || !self.share || !opens_new_item(bytes, &top.items);
                 if searched {
                     candidates.push(id);
                 }
@@ -695,24 +760,42 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         }
         candidates.sort_unstable();
         candidates.dedup();
-        let mut look = Look { budget: LOOK_BUDGET, runs: AdvanceMemo::default(), string: None, walks: Vec::new() };
-        // Inside a string value of the item in progress (not a key, no escape so far, no unique
-        // array between the item and the string): where its text so far is found in the earlier
-        // items.
+        let mut look = Look { budget: LOOK_BUDGET, runs: AdvanceMemo::default(), string: None, walks: Vec::new(), scratch: Tracker::default(), verdicts: HashMap::new() };
+        // Inside a string of the item in progress (no escape so far, no unique array between the
+        // item and the string), or where one may open: where its text so far is found in the
+        // earlier items. A key counts only where no unique array's path goes on by its name (a
+        // key stays in the item where a repeated one replaces its value).
         let deeper_unique = t.stack[d..].iter().any(|f| f.unique);
-        if self.share && t.in_str && !t.buf_is_key && !t.esc && !deeper_unique && !t.buf.contains(&b'\\') {
+        let named = |f: &Frame| f.live.iter().any(|&(i, pos)| matches!(self.schema.unique[i as usize].get(pos as usize), Some(PStep::Key(_))));
+        let key_ok = t.stack.last().is_some_and(|f| f.is_arr || !named(f));
+        let inside = t.in_str && (!t.buf_is_key || key_ok) && !t.esc && !t.buf.contains(&b'\\');
+        let opens = !t.in_str && !t.scalar && t.stack.last().is_some_and(|f| f.is_arr || !f.expect_key || key_ok);
+        if self.share && (inside || opens) && !deeper_unique {
             let total: usize = top.items.iter().map(|e| e.len()).sum();
             if simple || total <= LOOK_HAY {
+                let so_far: &[u8] = if opens { b"\"" } else { &t.buf };
                 let mut tails = Vec::new();
                 for e in top.items.iter() {
-                    tails_after(e, &t.buf, simple, &mut tails);
+                    tails_after(e, so_far, simple, &mut tails);
                 }
-                look.string = Some((simple, tails));
+                look.string = Some(StringLook { simple, so_far, opens, tails });
             }
         }
+        // A token spelled like one with a lower id takes that one's verdict (the same bytes
+        // read from the same place).
+        let no_twins = HashMap::new();
+        let twins = if self.share { vocab.twins() } else { &no_twins };
+        let bit = |out: &[u64], id: u32| out.get(id as usize / 64).is_some_and(|w| w >> (id % 64) & 1 == 1);
+        let mut later = Vec::new();
         for id in candidates {
-            let allowed = out.get(id as usize / 64).is_some_and(|w| w >> (id % 64) & 1 == 1);
-            if allowed && self.dead_end(id, d, &mut look) {
+            if let Some(&first) = twins.get(&id) {
+                later.push((id, first));
+            } else if bit(out, id) && self.dead_end(id, d, &mut look) {
+                out[id as usize / 64] &= !(1u64 << (id % 64));
+            }
+        }
+        for (id, first) in later {
+            if !bit(out, first) {
                 out[id as usize / 64] &= !(1u64 << (id % 64));
             }
         }
@@ -723,7 +806,27 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
     /// of `budget` (automaton steps, shared by one mask), whether the token completes a
     /// duplicate through the only continuation the automaton leaves. `look` holds what the
     /// mask's candidates share.
-    fn dead_end(&self, token: u32, d: usize, look: &mut Look) -> bool {
+    fn dead_end(&self, token: u32, d: usize, look: &mut Look<'_>) -> bool {
+        // Whitespace before a value is nothing to the tracker: a token and the same token
+        // without it, read to the same run, have one verdict (strings are read in `Look::string`).
+        let bytes = self.schema.vocabulary().token_bytes(token);
+        let t = &self.tracker;
+        let key = bytes.trim_ascii_start();
+        if !self.share || t.in_str || t.scalar || key.is_empty() || key[0] == b'"' {
+            return self.dead_end_uncached(token, d, look);
+        }
+        let q = self.schema.cfgs_advance_memo(&self.cfgs, bytes, &mut look.runs);
+        let same = |r: &std::rc::Rc<Vec<Config>>| std::rc::Rc::ptr_eq(r, &q) || r[..] == q[..];
+        if let Some(&(_, verdict)) = look.verdicts.get(key).and_then(|vs| vs.iter().find(|(r, _)| same(r))) {
+            return verdict;
+        }
+        let verdict = self.dead_end_uncached(token, d, look);
+        look.verdicts.entry(key.to_vec()).or_default().push((q, verdict));
+        verdict
+    }
+
+    /// [`Matcher::dead_end`], decided for this token.
+    fn dead_end_uncached(&self, token: u32, d: usize, look: &mut Look) -> bool {
         let bytes = self.schema.vocabulary().token_bytes(token);
         let q = match self.share {
             true => self.schema.cfgs_advance_memo(&self.cfgs, bytes, &mut look.runs),
@@ -739,18 +842,24 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         // them walks it and records them; each other escapes when no earlier item and no such
         // later item holds the string's text so far followed by the token's (its own finished
         // item would hold it; one whose repeated key drops the string is the first one's item).
+        // Where a string may open, a token that opens one (after any whitespace) is read the
+        // same way from its opening quote on: the string's text so far is that quote.
         let mut record = None;
-        if let Some((simple, tails)) = &look.string {
-            let k = bytes.iter().position(|&b| b == b'"' || b == b'\\').unwrap_or(bytes.len());
-            let (text, rest) = bytes.split_at((k + 1).min(bytes.len()));
+        let string = look.string.as_ref().and_then(|s| match s.opens {
+            false => Some((s, bytes)),
+            true => bytes.trim_ascii_start().strip_prefix(b"\"").map(|body| (s, body)),
+        });
+        if let Some((&StringLook { simple, so_far, ref tails, .. }, body)) = string {
+            let k = body.iter().position(|&b| b == b'"' || b == b'\\').unwrap_or(body.len());
+            let (text, rest) = body.split_at((k + 1).min(body.len()));
             let punct = rest.iter().all(|&b| matches!(b, b',' | b']' | b'}' | b' ' | b'\t' | b'\n' | b'\r'));
-            if bytes.get(k).is_none_or(|&b| b == b'"') && punct && !tails.iter().any(|tail| tail.starts_with(text)) {
-                let closed = k < bytes.len();
+            if body.get(k).is_none_or(|&b| b == b'"') && punct && !tails.iter().any(|tail| tail.starts_with(text)) {
+                let closed = k < body.len();
                 let walk = look.walks.iter().find(|w| w.closed == closed && w.rest[..] == *rest && (std::rc::Rc::ptr_eq(&w.run, &q) || w.run[..] == q[..]));
                 match walk {
                     Some(Walk { later: Some(later), .. }) if !later.iter().any(|tail| tail.starts_with(text)) => return false,
                     Some(_) => {}
-                    None => record = Some((closed, rest, *simple)),
+                    None => record = Some((closed, rest, simple, so_far)),
                 }
             }
         }
@@ -758,17 +867,20 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         // an item of the array that is a container, or the array itself inside another unique
         // array.
         let containers = self.tracker.stack.len() > d || self.tracker.stack[..d - 1].iter().any(|f| f.unique);
-        let after_token = || {
-            let mut t = if containers { self.tracker.clone() } else { self.tracker.without_text() };
-            bytes.iter().all(|&b| t.step(b, &self.schema.unique).is_ok()).then_some(t)
+        let after_token = |t: &mut Tracker| {
+            t.copy_from(&self.tracker, containers);
+            bytes.iter().all(|&b| t.step(b, &self.schema.unique).is_ok())
         };
-        let Some(mut t) = after_token() else {
-            if let Some((closed, rest, _)) = record {
+        let mut t = std::mem::take(&mut look.scratch);
+        if !after_token(&mut t) {
+            look.scratch = t;
+            if let Some((closed, rest, _, _)) = record {
                 look.walks.push(Walk { run: q.clone(), closed, rest: rest.to_vec(), later: None });
             }
             return true;
-        };
+        }
         if t.stack.len() < d {
+            look.scratch = t;
             return false; // the token closed the array
         }
         // Most tokens leave a way out along the automaton's shortest completion (walked on the
@@ -778,12 +890,12 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         if record.is_some() {
             t.log_at = d;
         }
-        let walked = self.completion_walk(&q, t, d);
-        if let Some((closed, rest, simple)) = record {
+        let walked = self.completion_walk(&q, &mut t, d);
+        if let Some((closed, rest, simple, so_far)) = record {
             let later = walked.as_ref().map(|items| {
                 let mut tails = Vec::new();
                 for e in items.iter().skip((!done) as usize) {
-                    tails_after(e, &self.tracker.buf, simple, &mut tails);
+                    tails_after(e, so_far, simple, &mut tails);
                 }
                 tails
             });
@@ -792,12 +904,16 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         if walked.is_some() {
             return false;
         }
+        if !after_token(&mut t) {
+            look.scratch = t;
+            return true;
+        }
         let budget = &mut look.budget;
-        let Some(t) = after_token() else { return true };
         let last_ws = bytes.last().is_some_and(|b| b.is_ascii_whitespace());
         let mut mine = (*budget).min(LOOK_TOKEN_BUDGET);
         let found = self.escape(&q, &t, d, 0, last_ws, &mut mine);
         *budget -= (*budget).min(LOOK_TOKEN_BUDGET) - mine;
+        look.scratch = t;
         match found {
             Some(found) => !found,
             None => self.forced_duplicate(token),
@@ -807,12 +923,12 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
     /// Whether the automaton's shortest completion from `q`, read by `t`, closes the unique array
     /// at stack depth `d` without a duplicate on the way (only the completion's beginning, up to
     /// that close, is walked).
-    fn completion_escapes(&self, q: &[Config], t: Tracker, d: usize) -> bool {
-        self.completion_walk(q, t, d).is_some()
+    fn completion_escapes(&self, q: &[Config], mut t: Tracker, d: usize) -> bool {
+        self.completion_walk(q, &mut t, d).is_some()
     }
 
     /// [`Matcher::completion_escapes`], with what `t` logged on the way when it escapes.
-    fn completion_walk(&self, q: &[Config], mut t: Tracker, d: usize) -> Option<Vec<Vec<u8>>> {
+    fn completion_walk(&self, q: &[Config], t: &mut Tracker, d: usize) -> Option<Vec<Vec<u8>>> {
         let mut out = false;
         self.schema.cfgs_completion_steps(q, |b| {
             if t.step(b, &self.schema.unique).is_err() {
@@ -821,7 +937,7 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
             out = t.stack.len() < d;
             !out
         });
-        out.then_some(t.log)
+        out.then(|| std::mem::take(&mut t.log))
     }
 
     /// Depth-first search for bytes, allowed by the automaton and making no duplicate, that close
@@ -977,3 +1093,4 @@ fn step(schema: &CompiledSchema, cfgs: &mut Vec<Config>, tracker: &mut Tracker, 
     }
     true
 }
+

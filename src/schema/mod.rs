@@ -665,6 +665,12 @@ impl CompiledSchema {
         };
         let mut c = CompiledSchema { vocab: vocab.clone(), dfa, table: MaskTable { words, masks, state_mask }, unique, stats, dist: Default::default(), forced: Default::default(), nearer: Default::default(), calls, state_unc, unc };
         c.distances();
+        if !c.unique.is_empty() {
+            // What the run-time `uniqueItems` check reads of the vocabulary, built once per
+            // vocabulary here rather than in the first mask lookup.
+            vocab.quoted();
+            vocab.twins();
+        }
         c.stats.compile_time = t0.elapsed();
         Ok(c)
     }
@@ -882,7 +888,14 @@ impl CompiledSchema {
     pub(crate) fn cfgs_advance_memo(&self, cfgs: &[Config], bytes: &[u8], memo: &mut calls::AdvanceMemo) -> std::rc::Rc<Vec<Config>> {
         match &self.calls {
             Some(c) => c.advance_memo(&self.dfa, cfgs, bytes, memo),
-            None => std::rc::Rc::new(self.cfgs_advance(cfgs, bytes)),
+            None => match cfgs {
+                [c] => {
+                    let q = self.advance_bytes(StateId(c.q), bytes).map_or(DEAD, |s| s.0);
+                    let run = memo.ends.entry(q).or_insert_with(|| std::rc::Rc::new(if q == DEAD { Vec::new() } else { vec![Config { q, stack: Vec::new() }] }));
+                    run.clone()
+                }
+                _ => std::rc::Rc::new(self.cfgs_advance(cfgs, bytes)),
+            },
         }
     }
 

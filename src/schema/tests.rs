@@ -328,14 +328,17 @@ mod unique_tests {
     }
 
     /// The look-ahead's sharing between a mask's candidates (one advance per run and rest of
-    /// the token, one walk out of the array per group of tokens inside a string value) changes
-    /// no mask: random walks through unique arrays of strings and of objects holding strings,
-    /// with and without calls, where short strings over two letters soon repeat and corner.
+    /// the token, one walk out of the array per group of tokens inside or opening a string, key
+    /// or value, one verdict for a token with and without whitespace before it) changes no mask:
+    /// random walks through unique arrays of strings, of objects holding strings under fixed and
+    /// free keys, and of any values, with and without calls, where short strings over two letters
+    /// soon repeat and corner.
     #[test]
     fn shared_look_ahead_masks_like_each_token_alone() {
         let mut v = tests::byte_vocab();
         v.pop();
-        for s in ["a", "b", "aa", "ab", "ba", "bb", "aab", "a\"", "b\"", "ab\"", "a\",", "b\",", "ab\",", "a\"]", "b\"}", "a\"},", "\"},", "\"}]", "\",\"", "ba\"}, "] {
+        for s in ["a", "b", "aa", "ab", "ba", "bb", "aab", "a\"", "b\"", "ab\"", "a\",", "b\",", "ab\",", "a\"]", "b\"}", "a\"},", "\"},", "\"}]", "\",\"", "ba\"}, ",
+            "\"a", "\"ab", " \"a", " \"b", " \"ab\"", "\"b\",", " {\"", "{\"a", "a\":", "\": ", " [", " t", "true", " null", " 1", "a"] {
             v.push(s.as_bytes().to_vec());
         }
         v.push(Vec::new()); // EOS
@@ -349,6 +352,8 @@ mod unique_tests {
             json!({"type": "array", "items": {"type": "object", "properties": {"k": short}, "required": ["k"], "additionalProperties": false}, "uniqueItems": true}),
             json!({"type": "array", "items": {"type": "object", "properties": {"k": short, "n": {"enum": [1, 2]}, "w": short}, "required": ["k", "w"], "additionalProperties": false}, "uniqueItems": true, "maxItems": 12}),
             json!({"type": "object", "properties": {"l": {"type": "array", "items": {"type": "array", "items": short, "maxItems": 2}, "uniqueItems": true}}, "required": ["l"], "additionalProperties": false}),
+            json!({"type": "array", "items": {"type": "object", "propertyNames": short, "additionalProperties": short, "maxProperties": 2}, "uniqueItems": true, "minItems": 3}),
+            json!({"type": "array", "items": {"anyOf": [short, {"type": "boolean"}, {"type": "null"}, {"type": "array", "items": short, "maxItems": 2}]}, "uniqueItems": true, "minItems": 5}),
         ];
         let mut rnd = tests::xorshift(0x2545_f491_4f6c_dd1d);
         let (mut shared, mut alone) = (Vec::new(), Vec::new());

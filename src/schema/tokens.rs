@@ -415,6 +415,10 @@ pub struct Vocabulary {
     /// The maskable tokens holding a `"` (a bitset), for the run-time `uniqueItems` check: inside
     /// a string only these can complete an item (built on first use).
     quoted: std::sync::OnceLock<Vec<u64>>,
+    /// Each maskable token spelled like one with a lower id → that token (byte-fallback tokens
+    /// beside the plain ones: the run-time `uniqueItems` check decides one of each; built on
+    /// first use).
+    twins: std::sync::OnceLock<HashMap<u32, u32>>,
     /// Per set of first bytes (at most 64): the maskable tokens starting with one of them.
     first_unions: Mutex<HashMap<[u64; 4], Arc<Vec<u64>>>>,
     /// Loop tables by loop set, kept across compilations (at most 64; a few hundred KiB each,
@@ -446,6 +450,7 @@ impl Vocabulary {
             sigs: std::sync::OnceLock::new(),
             mid_nodes: std::sync::OnceLock::new(),
             quoted: std::sync::OnceLock::new(),
+            twins: std::sync::OnceLock::new(),
             first_unions: Mutex::new(HashMap::new()),
             loop_tables: Mutex::new(HashMap::new()),
             chain_tables: Mutex::new(HashMap::new()),
@@ -473,6 +478,20 @@ impl Vocabulary {
                 }
             }
             set
+        })
+    }
+
+    /// The maskable tokens spelled like one with a lower id, each with the lowest such id.
+    pub(crate) fn twins(&self) -> &HashMap<u32, u32> {
+        self.twins.get_or_init(|| {
+            let t = &self.trie;
+            let mut out = HashMap::new();
+            for &(first, count) in t.node_tok.iter().filter(|&&(_, count)| count > 1) {
+                let same = &t.tok_ids[first as usize..(first + count) as usize];
+                let low = same.iter().copied().min().unwrap_or(0);
+                out.extend(same.iter().filter(|&&id| id != low).map(|&id| (id, low)));
+            }
+            out
         })
     }
 
