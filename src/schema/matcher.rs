@@ -194,6 +194,113 @@ fn opens_new_item(token: &[u8], items: &Items) -> bool {
     !items.iter().any(|p| p.starts_with(shape))
 }
 
+/// The top-level keys of an object's text (whitespace allowed, and a text cut short: a key
+/// counts once its colon is read), quotes included; `None` where the text is not an object or
+/// a key holds an escape (its canonical spelling may differ).
+fn top_keys(text: &[u8]) -> Option<Vec<&[u8]>> {
+    let from = text.iter().position(|b| !b.is_ascii_whitespace())?;
+    if text[from] != b'{' {
+        return None;
+    }
+    let mut keys = Vec::new();
+    let (mut depth, mut in_str, mut esc, mut expect_key) = (0usize, false, false, false);
+    let (mut key_at, mut read) = (None, None);
+    for (j, &b) in text.iter().enumerate().skip(from) {
+        if in_str {
+            if esc {
+                esc = false;
+            } else if b == b'\\' {
+                if key_at.is_some() {
+                    return None;
+                }
+                esc = true;
+            } else if b == b'"' {
+                in_str = false;
+                read = key_at.take().map(|k| (k, j + 1));
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_str = true;
+                if depth == 1 && expect_key {
+                    key_at = Some(j);
+                    expect_key = false;
+                }
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                expect_key = depth == 1;
+            }
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    break;
+                }
+            }
+            b',' if depth == 1 => expect_key = true,
+            b':' if depth == 1 => keys.extend(read.take().map(|(k, e)| &text[k..e])),
+            _ => {}
+        }
+    }
+    Some(keys)
+}
+
+/// Whether the item in progress of the unique array at stack depth `d` is an object that
+/// already holds a key that no earlier item has (an earlier item that is no object differs
+/// anyway): a key stays in the object whatever follows, so the item can only end as a new one.
+/// Only with no unique array inside the item or around the array (their items would need their
+/// own check), and on short texts.
+fn item_apart(t: &Tracker, d: usize) -> bool {
+    let limit = LOOK_HAY / 16;
+    if t.stack.len() <= d || t.stack[d].is_arr || t.stack.iter().enumerate().any(|(i, f)| f.unique && i != d - 1) {
+        return false;
+    }
+    let top = &t.stack[d - 1];
+    let Some(from) = top.item_start.checked_sub(t.base).filter(|&i| i <= t.text.len() && t.text.len() - i <= limit) else { return false };
+    let Some(mine) = top_keys(&t.text[from..]) else { return false };
+    let mut total = 0;
+    top.items.iter().all(|e| {
+        total += e.len();
+        total <= limit
+            && match e.first() {
+                Some(b'{') => top_keys(e).is_some_and(|theirs| mine.iter().any(|k| !theirs.contains(k))),
+                _ => true,
+            }
+    })
+}
+
+/// Whether `token`, read by `t`, leaves the container of the item in progress of the unique
+/// array at stack depth `d` open and opens no array (where another unique one could begin).
+fn stays_in_item(token: &[u8], t: &Tracker, d: usize) -> bool {
+    let (mut in_str, mut esc, mut depth) = (t.in_str, t.esc, t.stack.len());
+    for &b in token {
+        if in_str {
+            if esc {
+                esc = false;
+            } else if b == b'\\' {
+                esc = true;
+            } else if b == b'"' {
+                in_str = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'{' => depth += 1,
+            b'[' => return false,
+            b'}' | b']' => {
+                depth -= 1;
+                if depth <= d {
+                    return false;
+                }
+            }
+            _ => {}
+        }
+    }
+    true
+}
+
 /// Duplicate item detected.
 #[derive(Debug)]
 pub(crate) struct Dup;
@@ -760,6 +867,12 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         }
         candidates.sort_unstable();
         candidates.dedup();
+        // An object item that already holds a key no earlier item has can end only as a new
+        // item: tokens that keep it open are not searched (nor, without sharing, is anything
+        // skipped: the test that compares the two checks this).
+        if self.share && item_apart(t, d) {
+            candidates.retain(|&id| !stays_in_item(vocab.token_bytes(id), t, d));
+        }
         let mut look = Look { budget: LOOK_BUDGET, runs: AdvanceMemo::default(), string: None, walks: Vec::new(), scratch: Tracker::default(), verdicts: HashMap::new() };
         // Inside a string of the item in progress (no escape so far, no unique array between the
         // item and the string), or where one may open: where its text so far is found in the
