@@ -170,24 +170,8 @@ fn opens_new_item(token: &[u8], items: &Items) -> bool {
     let Some(&first) = opened.first() else { return false };
     let shape: &[u8] = match first {
         b'"' if !opened[1..].iter().any(|b| matches!(b, b'"' | b'\\')) => opened,
-        b'{' | b'[' => {
-            // Still open after every byte (a bracket inside a string is text).
-            let (mut depth, mut in_str, mut esc) = (0i32, false, false);
-            for &b in opened {
-                match (in_str, b) {
-                    (true, _) if esc => esc = false,
-                    (true, b'\\') => esc = true,
-                    (true, b'"') | (false, b'"') => in_str = !in_str,
-                    (false, b'{' | b'[') => depth += 1,
-                    (false, b'}' | b']') => depth -= 1,
-                    _ => {}
-                }
-                if depth < 1 {
-                    return false;
-                }
-            }
-            &opened[..1]
-        }
+        // Still open after every byte.
+        b'{' | b'[' if bracket_depths(opened, false, false).0 >= 1 => &opened[..1],
         b't' | b'f' | b'n' if [&b"true"[..], b"false", b"null"].iter().any(|l| l.starts_with(opened)) => opened,
         _ => return false,
     };
@@ -273,7 +257,15 @@ fn item_apart(t: &Tracker, d: usize) -> bool {
 /// Whether `token`, read by `t`, leaves the container of the item in progress of the unique
 /// array at stack depth `d` open and opens no array (where another unique one could begin).
 fn stays_in_item(token: &[u8], t: &Tracker, d: usize) -> bool {
-    let (mut in_str, mut esc, mut depth) = (t.in_str, t.esc, t.stack.len());
+    let (lowest, array) = bracket_depths(token, t.in_str, t.esc);
+    !array && (t.stack.len() as i32).saturating_add(lowest) > d as i32
+}
+
+/// How `token`'s brackets move the depth, read from inside a string or not (`in_str`, `esc`;
+/// a bracket inside a string is text): the lowest depth after any of its bytes, relative to
+/// the start (`i32::MAX` for no bytes), and whether it opens an array.
+fn bracket_depths(token: &[u8], mut in_str: bool, mut esc: bool) -> (i32, bool) {
+    let (mut depth, mut lowest, mut array) = (0i32, i32::MAX, false);
     for &b in token {
         if in_str {
             if esc {
@@ -283,22 +275,20 @@ fn stays_in_item(token: &[u8], t: &Tracker, d: usize) -> bool {
             } else if b == b'"' {
                 in_str = false;
             }
-            continue;
-        }
-        match b {
-            b'"' => in_str = true,
-            b'{' => depth += 1,
-            b'[' => return false,
-            b'}' | b']' => {
-                depth -= 1;
-                if depth <= d {
-                    return false;
+        } else {
+            match b {
+                b'"' => in_str = true,
+                b'{' | b'[' => {
+                    depth += 1;
+                    array |= b == b'[';
                 }
+                b'}' | b']' => depth -= 1,
+                _ => {}
             }
-            _ => {}
         }
+        lowest = lowest.min(depth);
     }
-    true
+    (lowest, array)
 }
 
 /// Duplicate item detected.
@@ -899,15 +889,15 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         let no_twins = HashMap::new();
         let twins = if self.share { vocab.twins() } else { &no_twins };
         let bit = |out: &[u64], id: u32| out.get(id as usize / 64).is_some_and(|w| w >> (id % 64) & 1 == 1);
-        let mut later = Vec::new();
+        let mut twinned = Vec::new();
         for id in candidates {
             if let Some(&first) = twins.get(&id) {
-                later.push((id, first));
+                twinned.push((id, first));
             } else if bit(out, id) && self.dead_end(id, d, &mut look) {
                 out[id as usize / 64] &= !(1u64 << (id % 64));
             }
         }
-        for (id, first) in later {
+        for (id, first) in twinned {
             if !bit(out, first) {
                 out[id as usize / 64] &= !(1u64 << (id % 64));
             }
@@ -923,28 +913,27 @@ impl<S: std::ops::Deref<Target = CompiledSchema>> Matcher<S> {
         // Whitespace before a value is nothing to the tracker: a token and the same token
         // without it, read to the same run, have one verdict (strings are read in `Look::string`).
         let bytes = self.schema.vocabulary().token_bytes(token);
-        let t = &self.tracker;
-        let key = bytes.trim_ascii_start();
-        if !self.share || t.in_str || t.scalar || key.is_empty() || key[0] == b'"' {
-            return self.dead_end_uncached(token, d, look);
-        }
-        let q = self.schema.cfgs_advance_memo(&self.cfgs, bytes, &mut look.runs);
-        let same = |r: &std::rc::Rc<Vec<Config>>| std::rc::Rc::ptr_eq(r, &q) || r[..] == q[..];
-        if let Some(&(_, verdict)) = look.verdicts.get(key).and_then(|vs| vs.iter().find(|(r, _)| same(r))) {
-            return verdict;
-        }
-        let verdict = self.dead_end_uncached(token, d, look);
-        look.verdicts.entry(key.to_vec()).or_default().push((q, verdict));
-        verdict
-    }
-
-    /// [`Matcher::dead_end`], decided for this token.
-    fn dead_end_uncached(&self, token: u32, d: usize, look: &mut Look) -> bool {
-        let bytes = self.schema.vocabulary().token_bytes(token);
         let q = match self.share {
             true => self.schema.cfgs_advance_memo(&self.cfgs, bytes, &mut look.runs),
             false => std::rc::Rc::new(self.schema.cfgs_advance(&self.cfgs, bytes)),
         };
+        let t = &self.tracker;
+        let key = bytes.trim_ascii_start();
+        if !self.share || t.in_str || t.scalar || key.is_empty() || key[0] == b'"' {
+            return self.dead_end_uncached(token, q, d, look);
+        }
+        let same = |r: &std::rc::Rc<Vec<Config>>| std::rc::Rc::ptr_eq(r, &q) || r[..] == q[..];
+        if let Some(&(_, verdict)) = look.verdicts.get(key).and_then(|vs| vs.iter().find(|(r, _)| same(r))) {
+            return verdict;
+        }
+        let verdict = self.dead_end_uncached(token, q.clone(), d, look);
+        look.verdicts.entry(key.to_vec()).or_default().push((q, verdict));
+        verdict
+    }
+
+    /// [`Matcher::dead_end`], decided for this token, read to the run `q`.
+    fn dead_end_uncached(&self, token: u32, q: std::rc::Rc<Vec<Config>>, d: usize, look: &mut Look) -> bool {
+        let bytes = self.schema.vocabulary().token_bytes(token);
         if q.is_empty() {
             return false;
         }
