@@ -52,12 +52,12 @@ pub(crate) struct Config {
 /// [`Calls::advance_memo`]'s memo, for tokens read from one run: the states after a token's
 /// plain prefix (4 bytes each, little-endian, [`DEAD`] for a configuration that died) followed
 /// by the token's bytes after that prefix → the run after the token.
-/// Without sub-automata, a run of one state is kept per state reached, so that tokens ending
-/// in the same state share it.
 #[derive(Default)]
 pub(crate) struct AdvanceMemo {
     runs: HashMap<Vec<u8>, Rc<Vec<Config>>>,
     key: Vec<u8>,
+    /// Without sub-automata (`CompiledSchema::cfgs_advance_memo`): the run of one state kept
+    /// per state reached, so that tokens ending in the same state share it.
     pub(crate) ends: HashMap<u32, Rc<Vec<Config>>>,
 }
 
