@@ -292,22 +292,27 @@ impl Nfa {
             }
             out.sort_unstable();
         };
-        let mut map: HashMap<Vec<u32>, u32> = HashMap::default();
-        let mut sets: Vec<Vec<u32>> = vec![Vec::new()];
+        // The DFA's states are the closed subsets, numbered in the order found (the empty one
+        // is the dead state).
+        let mut sets = SetTable::default();
+        sets.insert(&[]);
         let mut trans: Vec<u32> = vec![DEAD; ncls];
         let mut acc = vec![false];
-        map.insert(Vec::new(), DEAD);
         let mut s0 = Vec::new();
         closure(&[start], &mut s0, &mut mark, &mut gen);
         let start_id = if s0.is_empty() {
             DEAD
         } else {
-            map.insert(s0.clone(), 1);
+            sets.insert(&s0);
             acc.push(s0.binary_search(&accept).is_ok());
-            sets.push(s0);
             trans.extend(std::iter::repeat(DEAD).take(ncls));
             1
         };
+        // The state each set of targets (before its closure) was found to lead to: a string
+        // body's state goes to the same targets on most classes, and closing and looking up
+        // the targets again cost more than this lookup of a short set.
+        let mut moves = SetTable::default();
+        let mut move_to: Vec<u32> = Vec::new();
         let mut buckets: Vec<Vec<u32>> = vec![Vec::new(); ncls];
         let mut set: Vec<u32> = Vec::new();
         let mut i = 1;
@@ -315,7 +320,7 @@ impl Nfa {
             for bkt in buckets.iter_mut() {
                 bkt.clear();
             }
-            for &s in &sets[i] {
+            for &s in sets.get(i as u32) {
                 for &(lo, hi, t) in adj.edges(s) {
                     for cl in classes[lo as usize]..=classes[hi as usize] {
                         buckets[cl as usize].push(t);
@@ -323,22 +328,31 @@ impl Nfa {
                 }
             }
             for cl in 0..ncls {
-                if buckets[cl].is_empty() {
+                let bkt = &mut buckets[cl];
+                if bkt.is_empty() {
                     continue;
                 }
-                closure(&buckets[cl], &mut set, &mut mark, &mut gen);
-                let id = match map.get(set.as_slice()) {
-                    Some(&id) => id,
+                bkt.sort_unstable();
+                bkt.dedup();
+                let bh = SetTable::hash(bkt);
+                let id = match moves.find(bkt, bh) {
+                    Some(m) => move_to[m as usize],
                     None => {
-                        let id = sets.len() as u32;
-                        if sets.len() >= cap {
-                            return Err(Overflow { states: sets.len() });
-                        }
-                        let set = set.clone();
-                        map.insert(set.clone(), id);
-                        acc.push(set.binary_search(&accept).is_ok());
-                        sets.push(set);
-                        trans.extend(std::iter::repeat(DEAD).take(ncls));
+                        closure(bkt, &mut set, &mut mark, &mut gen);
+                        let h = SetTable::hash(&set);
+                        let id = match sets.find(&set, h) {
+                            Some(id) => id,
+                            None => {
+                                if sets.len() >= cap {
+                                    return Err(Overflow { states: sets.len() });
+                                }
+                                acc.push(set.binary_search(&accept).is_ok());
+                                trans.extend(std::iter::repeat(DEAD).take(ncls));
+                                sets.insert_hashed(&set, h)
+                            }
+                        };
+                        moves.insert_hashed(bkt, bh);
+                        move_to.push(id);
                         id
                     }
                 };
@@ -348,6 +362,74 @@ impl Nfa {
         }
         let d = Dfa { classes, ncls, trans, accept: acc, start: start_id };
         Ok(d.minimize())
+    }
+}
+
+/// Sets of state ids, each kept once in one list and found by its content; ids are dense from
+/// 0 in insertion order.
+#[derive(Default)]
+struct SetTable {
+    /// The first set with each hash; the others with it follow through `same_hash`.
+    first: HashMap<u64, u32>,
+    same_hash: Vec<u32>,
+    start: Vec<u32>,
+    items: Vec<u32>,
+}
+
+impl SetTable {
+    /// A hash of `set` in four independent lanes (a long set's single chain of multiplies
+    /// waited on their latency).
+    fn hash(set: &[u32]) -> u64 {
+        let mut lanes = [FxHasher::default(); 4];
+        let mut quads = set.chunks_exact(4);
+        for q in &mut quads {
+            for (lane, &x) in lanes.iter_mut().zip(q) {
+                lane.add(x as u64);
+            }
+        }
+        for (lane, &x) in lanes.iter_mut().zip(quads.remainder()) {
+            lane.add(x as u64);
+        }
+        let mut h = FxHasher::default();
+        h.add(set.len() as u64);
+        for lane in lanes {
+            h.add(lane.0);
+        }
+        h.0
+    }
+
+    fn len(&self) -> usize {
+        self.same_hash.len()
+    }
+
+    fn get(&self, id: u32) -> &[u32] {
+        let end = self.start.get(id as usize + 1).map_or(self.items.len(), |&e| e as usize);
+        &self.items[self.start[id as usize] as usize..end]
+    }
+
+    fn find(&self, set: &[u32], h: u64) -> Option<u32> {
+        let mut c = *self.first.get(&h)?;
+        while c != u32::MAX {
+            if self.get(c) == set {
+                return Some(c);
+            }
+            c = self.same_hash[c as usize];
+        }
+        None
+    }
+
+    fn insert(&mut self, set: &[u32]) -> u32 {
+        self.insert_hashed(set, Self::hash(set))
+    }
+
+    /// Adds `set` (not already in the table) with its hash `h`.
+    fn insert_hashed(&mut self, set: &[u32], h: u64) -> u32 {
+        let id = self.len() as u32;
+        let before = self.first.insert(h, id).unwrap_or(u32::MAX);
+        self.same_hash.push(before);
+        self.start.push(self.items.len() as u32);
+        self.items.extend_from_slice(set);
+        id
     }
 }
 
@@ -1000,6 +1082,31 @@ mod tests {
         let m = Dfa::minus(&a, &b, 1000).unwrap();
         assert!(m.matches(b"ab") && !m.matches(b"abc") && m.matches(b"x"));
         assert!(Dfa::intersect(&a, &Dfa::literals([&b"q"[..]], 10).unwrap(), 100).unwrap().is_empty());
+    }
+
+    #[test]
+    fn set_table_finds_each_set_by_content() {
+        let mut t = SetTable::default();
+        let sets: Vec<Vec<u32>> = vec![vec![], vec![1, 2], vec![1, 2, 3], vec![2, 1], vec![7; 9], (0..40).collect()];
+        for (i, s) in sets.iter().enumerate() {
+            assert_eq!(t.find(s, SetTable::hash(s)), None);
+            assert_eq!(t.insert(s), i as u32);
+        }
+        for (i, s) in sets.iter().enumerate() {
+            assert_eq!(t.find(s, SetTable::hash(s)), Some(i as u32));
+            assert_eq!(t.get(i as u32), &s[..]);
+        }
+        assert_eq!(t.find(&[1], SetTable::hash(&[1])), None);
+        // Sets sharing one hash are told apart along the chain.
+        let mut c = SetTable::default();
+        for s in &sets {
+            c.insert_hashed(s, 42);
+        }
+        for (i, s) in sets.iter().enumerate() {
+            assert_eq!(c.find(s, 42), Some(i as u32));
+        }
+        assert_eq!(c.find(&[5], 42), None);
+        assert_eq!(c.len(), sets.len());
     }
 
     #[test]

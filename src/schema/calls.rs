@@ -102,23 +102,21 @@ pub(crate) fn assemble(root: &Dfa, subs: &[Dfa]) -> (Dfa, Option<Calls>) {
     // Per automaton: its states in visiting order and their markers.
     let mut states: Vec<Vec<u32>> = vec![Vec::new(); n_auto];
     let mut marks: Vec<HashMap<u32, Vec<(u32, u32)>>> = vec![HashMap::default(); n_auto];
+    let mut next: Vec<u32> = Vec::new();
     while let Some(a) = todo.pop() {
         let d = dfa_of(a);
+        // The classes of the bytes other than CALL (a row is read per class, not per byte).
+        let mut read = vec![false; d.ncls];
+        for b in (0..=255u8).filter(|&b| b != CALL) {
+            read[d.classes[b as usize] as usize] = true;
+        }
         let mut seen = vec![false; d.n_states()];
         let mut queue = vec![d.start];
         seen[d.start as usize] = true;
         while let Some(q) = queue.pop() {
             states[a].push(q);
-            let mut next: Vec<u32> = Vec::new();
-            for b in 0..=255u8 {
-                if b == CALL {
-                    continue;
-                }
-                let t = d.next(q, b);
-                if t != DEAD {
-                    next.push(t);
-                }
-            }
+            next.clear();
+            next.extend(d.row(q).iter().zip(&read).filter(|&(&t, &r)| r && t != DEAD).map(|(&t, _)| t));
             let m = markers(d, q);
             for &(id, r) in &m {
                 next.push(r);
@@ -130,7 +128,7 @@ pub(crate) fn assemble(root: &Dfa, subs: &[Dfa]) -> (Dfa, Option<Calls>) {
             if !m.is_empty() {
                 marks[a].insert(q, m);
             }
-            for t in next {
+            for &t in &next {
                 if !seen[t as usize] {
                     seen[t as usize] = true;
                     queue.push(t);
@@ -140,11 +138,11 @@ pub(crate) fn assemble(root: &Dfa, subs: &[Dfa]) -> (Dfa, Option<Calls>) {
         states[a].sort_unstable();
     }
     // Numbering: dead 0, then the sub-automata in id order, the root last.
-    let mut map: Vec<HashMap<u32, u32>> = vec![HashMap::default(); n_auto];
+    let mut map: Vec<Vec<u32>> = (0..n_auto).map(|a| if used[a] { vec![DEAD; dfa_of(a).n_states()] } else { Vec::new() }).collect();
     let mut order: Vec<(usize, u32)> = vec![(usize::MAX, DEAD)];
     for a in (0..n_auto).filter(|&a| used[a]) {
         for &q in &states[a] {
-            map[a].insert(q, order.len() as u32);
+            map[a][q as usize] = order.len() as u32;
             order.push((a, q));
         }
     }
@@ -174,7 +172,7 @@ pub(crate) fn assemble(root: &Dfa, subs: &[Dfa]) -> (Dfa, Option<Calls>) {
         for (c, &b) in reps.iter().enumerate() {
             let t = d.next(q, b);
             if b != CALL && t != DEAD {
-                trans[i * ncls + c] = map[a][&t];
+                trans[i * ncls + c] = map[a][t as usize];
             }
         }
         if a == subs.len() {
@@ -186,13 +184,13 @@ pub(crate) fn assemble(root: &Dfa, subs: &[Dfa]) -> (Dfa, Option<Calls>) {
             for &(id, r) in m {
                 if (id as usize) < subs.len() {
                     let callee = &subs[id as usize];
-                    to.push((map[id as usize][&callee.start], map[a][&r]));
+                    to.push((map[id as usize][callee.start as usize], map[a][r as usize]));
                 }
             }
         }
         off[i + 1] = to.len() as u32;
     }
-    let start = map[subs.len()][&root.start];
+    let start = map[subs.len()][root.start as usize];
     let dfa = Dfa { classes, ncls, trans, accept, start };
     let calls = Calls::new(&dfa, off, to, ret);
     (dfa, Some(calls))

@@ -497,7 +497,9 @@ impl CompiledSchema {
         // bitset (6 KiB at 49k tokens, 32 KiB at 262k) cost more than computing it. The worker's
         // own bitset is cleared word by word as it is read.
         let take_sparse = |buf: &mut [u64]| -> Vec<(u32, u64)> {
-            let mut out = Vec::new();
+            // Counted first: a string body's mask has hundreds of non-zero words, and growing
+            // the list to them moved it a dozen times.
+            let mut out = Vec::with_capacity(buf.iter().filter(|&&w| w != 0).count());
             for (i, w) in buf.iter_mut().enumerate() {
                 if *w != 0 {
                     out.push((i as u32, std::mem::take(w)));
@@ -507,13 +509,25 @@ impl CompiledSchema {
         };
         // Distinct masks by a hash of those words (computed on the worker threads) → mask ids;
         // equal hashes are compared word for word against `masks`.
+        // Four independent lanes: one chain of multiplies over a dense mask's hundreds of words
+        // waited on each multiply's latency.
         let mask_hash = |m: &[(u32, u64)]| {
             use std::hash::Hasher;
+            let mut lanes = [automata::FxHasher::default(); 4];
+            let word = |&(i, w): &(u32, u64)| w ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let mut quads = m.chunks_exact(4);
+            for q in &mut quads {
+                for (lane, e) in lanes.iter_mut().zip(q) {
+                    lane.write_u64(word(e));
+                }
+            }
+            for (lane, e) in lanes.iter_mut().zip(quads.remainder()) {
+                lane.write_u64(word(e));
+            }
             let mut h = automata::FxHasher::default();
             h.write_usize(m.len());
-            for &(i, w) in m {
-                h.write_u32(i);
-                h.write_u64(w);
+            for lane in lanes {
+                h.write_u64(lane.finish());
             }
             h.finish()
         };
