@@ -585,8 +585,16 @@ impl Vocabulary {
                 last_bad.push(-1);
                 continue;
             }
-            good_bytes(t, &set, utf8, &mut good);
-            match good.iter().position(|&g| !g) {
+            // Byte by byte where each byte counts alone (ASCII, or a set read by bytes): a
+            // restrictive set (a pattern's few dozen bytes) sends most tokens here.
+            let (first, last) = if flags & HIGH == 0 || !utf8 {
+                let bad = |b: &u8| !in_set(&set, *b);
+                (t.iter().position(bad), t.iter().rposition(bad))
+            } else {
+                good_bytes(t, &set, utf8, &mut good);
+                (good.iter().position(|&g| !g), good.iter().rposition(|&g| !g))
+            };
+            match first {
                 None => {
                     set_bit(&mut full, id);
                     first_bad.push(i16::MAX);
@@ -600,7 +608,7 @@ impl Vocabulary {
                         root_done[t[0] as usize / 64] &= !(1u64 << (t[0] % 64));
                     }
                     first_bad.push(clamp(off));
-                    last_bad.push(clamp(good.iter().rposition(|&g| !g).unwrap_or(off)));
+                    last_bad.push(clamp(last.unwrap_or(off)));
                 }
             }
         }
@@ -1122,6 +1130,54 @@ mod tests {
             }
         }
         assert!(checked >= 25, "{checked} edges");
+    }
+
+    /// A loop table's per-token positions agree with [`good_bytes`] (the definition) for every
+    /// token, whether read from the signature, byte by byte, or by characters: a string body by
+    /// characters, restrictive ASCII sets by bytes and by characters, and a set with high bytes.
+    #[test]
+    fn loop_tables_follow_good_bytes() {
+        let mut toks: Vec<Vec<u8>> = ["ab", "a-b", "x9", "\"a", "é", "aé", "日本", "a\"b", "--", "Z", "9-9", "\\u00e9", " the", "é\"", "x日!"].iter().map(|t| t.as_bytes().to_vec()).collect();
+        toks.extend([&b"\xe6\x97"[..], b"\x97a", b"a\xc3", b"\xc3\xa9-", b"-\xff", b"\xed\xa0\x80"].iter().map(|t| t.to_vec()));
+        toks.push(Vec::new());
+        let v = Vocabulary::new(&toks, &[toks.len() as u32 - 1]);
+        let set_of = |f: &dyn Fn(u8) -> bool| {
+            let mut set = [0u64; 4];
+            for b in (0..=255u8).filter(|&b| f(b)) {
+                set[b as usize / 64] |= 1 << (b % 64);
+            }
+            set
+        };
+        let body = set_of(&|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\');
+        let pattern = set_of(&|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        let high = set_of(&|b| b.is_ascii_lowercase() || b == b'-' || b >= 0x80);
+        let mut g = Vec::new();
+        let mut slow = 0;
+        for (set, utf8) in [(body, true), (body, false), (pattern, false), (pattern, true), (high, false)] {
+            let t = v.loop_table(set, utf8);
+            let mut partial: Vec<u32> = Vec::new();
+            let mut root_done = if utf8 { [set[0], set[1], !0, !0] } else { set };
+            for (pos, &id) in v.trie.tok_ids.iter().enumerate() {
+                let tok = &v.tokens[id as usize];
+                good_bytes(tok, &set, utf8, &mut g);
+                let first = g.iter().position(|&x| !x);
+                assert_eq!(t.first_bad[pos], first.map_or(i16::MAX, |p| p as i16), "{tok:?} {utf8}");
+                assert_eq!(t.last_bad[pos], g.iter().rposition(|&x| !x).map_or(-1, |p| p as i16), "{tok:?} {utf8}");
+                assert_eq!(bit(&t.full, id), first.is_none(), "{tok:?} {utf8}");
+                match first {
+                    Some(0) => root_done[tok[0] as usize / 64] &= !(1u64 << (tok[0] % 64)),
+                    Some(_) => partial.push(id),
+                    None => {}
+                }
+                slow += usize::from(first.is_some() && tok.iter().any(|&b| b >= 0x80));
+            }
+            assert_eq!(t.root_done, root_done, "{utf8}");
+            let mut got = t.suffixes.subtree(0).to_vec();
+            got.sort_unstable();
+            partial.sort_unstable();
+            assert_eq!(got, partial, "{utf8}");
+        }
+        assert!(slow >= 5, "tokens with high bytes and a byte outside the set: {slow}");
     }
 
     /// By characters: whole ones and one cut off by the token's end count as in the set; orphan

@@ -22,8 +22,17 @@ impl Trie {
     /// Builds the trie from the entries sorted by bytes: sorted order is preorder, so each
     /// entry adds the nodes past its longest common prefix with the previous one.
     pub fn new<'a>(entries: impl Iterator<Item = (u32, &'a [u8])>) -> Trie {
-        let mut es: Vec<(&[u8], u32)> = entries.map(|(id, t)| (t, id)).collect();
-        es.sort_unstable();
+        // Sorted by bytes, then id; the first 8 bytes (zero-padded, big-endian) order most
+        // pairs as one integer comparison, the bytes decide only where those are equal.
+        let mut es: Vec<(u64, &[u8], u32)> = entries
+            .map(|(id, t)| {
+                let mut head = [0u8; 8];
+                let k = t.len().min(8);
+                head[..k].copy_from_slice(&t[..k]);
+                (u64::from_be_bytes(head), t, id)
+            })
+            .collect();
+        es.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)).then(a.2.cmp(&b.2)));
         let mut parent: Vec<u32> = vec![0];
         let mut byte: Vec<u8> = vec![0];
         let mut node_depth: Vec<u16> = vec![0];
@@ -33,7 +42,7 @@ impl Trie {
         // path[d]: the node at depth d on the previous entry's path.
         let mut path: Vec<u32> = vec![0];
         let mut prev: &[u8] = &[];
-        for (t, id) in es {
+        for (_, t, id) in es {
             let lcp = prev.iter().zip(t).take_while(|(a, b)| a == b).count();
             while path.len() > lcp + 1 {
                 let n = path.pop().unwrap_or(0);
@@ -109,7 +118,10 @@ mod tests {
     #[test]
     fn trie_is_a_preorder_prefix_index() {
         let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15u64);
-        let entries: Vec<Vec<u8>> = (0..400).map(|_| (0..rnd(6)).map(|_| b'a' + rnd(3) as u8).collect()).collect();
+        // Short entries, and long ones over {0, a, b}: a zero byte and the padding of a short
+        // entry's 8-byte sort key look alike, and long ones tie on the key.
+        let mut entries: Vec<Vec<u8>> = (0..400).map(|_| (0..rnd(6)).map(|_| b'a' + rnd(3) as u8).collect()).collect();
+        entries.extend((0..400).map(|_| (0..rnd(13)).map(|_| [0, b'a', b'b'][rnd(3) as usize]).collect::<Vec<u8>>()));
         let trie = Trie::new(entries.iter().enumerate().map(|(i, e)| (i as u32, e.as_slice())));
         // Spell every node by walking down from the root.
         let mut spell: Vec<Option<Vec<u8>>> = vec![None; trie.node_edges.len()];
