@@ -547,6 +547,7 @@ impl CompiledSchema {
         let loops = vocab.loop_tables_for(&dfa);
         let chains = vocab.chain_plans(&dfa, calls.as_ref(), &loops);
         let entries = tokens::Entries::new(&dfa, &loops, calls.as_ref());
+        let first_bytes = tokens::first_bytes(&dfa);
         // States that no string of up to SHORT_TOKEN bytes tells apart have the same mask over
         // the tokens that short (the other tokens are few: walked state by state). Large
         // automata (counting states of long strings, repeated tails) collapse 5–15× this way.
@@ -590,7 +591,7 @@ impl CompiledSchema {
                 if masks.len() * 8 > opts.max_mask_bytes {
                     return Err(SchemaError::TooLarge { pointer: String::new(), what: "token mask bytes".into(), limit: opts.max_mask_bytes });
                 }
-                let known = tokens::Known { masks: &masks, words, state_mask: &state_mask, done: &done, state_unc: &state_unc, unc: &unc, entries: &entries };
+                let known = tokens::Known { masks: &masks, words, state_mask: &state_mask, done: &done, state_unc: &state_unc, unc: &unc, entries: &entries, first_bytes: &first_bytes };
                 let one_state = |(stack, buf): &mut (Vec<(u32, u32)>, Vec<u64>), &s: &u32| {
                     let mut u = Vec::new();
                     if pass == 0 {

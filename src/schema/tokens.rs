@@ -113,6 +113,28 @@ pub(crate) struct Known<'a> {
     pub state_unc: &'a [u32],
     pub unc: &'a [Vec<u32>],
     pub entries: &'a Entries,
+    /// Per state, its bytes to a live state ([`first_bytes`]): a walk reads only those of the
+    /// trie's root edges.
+    pub first_bytes: &'a [[u64; 4]],
+}
+
+/// Per state of `dfa`, the bytes that lead to a live state (a state in a key's spelling has one
+/// or two of the root's 256).
+pub(crate) fn first_bytes(dfa: &Dfa) -> Vec<[u64; 4]> {
+    let class_bytes = class_byte_sets(dfa);
+    (0..dfa.n_states() as u32)
+        .map(|q| {
+            let mut set = [0u64; 4];
+            for (&t, (bytes, _)) in dfa.row(q).iter().zip(&class_bytes) {
+                if t != DEAD {
+                    for (s, b) in set.iter_mut().zip(bytes) {
+                        *s |= b;
+                    }
+                }
+            }
+            set
+        })
+        .collect()
 }
 
 /// Per state `s`, the looping states `t` with some byte `b` from `t` to `s` (without calls and
@@ -153,6 +175,29 @@ impl Entries {
     fn alike(&self, known: &Known, dfa: &Dfa, q: u32, b: u8, s: u32) -> Option<u32> {
         let (lo, hi) = (*self.off.get(s as usize)? as usize, *self.off.get(s as usize + 1)? as usize);
         self.from[lo..hi].iter().copied().find(|&t| t != q && dfa.next(t, b) == s && known.mask(t).is_some())
+    }
+}
+
+/// Edge indices of one trie node to read: a listed few, or all (first, count).
+enum EdgeList<'t> {
+    Listed(&'t [u32]),
+    Range(u32, u32),
+}
+
+impl EdgeList<'_> {
+    fn len(&self) -> usize {
+        match self {
+            EdgeList::Listed(l) => l.len(),
+            EdgeList::Range(_, n) => *n as usize,
+        }
+    }
+
+    #[inline]
+    fn get(&self, i: usize) -> usize {
+        match self {
+            EdgeList::Listed(l) => l[i] as usize,
+            EdgeList::Range(f, _) => *f as usize + i,
+        }
     }
 }
 
@@ -307,6 +352,29 @@ fn signature(t: &[u8]) -> ([u64; 2], u8) {
 
 
 impl Vocabulary {
+    /// The edges of `node` a walk in state `q` reads: at the root of the vocabulary's own trie,
+    /// with `known`, only those of `q`'s live bytes (in byte order, into `list`); else all.
+    fn node_edges<'t>(&self, trie: &'t Trie, node: u32, q: u32, known: Option<&Known>, list: &'t mut Vec<u32>) -> EdgeList<'t> {
+        let (fe, ne) = trie.node_edges[node as usize];
+        match known {
+            Some(k) if node == 0 && std::ptr::eq(trie, &self.trie) => {
+                list.clear();
+                for (w, &bits) in k.first_bytes[q as usize].iter().enumerate() {
+                    let mut bits = bits;
+                    while bits != 0 {
+                        let e = self.root_edge[w * 64 + bits.trailing_zeros() as usize];
+                        if e != u32::MAX {
+                            list.push(e);
+                        }
+                        bits &= bits - 1;
+                    }
+                }
+                EdgeList::Listed(list)
+            }
+            _ => EdgeList::Range(fe, ne),
+        }
+    }
+
     /// Whether the walk reached `node` of the vocabulary's trie, by an edge reading `b`, inside
     /// a multi-byte character (only a table by characters cares; a well-formed automaton never
     /// loops there).
@@ -403,6 +471,8 @@ pub struct Vocabulary {
     pub(crate) n_bits: usize,
     /// Every maskable token (not empty, not EOS) by its bytes.
     trie: Trie,
+    /// Per byte, the index of the trie root's edge reading it (`u32::MAX`: none).
+    root_edge: Vec<u32>,
     /// Per byte b: the bitset of the maskable tokens whose first byte is b (`words()` words each),
     /// built on the first compilation (a server that compiles no schema never holds it).
     first_byte: std::sync::OnceLock<Vec<u64>>,
@@ -443,8 +513,14 @@ impl Vocabulary {
         let long = (0..tokens.len() as u32)
             .filter(|&id| tokens[id as usize].len() > SHORT_TOKEN && !eos_ids.contains(&id))
             .collect();
+        let mut root_edge = vec![u32::MAX; 256];
+        let (fe, ne) = trie.node_edges[0];
+        for e in fe..fe + ne {
+            root_edge[trie.edge_byte[e as usize] as usize] = e;
+        }
         Vocabulary {
             long,
+            root_edge,
             trie,
             first_byte: std::sync::OnceLock::new(),
             sigs: std::sync::OnceLock::new(),
@@ -848,10 +924,12 @@ impl Vocabulary {
         // Looping states entered from the root whose masks decide every token of some first
         // bytes.
         let mut root_known: Vec<(u32, [u64; 4])> = Vec::new();
+        let mut listed: Vec<u32> = Vec::new();
         while let Some((node, q)) = stack.pop() {
-            let (fe, ne) = trie.node_edges[node as usize];
+            let edges = self.node_edges(trie, node, q, known, &mut listed);
             let row = q as usize * ncls;
-            for e in fe as usize..(fe + ne) as usize {
+            for i in 0..edges.len() {
+                let e = edges.get(i);
                 let b = trie.edge_byte[e];
                 let t = dfa.trans[row + dfa.classes[b as usize] as usize];
                 if t == DEAD || (node == 0 && skip_root.is_some_and(|sk| in_set(sk, b))) {
@@ -959,6 +1037,7 @@ impl Vocabulary {
         // Looping states entered from the root with every token of some first bytes.
         let mut root_unc: Vec<(u32, [u64; 4])> = Vec::new();
         let mut work: Vec<(u32, Config)> = starts.iter().map(|&node| (node, Config { q: q0, stack: Vec::new() })).collect();
+        let mut listed: Vec<u32> = Vec::new();
         while let Some((node, c)) = work.pop() {
             let closed;
             let cs: &[Config] = if calls.plain(c.q) {
@@ -971,9 +1050,10 @@ impl Vocabulary {
                 if calls.ret[c.q as usize] && c.stack.is_empty() {
                     unc_nodes.push(node);
                 }
-                let (fe, ne) = trie.node_edges[node as usize];
+                let edges = self.node_edges(trie, node, c.q, known, &mut listed);
                 let row = c.q as usize * dfa.ncls;
-                for e in fe as usize..(fe + ne) as usize {
+                for i in 0..edges.len() {
+                    let e = edges.get(i);
                     let b = trie.edge_byte[e];
                     let t = dfa.trans[row + dfa.classes[b as usize] as usize];
                     if t == DEAD || (node == 0 && skip_root.is_some_and(|sk| in_set(sk, b))) {
