@@ -507,10 +507,10 @@ impl CompiledSchema {
             }
             out
         };
-        // Distinct masks by a hash of those words (computed on the worker threads) → mask ids;
-        // equal hashes are compared word for word against `masks`.
-        // Four independent lanes: one chain of multiplies over a dense mask's hundreds of words
-        // waited on each multiply's latency.
+        // Distinct masks by a hash of those words (computed on the worker threads, in four
+        // independent lanes: one chain of multiplies over a dense mask's hundreds of words waited
+        // on each multiply's latency) → mask ids; equal hashes are compared word for word against
+        // `masks`.
         let mask_hash = |m: &[(u32, u64)]| {
             use std::hash::Hasher;
             let mut lanes = [automata::FxHasher::default(); 4];
