@@ -53,6 +53,26 @@ impl FxHasher {
 
 pub(crate) type HashMap<K, V> = StdHashMap<K, V, BuildHasherDefault<FxHasher>>;
 
+/// A hash of `n` words in four independent lanes: one chain of multiplies over hundreds of words
+/// (a long subset, a dense mask) waited on each multiply's latency.
+pub(crate) fn hash_words(n: usize, mut words: impl Iterator<Item = u64>) -> u64 {
+    let mut lanes = [FxHasher::default(); 4];
+    'all: loop {
+        for lane in lanes.iter_mut() {
+            match words.next() {
+                Some(w) => lane.add(w),
+                None => break 'all,
+            }
+        }
+    }
+    let mut h = FxHasher::default();
+    h.add(n as u64);
+    for lane in lanes {
+        h.add(lane.0);
+    }
+    h.0
+}
+
 /// The dead state of every [`Dfa`].
 pub(crate) use crate::tokenmask::DEAD;
 
@@ -377,25 +397,8 @@ struct SetTable {
 }
 
 impl SetTable {
-    /// A hash of `set` in four independent lanes (a long set's single chain of multiplies
-    /// waited on their latency).
     fn hash(set: &[u32]) -> u64 {
-        let mut lanes = [FxHasher::default(); 4];
-        let mut quads = set.chunks_exact(4);
-        for q in &mut quads {
-            for (lane, &x) in lanes.iter_mut().zip(q) {
-                lane.add(x as u64);
-            }
-        }
-        for (lane, &x) in lanes.iter_mut().zip(quads.remainder()) {
-            lane.add(x as u64);
-        }
-        let mut h = FxHasher::default();
-        h.add(set.len() as u64);
-        for lane in lanes {
-            h.add(lane.0);
-        }
-        h.0
+        hash_words(set.len(), set.iter().map(|&x| x as u64))
     }
 
     fn len(&self) -> usize {

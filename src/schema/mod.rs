@@ -507,30 +507,9 @@ impl CompiledSchema {
             }
             out
         };
-        // Distinct masks by a hash of those words (computed on the worker threads, in four
-        // independent lanes: one chain of multiplies over a dense mask's hundreds of words waited
-        // on each multiply's latency) → mask ids; equal hashes are compared word for word against
-        // `masks`.
-        let mask_hash = |m: &[(u32, u64)]| {
-            use std::hash::Hasher;
-            let mut lanes = [automata::FxHasher::default(); 4];
-            let word = |&(i, w): &(u32, u64)| w ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            let mut quads = m.chunks_exact(4);
-            for q in &mut quads {
-                for (lane, e) in lanes.iter_mut().zip(q) {
-                    lane.write_u64(word(e));
-                }
-            }
-            for (lane, e) in lanes.iter_mut().zip(quads.remainder()) {
-                lane.write_u64(word(e));
-            }
-            let mut h = automata::FxHasher::default();
-            h.write_usize(m.len());
-            for lane in lanes {
-                h.write_u64(lane.finish());
-            }
-            h.finish()
-        };
+        // Distinct masks by a hash of those words (computed on the worker threads) → mask ids;
+        // equal hashes are compared word for word against `masks`.
+        let mask_hash = |m: &[(u32, u64)]| automata::hash_words(m.len(), m.iter().map(|&(i, w)| w ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)));
         let mut seen: automata::HashMap<u64, Vec<u32>> = automata::HashMap::default();
         seen.insert(mask_hash(&[]), vec![0]);
         let mut state_unc = vec![0u32; if calls.is_some() { n } else { 0 }];
