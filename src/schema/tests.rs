@@ -1072,7 +1072,11 @@ mod class_tests {
         let mut v = tests::byte_vocab();
         let eos_tok = v.pop().unwrap();
         for s in ["aaaaaaaaaaaaaaaaaaaa", "\"aaaaaaaaaaaaaaaaaaaaaaaaa\"}", "abababababababababababab\",", "\", \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "}]}]}]}]}]}]}]}]}]}]",
-            "ab\"", "n\"}", "nx\"]", "\"a", "x\"}", "\\n", "a\",\"e\":\"", "aa\"}]"] {
+            "ab\"", "n\"}", "nx\"]", "\"a", "x\"}", "\\n", "a\",\"e\":\"", "aa\"}]",
+            // Long tokens sharing long prefixes with one another (read once, and a prefix that
+            // dies rejects the rest unread).
+            "aaaaaaaaaaaaaaaaaaaaaaa", "aaaaaaaaaaaaaaaaaaaa\"}", "aaaaaaaaaaaaaaaaaaaa\",\"b\":\"", "}]}]}]}]}]}]}]}]}]}]}]", "}]}]}]}]}]}]}]}]}]}]}}",
+            "\"aaaaaaaaaaaaaaaaaaaaaaaaa\"}]", "\"aaaaaaaaaaaaaaaaaaaaaaaaa\",\"a\":\"x"] {
             v.push(s.as_bytes().to_vec());
         }
         v.push(eos_tok);

@@ -65,8 +65,12 @@ fn shared_tables<K: Copy + Ord, T>(keys: &[Option<K>], cap: usize, build: impl F
 pub(crate) struct ChainTable {
     /// `full_le[m]`: the tokens of at most `m` bytes, all in C (`m` up to [`CHAIN`]).
     full_le: Vec<Vec<u64>>,
-    /// The tokens with a byte outside C, by the index of the first and that byte.
+    /// The tokens with a byte outside C, by the index p of the first, then by their bytes from p
+    /// on (see [`Vocabulary::read_sorted`]).
     partial: Vec<u32>,
+    /// Per entry of `partial`: how many bytes from p on it shares with the entry before it in
+    /// its run (0 for a run's first).
+    partial_lcp: Vec<u16>,
     /// The runs of `partial` of one such index and byte: (index, byte, end of the run).
     groups: Vec<(u16, u8, u32)>,
     /// `nodes_at[d]`: the trie nodes at depth `d` whose spelling is all in C.
@@ -236,22 +240,9 @@ fn class_byte_sets(dfa: &Dfa) -> Vec<([u64; 4], u32)> {
     class_bytes
 }
 
-/// How `bytes` read from `q` (with calls: an empty local stack): 0 dead, 1 read whole, 2 only
-/// past a return from `q`'s own automaton (decided at run time).
-fn token_verdict(dfa: &Dfa, calls: Option<&Calls>, q: u32, bytes: &[u8]) -> u8 {
-    match calls {
-        Some(c) => c.walk(dfa, q, &[], bytes),
-        None => {
-            let mut q = q;
-            for &b in bytes {
-                q = dfa.next(q, b);
-                if q == DEAD {
-                    return 0;
-                }
-            }
-            1
-        }
-    }
+/// How many leading bytes `a` and `b` share (at most `u16::MAX`).
+fn common_prefix(a: &[u8], b: &[u8]) -> u16 {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count().min(u16::MAX as usize) as u16
 }
 
 #[inline]
@@ -498,6 +489,9 @@ pub struct Vocabulary {
     chain_tables: Mutex<HashMap<[u64; 4], Arc<ChainTable>>>,
     /// Ids of the maskable tokens longer than [`SHORT_TOKEN`] bytes.
     long: Vec<u32>,
+    /// The same by their bytes, with how many bytes each shares with the one before (for
+    /// [`Vocabulary::read_sorted`]).
+    long_sorted: (Vec<u32>, Vec<u16>),
 }
 
 impl Vocabulary {
@@ -510,9 +504,12 @@ impl Vocabulary {
                 .map(|(id, t)| (id as u32, t.as_slice())),
         );
         let max_eos = eos_ids.iter().map(|&e| e as usize + 1).max().unwrap_or(0);
-        let long = (0..tokens.len() as u32)
+        let long: Vec<u32> = (0..tokens.len() as u32)
             .filter(|&id| tokens[id as usize].len() > SHORT_TOKEN && !eos_ids.contains(&id))
             .collect();
+        let mut order = long.clone();
+        order.sort_by(|&a, &b| tokens[a as usize].cmp(&tokens[b as usize]).then(a.cmp(&b)));
+        let lcp = (0..order.len()).map(|i| if i == 0 { 0 } else { common_prefix(&tokens[order[i - 1] as usize], &tokens[order[i] as usize]) }).collect();
         let mut root_edge = vec![u32::MAX; 256];
         let (fe, ne) = trie.node_edges[0];
         for e in fe..fe + ne {
@@ -520,6 +517,7 @@ impl Vocabulary {
         }
         Vocabulary {
             long,
+            long_sorted: (order, lcp),
             root_edge,
             trie,
             first_byte: std::sync::OnceLock::new(),
@@ -788,13 +786,21 @@ impl Vocabulary {
                 Some(p) => partial.push((id, p.min(u16::MAX as usize) as u16)),
             }
         }
-        partial.sort_by_key(|&(id, p)| (p, self.tokens[id as usize][p as usize], id));
+        let rest = |id: u32, p: u16| &self.tokens[id as usize][p as usize..];
+        partial.sort_by(|&(a, pa), &(b, pb)| pa.cmp(&pb).then_with(|| rest(a, pa).cmp(rest(b, pb))).then(a.cmp(&b)));
         let mut groups: Vec<(u16, u8, u32)> = Vec::new();
+        let mut partial_lcp = Vec::with_capacity(partial.len());
         for (i, &(id, p)) in partial.iter().enumerate() {
             let b = self.tokens[id as usize][p as usize];
             match groups.last_mut() {
-                Some(g) if (g.0, g.1) == (p, b) => g.2 = i as u32 + 1,
-                _ => groups.push((p, b, i as u32 + 1)),
+                Some(g) if (g.0, g.1) == (p, b) => {
+                    g.2 = i as u32 + 1;
+                    partial_lcp.push(common_prefix(rest(partial[i - 1].0, p), rest(id, p)));
+                }
+                _ => {
+                    groups.push((p, b, i as u32 + 1));
+                    partial_lcp.push(0);
+                }
             }
         }
         let partial = partial.into_iter().map(|(id, _)| id).collect();
@@ -813,7 +819,7 @@ impl Vocabulary {
                 }
             }
         }
-        let t = Arc::new(ChainTable { full_le, partial, groups, nodes_at });
+        let t = Arc::new(ChainTable { full_le, partial, partial_lcp, groups, nodes_at });
         if let Ok(mut m) = self.chain_tables.lock() {
             if m.len() >= 4 * MAX_CHAIN_TABLES {
                 m.clear(); // (the tables of a few automata's byte sets stay)
@@ -834,27 +840,25 @@ impl Vocabulary {
                 set_bit(out, e);
             }
         }
-        let step = |q: u32, bytes: &[u8]| token_verdict(dfa, calls, q, bytes);
         let (table, m) = (&plan.table, plan.m);
         out.iter_mut().zip(&table.full_le[m]).for_each(|(o, f)| *o |= f);
         // Tokens leaving the chain before its end, from where they leave it; a byte that kills
         // the chain state it leaves (a plain state) rejects its whole run at once (on a 262k
         // vocabulary most tokens leave an ASCII chain at once on such a byte).
         let mut begin = 0;
+        let mut path = Vec::new();
         for &(p, b, end) in table.groups.iter().take_while(|g| (g.0 as usize) < m) {
-            let run = &table.partial[begin..end as usize];
+            let run = begin..end as usize;
             begin = end as usize;
             let q = plan.states[p as usize];
             if dfa.next(q, b) == DEAD {
                 continue;
             }
-            for &id in run {
-                match step(q, &self.tokens[id as usize][p as usize..]) {
-                    1 => set_bit(out, id),
-                    2 => unc.push(id),
-                    _ => {}
-                }
-            }
+            self.read_sorted(dfa, calls, q, &table.partial[run.clone()], &table.partial_lcp[run], p as usize, &mut path, |id, v| match v {
+                1 => set_bit(out, id),
+                2 => unc.push(id),
+                _ => {}
+            });
         }
         // Everything below depth m (the rest of the trie is decided above), from the chain's
         // last state.
@@ -1128,6 +1132,51 @@ impl Vocabulary {
 }
 
 impl Vocabulary {
+    /// How each token of `ids`, after its first `from` bytes, reads from `q` (with calls: an
+    /// empty local stack), passed to `f`: 0 dead, 1 read whole, 2 only past a return from
+    /// `q`'s own automaton (decided at run time). The tokens come sorted by those rests, `lcp[i]` the bytes the i-th shares with
+    /// the one before: the states along the last rest are kept in `path`, so a shared prefix
+    /// is read once, and a prefix that died rejects every following token that shares it
+    /// without a step (a pattern's state reading a run of tokens that mostly die in a byte or
+    /// two, or the long runs of spaces and dashes of the long tokens).
+    #[allow(clippy::too_many_arguments)]
+    fn read_sorted(&self, dfa: &Dfa, calls: Option<&Calls>, q: u32, ids: &[u32], lcp: &[u16], from: usize, path: &mut Vec<u32>, mut f: impl FnMut(u32, u8)) {
+        let plain = |s: u32| calls.is_none_or(|c| c.plain(s));
+        path.clear();
+        path.push(q);
+        // The last rest died on its `dead`-th byte (its states before that are in `path`).
+        let mut dead = usize::MAX;
+        for (&id, &l) in ids.iter().zip(lcp) {
+            let (l, rest) = (l as usize, &self.tokens[id as usize][from..]);
+            if l >= dead {
+                f(id, 0);
+                continue;
+            }
+            dead = usize::MAX;
+            // (`path` holds the plain states of the last rest, and the first non-plain one.)
+            let mut k = l.min(path.len() - 1);
+            path.truncate(k + 1);
+            let mut s = path[k];
+            let verdict = loop {
+                if k == rest.len() {
+                    break 1;
+                }
+                if !plain(s) {
+                    // As `Calls::walk` goes on from its plain prefix.
+                    break calls.map_or(0, |c| c.walk(dfa, s, &[], &rest[k..]));
+                }
+                s = dfa.next(s, rest[k]);
+                k += 1;
+                if s == DEAD {
+                    dead = k;
+                    break 0;
+                }
+                path.push(s);
+            };
+            f(id, verdict);
+        }
+    }
+
     /// Recomputes, for `state`, the mask bits (and with calls the run-time list entries) of the
     /// long tokens in a mask copied from a state that is alike over short strings.
     #[inline(never)]
@@ -1135,9 +1184,8 @@ impl Vocabulary {
         if !self.long.is_empty() {
             unc.retain(|id| self.long.binary_search(id).is_err());
         }
-        for &id in &self.long {
-            let bytes = &self.tokens[id as usize];
-            let verdict = token_verdict(dfa, calls, state, bytes);
+        let (order, lcp) = &self.long_sorted;
+        self.read_sorted(dfa, calls, state, order, lcp, 0, &mut Vec::new(), |id, verdict| {
             let (w, bit) = (id as usize / 64, 1u64 << (id % 64));
             if verdict == 1 {
                 out[w] |= bit;
@@ -1147,7 +1195,7 @@ impl Vocabulary {
             if verdict == 2 {
                 unc.push(id);
             }
-        }
+        });
         unc.sort_unstable();
     }
 }
