@@ -75,10 +75,21 @@ pub(crate) struct ChainTable {
     groups: Vec<(u16, u8, u32)>,
     /// `nodes_at[d]`: the trie nodes at depth `d` whose spelling is all in C.
     nodes_at: Vec<Vec<u32>>,
+    /// `children[d]`: the children of `nodes_at[d]`, by their edge's byte: those by byte `b`
+    /// are `children[d][child_off[d][b]..child_off[d][b + 1]]`.
+    children: Vec<Vec<u32>>,
+    child_off: Vec<Vec<u32>>,
 }
 
-/// A state that starts a chain of `m` steps ([`CHAIN`] / 2 ≤ `m` ≤ [`CHAIN`]; a shorter chain
-/// leaves most of the trie to walk, and the plain walk is faster there): on every byte of C it goes
+impl ChainTable {
+    /// The children by byte `b` of the all-C nodes at depth `d`.
+    fn children_by(&self, d: usize, b: u8) -> &[u32] {
+        let off = &self.child_off[d];
+        &self.children[d][off[b as usize] as usize..off[b as usize + 1] as usize]
+    }
+}
+
+/// A state that starts a chain of `m` steps (1 ≤ `m` ≤ [`CHAIN`]): on every byte of C it goes
 /// to `states[1]`, which goes on every byte of C to `states[2]`, and so on up to `states[m]`,
 /// every state before `states[m]` without calls or returns. A token's bytes in C up to its
 /// `m`-th byte then keep it in the chain: its mask is the tokens of C bytes only that end within
@@ -86,11 +97,22 @@ pub(crate) struct ChainTable {
 /// leaves at, and the trie below depth `m` (its all-C nodes there) walked from `states[m]` —
 /// instead of a walk of the whole trie, which for a 49k vocabulary visits some 100k nodes in
 /// every counting state.
+///
+/// A chain shorter than [`CHAIN`] / 2 leaves most of the trie below depth `m`, so it is planned
+/// only where `states[m]` goes on by a few bytes (`end`): a string's last character before its
+/// `maxLength`, where only the closing quote reads on. The walk below depth `m` then starts at
+/// the children by those bytes of the all-C nodes at depth `m`.
 pub(crate) struct ChainPlan {
     pub(crate) table: Arc<ChainTable>,
     m: usize,
     states: [u32; CHAIN + 1],
+    /// The bytes `states[m]` reads on, where it is plain, has no loop table and reads on by at
+    /// most [`FEW_END_BYTES`] bytes.
+    end: Option<Vec<u8>>,
 }
+
+/// At most this many bytes out of a chain's last state make its end "few" (see [`ChainPlan`]).
+const FEW_END_BYTES: usize = 16;
 
 /// The chain plans of an automaton's states (most states have none).
 pub(crate) struct ChainPlans {
@@ -747,19 +769,32 @@ impl Vocabulary {
                         _ => break,
                     }
                 }
-                // (A short chain leaves most of the trie to walk anyway.)
-                (m >= CHAIN / 2).then_some((set, m, states))
+                if m == 0 {
+                    return None;
+                }
+                let last = states[m];
+                let few = || {
+                    if !plain(last) || loops[last as usize].is_some() {
+                        return None;
+                    }
+                    let bytes: Vec<u8> = (0..=255u8).filter(|&b| dfa.next(last, b) != DEAD).collect();
+                    (bytes.len() <= FEW_END_BYTES).then_some(bytes)
+                };
+                let end = few();
+                // (A short chain that ends in many bytes leaves most of the trie to walk
+                // anyway.)
+                (m >= CHAIN / 2 || end.is_some()).then_some((set, m, states, end))
             })
             .collect();
-        let sets: Vec<Option<[u64; 4]>> = chains.iter().map(|c| c.map(|c| c.0)).collect();
+        let sets: Vec<Option<[u64; 4]>> = chains.iter().map(|c| c.as_ref().map(|c| c.0)).collect();
         let tables = shared_tables(&sets, MAX_CHAIN_TABLES, |set| self.chain_table(set));
         let mut plans = Vec::new();
         let of = chains
             .into_iter()
             .zip(tables)
             .map(|(c, table)| {
-                let ((_, m, states), table) = (c?, table?);
-                plans.push(ChainPlan { table, m, states });
+                let ((_, m, states, end), table) = (c?, table?);
+                plans.push(ChainPlan { table, m, states, end });
                 Some(plans.len() as u32 - 1)
             })
             .map(|i| i.unwrap_or(u32::MAX))
@@ -819,7 +854,25 @@ impl Vocabulary {
                 }
             }
         }
-        let t = Arc::new(ChainTable { full_le, partial, partial_lcp, groups, nodes_at });
+        let (mut children, mut child_off) = (Vec::with_capacity(CHAIN + 1), Vec::with_capacity(CHAIN + 1));
+        for nodes in &nodes_at {
+            let mut by_byte: Vec<(u8, u32)> = Vec::new();
+            for &node in nodes {
+                let (fe, ne) = trie.node_edges[node as usize];
+                by_byte.extend((fe as usize..(fe + ne) as usize).map(|e| (trie.edge_byte[e], trie.edge_child[e])));
+            }
+            by_byte.sort_by_key(|&(b, _)| b);
+            let mut off = vec![0u32; 257];
+            for &(b, _) in &by_byte {
+                off[b as usize + 1] += 1;
+            }
+            for b in 0..256 {
+                off[b + 1] += off[b];
+            }
+            children.push(by_byte.into_iter().map(|(_, c)| c).collect());
+            child_off.push(off);
+        }
+        let t = Arc::new(ChainTable { full_le, partial, partial_lcp, groups, nodes_at, children, child_off });
         if let Ok(mut m) = self.chain_tables.lock() {
             if m.len() >= 4 * MAX_CHAIN_TABLES {
                 m.clear(); // (the tables of a few automata's byte sets stay)
@@ -862,10 +915,27 @@ impl Vocabulary {
         }
         // Everything below depth m (the rest of the trie is decided above), from the chain's
         // last state.
-        let starts = &table.nodes_at[m];
-        match calls {
-            Some(c) => self.walk_calls_from(&self.trie, dfa, c, plan.states[m], starts, Some(loops), known, None, out, unc),
-            None => self.walk_plain_from(&self.trie, dfa, plan.states[m], starts, Some(loops), known, None, out, &mut Vec::new()),
+        let mut walk_below = |q: u32, starts: &[u32], out: &mut [u64]| match calls {
+            Some(c) => self.walk_calls_from(&self.trie, dfa, c, q, starts, Some(loops), known, None, out, unc),
+            None => self.walk_plain_from(&self.trie, dfa, q, starts, Some(loops), known, None, out, &mut Vec::new()),
+        };
+        match &plan.end {
+            // From the nodes at depth m+1 by the few bytes `states[m]` reads on, each entered
+            // in its state (their own tokens read whole).
+            Some(bytes) => {
+                for &b in bytes {
+                    let t = dfa.next(plan.states[m], b);
+                    let starts = table.children_by(m, b);
+                    for &child in starts {
+                        let (ft, nt) = self.trie.node_tok[child as usize];
+                        for &id in &self.trie.tok_ids[ft as usize..(ft + nt) as usize] {
+                            set_bit(out, id);
+                        }
+                    }
+                    walk_below(t, starts, out);
+                }
+            }
+            None => walk_below(plan.states[m], &table.nodes_at[m], out),
         }
         unc.retain(|&id| !bit(out, id));
         unc.sort_unstable();
