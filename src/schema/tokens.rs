@@ -66,11 +66,8 @@ pub(crate) struct ChainTable {
     /// `full_le[m]`: the tokens of at most `m` bytes, all in C (`m` up to [`CHAIN`]).
     full_le: Vec<Vec<u64>>,
     /// The tokens with a byte outside C, by the index p of the first, then by their bytes from p
-    /// on (see [`Vocabulary::read_sorted`]).
-    partial: Vec<u32>,
-    /// Per entry of `partial`: how many bytes from p on it shares with the entry before it in
-    /// its run (0 for a run's first).
-    partial_lcp: Vec<u16>,
+    /// on, with those bytes (see [`Vocabulary::read_sorted`]).
+    partial: Rests,
     /// The runs of `partial` of one such index and byte: (index, byte, end of the run).
     groups: Vec<(u16, u8, u32)>,
     /// `nodes_at[d]`: the trie nodes at depth `d` whose spelling is all in C.
@@ -109,6 +106,40 @@ pub(crate) struct ChainPlan {
     /// The bytes `states[m]` reads on, where it is plain, has no loop table and reads on by at
     /// most [`FEW_END_BYTES`] bytes.
     end: Option<Vec<u8>>,
+}
+
+/// Tokens sorted by their bytes from some index on (their rests), the rests side by side in one
+/// buffer (read in order, not token by token from the vocabulary's own allocations), and how
+/// many bytes each rest shares with the one before it.
+#[derive(Debug, Default)]
+pub(crate) struct Rests {
+    ids: Vec<u32>,
+    lcp: Vec<u16>,
+    bytes: Vec<u8>,
+    /// Rest `i` is `bytes[end[i - 1]..end[i]]` (from 0 for the first).
+    end: Vec<u32>,
+}
+
+impl Rests {
+    /// From `(id, rest)` in the order the rests are to be read (sorted by rest for the prefix
+    /// sharing to pay).
+    fn new<'a>(sorted: impl Iterator<Item = (u32, &'a [u8])>) -> Rests {
+        let mut r = Rests::default();
+        let mut prev: &[u8] = &[];
+        for (id, rest) in sorted {
+            r.ids.push(id);
+            r.lcp.push(common_prefix(prev, rest));
+            r.bytes.extend_from_slice(rest);
+            r.end.push(r.bytes.len() as u32);
+            prev = rest;
+        }
+        r
+    }
+
+    fn rest(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.end[i - 1] as usize };
+        &self.bytes[start..self.end[i] as usize]
+    }
 }
 
 /// At most this many bytes out of a chain's last state make its end "few" (see [`ChainPlan`]).
@@ -511,9 +542,8 @@ pub struct Vocabulary {
     chain_tables: Mutex<HashMap<[u64; 4], Arc<ChainTable>>>,
     /// Ids of the maskable tokens longer than [`SHORT_TOKEN`] bytes.
     long: Vec<u32>,
-    /// The same by their bytes, with how many bytes each shares with the one before (for
-    /// [`Vocabulary::read_sorted`]).
-    long_sorted: (Vec<u32>, Vec<u16>),
+    /// The same sorted by their bytes (for [`Vocabulary::read_sorted`]).
+    long_sorted: Rests,
 }
 
 impl Vocabulary {
@@ -531,7 +561,7 @@ impl Vocabulary {
             .collect();
         let mut order = long.clone();
         order.sort_by(|&a, &b| tokens[a as usize].cmp(&tokens[b as usize]).then(a.cmp(&b)));
-        let lcp = (0..order.len()).map(|i| if i == 0 { 0 } else { common_prefix(&tokens[order[i - 1] as usize], &tokens[order[i] as usize]) }).collect();
+        let long_sorted = Rests::new(order.iter().map(|&id| (id, tokens[id as usize].as_slice())));
         let mut root_edge = vec![u32::MAX; 256];
         let (fe, ne) = trie.node_edges[0];
         for e in fe..fe + ne {
@@ -539,7 +569,7 @@ impl Vocabulary {
         }
         Vocabulary {
             long,
-            long_sorted: (order, lcp),
+            long_sorted,
             root_edge,
             trie,
             first_byte: std::sync::OnceLock::new(),
@@ -824,21 +854,14 @@ impl Vocabulary {
         let rest = |id: u32, p: u16| &self.tokens[id as usize][p as usize..];
         partial.sort_by(|&(a, pa), &(b, pb)| pa.cmp(&pb).then_with(|| rest(a, pa).cmp(rest(b, pb))).then(a.cmp(&b)));
         let mut groups: Vec<(u16, u8, u32)> = Vec::new();
-        let mut partial_lcp = Vec::with_capacity(partial.len());
         for (i, &(id, p)) in partial.iter().enumerate() {
             let b = self.tokens[id as usize][p as usize];
             match groups.last_mut() {
-                Some(g) if (g.0, g.1) == (p, b) => {
-                    g.2 = i as u32 + 1;
-                    partial_lcp.push(common_prefix(rest(partial[i - 1].0, p), rest(id, p)));
-                }
-                _ => {
-                    groups.push((p, b, i as u32 + 1));
-                    partial_lcp.push(0);
-                }
+                Some(g) if (g.0, g.1) == (p, b) => g.2 = i as u32 + 1,
+                _ => groups.push((p, b, i as u32 + 1)),
             }
         }
-        let partial = partial.into_iter().map(|(id, _)| id).collect();
+        let partial = Rests::new(partial.iter().map(|&(id, p)| (id, rest(id, p))));
         // The all-C nodes by depth, down to CHAIN.
         let trie = &self.trie;
         let mut nodes_at: Vec<Vec<u32>> = vec![Vec::new(); CHAIN + 1];
@@ -872,7 +895,7 @@ impl Vocabulary {
             children.push(by_byte.into_iter().map(|(_, c)| c).collect());
             child_off.push(off);
         }
-        let t = Arc::new(ChainTable { full_le, partial, partial_lcp, groups, nodes_at, children, child_off });
+        let t = Arc::new(ChainTable { full_le, partial, groups, nodes_at, children, child_off });
         if let Ok(mut m) = self.chain_tables.lock() {
             if m.len() >= 4 * MAX_CHAIN_TABLES {
                 m.clear(); // (the tables of a few automata's byte sets stay)
@@ -907,7 +930,7 @@ impl Vocabulary {
             if dfa.next(q, b) == DEAD {
                 continue;
             }
-            self.read_sorted(dfa, calls, q, &table.partial[run.clone()], &table.partial_lcp[run], p as usize, &mut path, |id, v| match v {
+            self.read_sorted(dfa, calls, q, &table.partial, run, &mut path, |id, v| match v {
                 1 => set_bit(out, id),
                 2 => unc.push(id),
                 _ => {}
@@ -1202,22 +1225,23 @@ impl Vocabulary {
 }
 
 impl Vocabulary {
-    /// How each token of `ids`, after its first `from` bytes, reads from `q` (with calls: an
-    /// empty local stack), passed to `f`: 0 dead, 1 read whole, 2 only past a return from
-    /// `q`'s own automaton (decided at run time). The tokens come sorted by those rests, `lcp[i]` the bytes the i-th shares with
-    /// the one before: the states along the last rest are kept in `path`, so a shared prefix
-    /// is read once, and a prefix that died rejects every following token that shares it
-    /// without a step (a pattern's state reading a run of tokens that mostly die in a byte or
-    /// two, or the long runs of spaces and dashes of the long tokens).
+    /// How the rests `range` of `rests` read from `q` (with calls: an empty local stack), each
+    /// passed to `f` with its token: 0 dead, 1 read whole, 2 only past a return from `q`'s own
+    /// automaton (decided at run time). The rests come sorted: the states along the last one
+    /// are kept in `path`, so a shared prefix is read once, and a prefix that died rejects
+    /// every following rest that shares it without a step (a pattern's state reading a run of
+    /// tokens that mostly die in a byte or two, or the long runs of spaces and dashes of the
+    /// long tokens).
     #[allow(clippy::too_many_arguments)]
-    fn read_sorted(&self, dfa: &Dfa, calls: Option<&Calls>, q: u32, ids: &[u32], lcp: &[u16], from: usize, path: &mut Vec<u32>, mut f: impl FnMut(u32, u8)) {
+    fn read_sorted(&self, dfa: &Dfa, calls: Option<&Calls>, q: u32, rests: &Rests, range: std::ops::Range<usize>, path: &mut Vec<u32>, mut f: impl FnMut(u32, u8)) {
         let plain = |s: u32| calls.is_none_or(|c| c.plain(s));
         path.clear();
         path.push(q);
-        // The last rest died on its `dead`-th byte (its states before that are in `path`).
+        // The last rest died on its `dead`-th byte (its states before that are in `path`). (The
+        // first rest's shared prefix, with a rest before the range, finds `path` one state long.)
         let mut dead = usize::MAX;
-        for (&id, &l) in ids.iter().zip(lcp) {
-            let (l, rest) = (l as usize, &self.tokens[id as usize][from..]);
+        for i in range {
+            let (id, l, rest) = (rests.ids[i], rests.lcp[i] as usize, rests.rest(i));
             if l >= dead {
                 f(id, 0);
                 continue;
@@ -1254,8 +1278,8 @@ impl Vocabulary {
         if !self.long.is_empty() {
             unc.retain(|id| self.long.binary_search(id).is_err());
         }
-        let (order, lcp) = &self.long_sorted;
-        self.read_sorted(dfa, calls, state, order, lcp, 0, &mut Vec::new(), |id, verdict| {
+        let long = &self.long_sorted;
+        self.read_sorted(dfa, calls, state, long, 0..long.ids.len(), &mut Vec::new(), |id, verdict| {
             let (w, bit) = (id as usize / 64, 1u64 << (id % 64));
             if verdict == 1 {
                 out[w] |= bit;
