@@ -1087,6 +1087,51 @@ mod tests {
         assert!(Dfa::intersect(&a, &Dfa::literals([&b"q"[..]], 10).unwrap(), 100).unwrap().is_empty());
     }
 
+    /// Short-string classes put together only states that no string of at most `depth` bytes
+    /// tells apart (checked string by string on random automata whose rows send runs of
+    /// classes to one target).
+    #[test]
+    fn bounded_classes_hold_only_alike_states() {
+        let mut rnd = crate::schema::tests::xorshift(0x9e37_79b9_7f4a_7c15);
+        for round in 0..30 {
+            let n = 3 + rnd(25) as usize;
+            let k = 6;
+            let mut classes = [0u8; 256];
+            for (b, c) in classes.iter_mut().enumerate() {
+                *c = (b % k) as u8;
+            }
+            let mut trans = vec![DEAD; n * k];
+            for q in 1..n {
+                // A run of classes to one target, then random entries.
+                let t = rnd(n as u64) as u32;
+                let run = rnd(k as u64 + 1) as usize;
+                for c in 0..k {
+                    trans[q * k + c] = if c < run { t } else { rnd(n as u64) as u32 };
+                }
+            }
+            let accept: Vec<bool> = (0..n).map(|q| q > 0 && rnd(3) == 0).collect();
+            let dfa = Dfa { classes, ncls: k, trans, accept, start: 1 };
+            let depth = 1 + round % 4;
+            let Some(cls) = dfa.bounded_classes(depth, &[], n) else { continue };
+            // Every string over the classes of at most `depth` bytes, read from each state.
+            let mut strings: Vec<Vec<u8>> = vec![Vec::new()];
+            let mut last: Vec<Vec<u8>> = vec![Vec::new()];
+            for _ in 0..depth {
+                last = last.iter().flat_map(|s| (0..k as u8).map(move |b| [s.as_slice(), &[b]].concat())).collect();
+                strings.extend(last.iter().cloned());
+            }
+            let reads = |q: u32| -> Vec<bool> { strings.iter().map(|s| s.iter().try_fold(q, |q, &b| Some(dfa.next(q, b)).filter(|&t| t != DEAD)).is_some_and(|t| dfa.accept[t as usize])).collect() };
+            let alive = |q: u32| -> Vec<bool> { strings.iter().map(|s| s.iter().try_fold(q, |q, &b| Some(dfa.next(q, b)).filter(|&t| t != DEAD)).is_some()).collect() };
+            for p in 0..n as u32 {
+                for q in p + 1..n as u32 {
+                    if cls[p as usize] == cls[q as usize] {
+                        assert_eq!((reads(p), alive(p)), (reads(q), alive(q)), "round {round}: states {p} and {q} share a class");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn set_table_finds_each_set_by_content() {
         let mut t = SetTable::default();

@@ -1298,6 +1298,63 @@ impl Vocabulary {
 mod tests {
     use super::*;
 
+    /// Reading sorted rests with shared prefixes gives each token the verdict of reading it
+    /// alone, on random automata over a small alphabet (rests sharing long prefixes, prefixes
+    /// that die, rests that are prefixes of the next), with and without calls and returns.
+    #[test]
+    fn sorted_rests_read_as_each_token_alone() {
+        let mut rnd = crate::schema::tests::xorshift(0x2545_f491_4f6c_dd1d);
+        let tokens: Vec<Vec<u8>> = (0..400).map(|_| (0..1 + rnd(9)).map(|_| b'a' + rnd(4) as u8).collect()).collect();
+        let v = Vocabulary::new(&tokens, &[]);
+        for round in 0..20 {
+            // States 1..n over 4 byte classes (a, b, c, d; the rest one more, never live).
+            let n = 2 + rnd(10) as usize;
+            let mut classes = [4u8; 256];
+            for (c, b) in (b'a'..=b'd').enumerate() {
+                classes[b as usize] = c as u8;
+            }
+            let mut trans = vec![DEAD; n * 5];
+            for q in 1..n {
+                for c in 0..4 {
+                    // A third of the entries dead.
+                    trans[q * 5 + c] = if rnd(3) == 0 { DEAD } else { 1 + rnd(n as u64 - 1) as u32 };
+                }
+            }
+            let dfa = Dfa { classes, ncls: 5, trans, accept: vec![false; n], start: 1 };
+            let calls = (round % 2 == 1).then(|| {
+                let (mut off, mut to) = (vec![0u32], Vec::new());
+                for _ in 0..n {
+                    if rnd(4) == 0 {
+                        to.push((1 + rnd(n as u64 - 1) as u32, 1 + rnd(n as u64 - 1) as u32));
+                    }
+                    off.push(to.len() as u32);
+                }
+                let ret = (0..n).map(|q| q > 0 && rnd(4) == 0).collect();
+                Calls::new(&dfa, off, to, ret)
+            });
+            // The tokens' rests from byte `from` on, sorted by their bytes.
+            let from = (round % 3) as usize;
+            let mut entries: Vec<(u32, &[u8])> = tokens.iter().enumerate().filter(|(_, t)| t.len() > from).map(|(id, t)| (id as u32, &t[from..])).collect();
+            entries.sort_by(|a, b| a.1.cmp(b.1).then(a.0.cmp(&b.0)));
+            let rests = Rests::new(entries.iter().copied());
+            for q in 1..n as u32 {
+                let mut got = Vec::new();
+                v.read_sorted(&dfa, calls.as_ref(), q, &rests, 0..entries.len(), &mut Vec::new(), |id, verdict| got.push((id, verdict)));
+                let want: Vec<(u32, u8)> = entries
+                    .iter()
+                    .map(|&(id, rest)| {
+                        let verdict = match &calls {
+                            Some(c) => c.walk(&dfa, q, &[], rest),
+                            None => rest.iter().try_fold(q, |s, &b| Some(dfa.next(s, b)).filter(|&t| t != DEAD)).map_or(0, |_| 1),
+                        };
+                        (id, verdict)
+                    })
+                    .collect();
+                assert_eq!(got, want, "round {round}, state {q}");
+            }
+        }
+    }
+
     /// Whether `prefix` (a trie node's spelling) ends inside a multi-byte character: the walk then
     /// entered a state in the middle of a character, where a table by characters does not apply.
     fn ends_mid_char(prefix: &[u8]) -> bool {
