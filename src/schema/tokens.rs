@@ -862,25 +862,14 @@ impl Vocabulary {
             }
         }
         let partial = Rests::new(partial.iter().map(|&(id, p)| (id, rest(id, p))));
-        // The all-C nodes by depth, down to CHAIN.
+        // The all-C nodes by depth, down to CHAIN, and their children by byte: the all-C nodes
+        // one level down are the children by the bytes of C.
         let trie = &self.trie;
-        let mut nodes_at: Vec<Vec<u32>> = vec![Vec::new(); CHAIN + 1];
-        nodes_at[0].push(0);
-        for d in 0..CHAIN {
-            let (this, below) = nodes_at.split_at_mut(d + 1);
-            for &node in &this[d] {
-                let (fe, ne) = trie.node_edges[node as usize];
-                for e in fe as usize..(fe + ne) as usize {
-                    if in_set(&set, trie.edge_byte[e]) {
-                        below[0].push(trie.edge_child[e]);
-                    }
-                }
-            }
-        }
+        let mut nodes_at: Vec<Vec<u32>> = vec![vec![0]];
         let (mut children, mut child_off) = (Vec::with_capacity(CHAIN + 1), Vec::with_capacity(CHAIN + 1));
-        for nodes in &nodes_at {
+        for d in 0..=CHAIN {
             let mut by_byte: Vec<(u8, u32)> = Vec::new();
-            for &node in nodes {
+            for &node in &nodes_at[d] {
                 let (fe, ne) = trie.node_edges[node as usize];
                 by_byte.extend((fe as usize..(fe + ne) as usize).map(|e| (trie.edge_byte[e], trie.edge_child[e])));
             }
@@ -891,6 +880,9 @@ impl Vocabulary {
             }
             for b in 0..256 {
                 off[b + 1] += off[b];
+            }
+            if d < CHAIN {
+                nodes_at.push(by_byte.iter().filter(|&&(b, _)| in_set(&set, b)).map(|&(_, c)| c).collect());
             }
             children.push(by_byte.into_iter().map(|(_, c)| c).collect());
             child_off.push(off);
