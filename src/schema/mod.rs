@@ -555,7 +555,7 @@ impl CompiledSchema {
         // each token of the subtree (see `tokens::Known`), and a state that goes where one goes
         // on a first byte reads it for every token starting with that byte (`tokens::Entries`).
         let mut done = vec![false; n];
-        let mut scratch: (Vec<(u32, u32)>, Vec<u64>) = (Vec::new(), vec![0u64; words]);
+        let mut scratch: (Vec<(u32, u32)>, Vec<u64>, Vec<(u32, u8)>) = (Vec::new(), vec![0u64; words], Vec::new());
         for pass in 0..2 {
             let todo: Vec<u32> = states.iter().copied().filter(|&s| is_rep(s) == (pass == 0)).collect();
             let (looping, rest): (Vec<u32>, Vec<u32>) = todo.iter().partition(|&&s| loops[s as usize].is_some());
@@ -571,7 +571,7 @@ impl CompiledSchema {
                     return Err(SchemaError::TooLarge { pointer: String::new(), what: "token mask bytes".into(), limit: opts.max_mask_bytes });
                 }
                 let known = tokens::Known { masks: &masks, words, state_mask: &state_mask, done: &done, state_unc: &state_unc, unc: &unc, entries: &entries, first_bytes: &first_bytes };
-                let one_state = |(stack, buf): &mut (Vec<(u32, u32)>, Vec<u64>), &s: &u32| {
+                let one_state = |(stack, buf, long): &mut (Vec<(u32, u32)>, Vec<u64>, Vec<(u32, u8)>), &s: &u32| {
                     let mut u = Vec::new();
                     if pass == 0 {
                         match (&calls, chains.get(s)) {
@@ -580,28 +580,42 @@ impl CompiledSchema {
                             (None, None) => vocab.mask(&dfa, s, &loops, Some(&known), buf, stack),
                         }
                     } else {
+                        // The representative's mask and list with this state's long tokens:
+                        // where they read alike, the representative's own (None), with no copy.
                         let r = rep_of[s as usize] as usize;
                         let m = state_mask[r] as usize;
-                        buf.copy_from_slice(&masks[m * words..(m + 1) * words]);
-                        if let Some(c) = &calls {
-                            u = unc[state_unc[r] as usize].clone();
-                            vocab.redo_long(&dfa, Some(c), s, buf, &mut u);
-                        } else {
-                            vocab.redo_long(&dfa, None, s, buf, &mut u);
+                        let rep_mask = &masks[m * words..(m + 1) * words];
+                        let rep_unc: &[u32] = if calls.is_some() { &unc[state_unc[r] as usize] } else { &[] };
+                        vocab.long_verdicts(&dfa, calls.as_ref(), s, long);
+                        if tokens::Vocabulary::long_alike(long, rep_mask, rep_unc) {
+                            return None;
                         }
+                        buf.copy_from_slice(rep_mask);
+                        u = rep_unc.to_vec();
+                        vocab.put_long(long, buf, &mut u);
                     }
                     let sparse = take_sparse(buf);
                     let h = mask_hash(&sparse);
-                    (sparse, h, u)
+                    Some((sparse, h, u))
                 };
                 // On one thread the chunk is computed here: handing each chunk to the pool's
                 // one worker and waiting for it cost two thread wake-ups per chunk.
-                let computed: Vec<(Vec<(u32, u64)>, u64, Vec<u32>)> = if rayon::current_num_threads() > 1 {
-                    chunk.par_iter().map_init(|| (Vec::new(), vec![0u64; words]), one_state).collect()
+                let computed: Vec<Option<(Vec<(u32, u64)>, u64, Vec<u32>)>> = if rayon::current_num_threads() > 1 {
+                    chunk.par_iter().map_init(|| (Vec::new(), vec![0u64; words], Vec::new()), one_state).collect()
                 } else {
                     chunk.iter().map(|s| one_state(&mut scratch, s)).collect()
                 };
-                for (&s, (buf, h, u)) in chunk.iter().zip(computed) {
+                for (&s, computed) in chunk.iter().zip(computed) {
+                    let Some((buf, h, u)) = computed else {
+                        // The representative's mask and run-time list as they are.
+                        let r = rep_of[s as usize] as usize;
+                        if calls.is_some() {
+                            state_unc[s as usize] = state_unc[r];
+                        }
+                        state_mask[s as usize] = state_mask[r];
+                        done[s as usize] = true;
+                        continue;
+                    };
                     if calls.is_some() {
                         let id = match unc_seen.get(&u) {
                             Some(&id) => id,

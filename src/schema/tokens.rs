@@ -1263,25 +1263,39 @@ impl Vocabulary {
         }
     }
 
-    /// Recomputes, for `state`, the mask bits (and with calls the run-time list entries) of the
-    /// long tokens in a mask copied from a state that is alike over short strings.
+    /// The verdicts of the long tokens read from `state` (1: allowed; 2: may go on past a return,
+    /// decided at run time; 0: neither), as `(id, verdict)` into `out`: what a mask copied from a
+    /// state alike over short strings needs redone (see [`Vocabulary::put_long`]).
     #[inline(never)]
-    pub(crate) fn redo_long(&self, dfa: &Dfa, calls: Option<&Calls>, state: u32, out: &mut [u64], unc: &mut Vec<u32>) {
+    pub(crate) fn long_verdicts(&self, dfa: &Dfa, calls: Option<&Calls>, state: u32, out: &mut Vec<(u32, u8)>) {
+        out.clear();
+        let long = &self.long_sorted;
+        self.read_sorted(dfa, calls, state, long, 0..long.ids.len(), &mut Vec::new(), |id, verdict| out.push((id, verdict)));
+    }
+
+    /// Whether the long tokens' `verdicts` are already those of `mask` and of the sorted
+    /// run-time list `unc`: then [`Vocabulary::put_long`] would leave both as they are.
+    pub(crate) fn long_alike(verdicts: &[(u32, u8)], mask: &[u64], unc: &[u32]) -> bool {
+        verdicts.iter().all(|&(id, v)| bit(mask, id) == (v == 1) && (unc.binary_search(&id).is_ok() == (v == 2)))
+    }
+
+    /// Puts the long tokens' `verdicts` into a mask (and with calls a sorted run-time list)
+    /// copied from a state that is alike over short strings.
+    pub(crate) fn put_long(&self, verdicts: &[(u32, u8)], out: &mut [u64], unc: &mut Vec<u32>) {
         if !self.long.is_empty() {
             unc.retain(|id| self.long.binary_search(id).is_err());
         }
-        let long = &self.long_sorted;
-        self.read_sorted(dfa, calls, state, long, 0..long.ids.len(), &mut Vec::new(), |id, verdict| {
-            let (w, bit) = (id as usize / 64, 1u64 << (id % 64));
+        for &(id, verdict) in verdicts {
+            let (w, b) = (id as usize / 64, 1u64 << (id % 64));
             if verdict == 1 {
-                out[w] |= bit;
+                out[w] |= b;
             } else {
-                out[w] &= !bit;
+                out[w] &= !b;
             }
             if verdict == 2 {
                 unc.push(id);
             }
-        });
+        }
         unc.sort_unstable();
     }
 }
@@ -1478,5 +1492,40 @@ mod tests {
             good_bytes(t, &set, false, &mut g);
             assert_eq!(bits(&g), by_bytes, "{t:?} by bytes");
         }
+    }
+
+    /// A state's long tokens read alike to its representative's exactly when putting them into
+    /// the representative's mask and run-time list changes neither (random verdicts, masks and
+    /// lists, short tokens on the list too).
+    #[test]
+    fn long_tokens_alike_when_putting_them_changes_nothing() {
+        let mut rnd = crate::schema::tests::xorshift(0x5851_f42d_4c95_7f2d);
+        let tokens: Vec<Vec<u8>> = (0..200u32).map(|i| vec![b'a' + (i % 26) as u8; if i % 3 == 0 { SHORT_TOKEN + 1 + i as usize % 5 } else { 1 + i as usize % SHORT_TOKEN }]).collect();
+        let v = Vocabulary::new(&tokens, &[]);
+        assert!(v.long.len() > 50);
+        let (mut alike, mut unlike) = (0, 0);
+        for round in 0..400 {
+            let mut mask = vec![0u64; v.words()];
+            let mut unc: Vec<u32> = Vec::new();
+            for id in 0..tokens.len() as u32 {
+                match rnd(3) {
+                    1 => set_bit(&mut mask, id),
+                    2 => unc.push(id),
+                    _ => {}
+                }
+            }
+            // The long tokens' verdicts as the mask and list say, then a few changed.
+            let mut verdicts: Vec<(u32, u8)> = v.long.iter().map(|&id| (id, if bit(&mask, id) { 1 } else if unc.contains(&id) { 2 } else { 0 })).collect();
+            for _ in 0..round % 3 {
+                let i = rnd(verdicts.len() as u64) as usize;
+                verdicts[i].1 = rnd(3) as u8;
+            }
+            let (mut m2, mut u2) = (mask.clone(), unc.clone());
+            v.put_long(&verdicts, &mut m2, &mut u2);
+            let same = m2 == mask && u2 == unc;
+            assert_eq!(Vocabulary::long_alike(&verdicts, &mask, &unc), same, "round {round}");
+            if same { alike += 1 } else { unlike += 1 }
+        }
+        assert!(alike > 100 && unlike > 100, "{alike} alike, {unlike} not");
     }
 }
