@@ -870,10 +870,31 @@ impl Dfa {
         for (i, &k) in internal.iter().enumerate() {
             slot[k] = i as u32;
         }
-        let per = internal.len() as u32;
+        let per = internal.len();
         let n = self.n_states();
-        let id = |s: u32, k: usize| if s == DEAD { DEAD } else { 1 + (s - 1) * per + slot[k] };
-        let body_states = 1 + (n.max(1) - 1) * per as usize;
+        // A state's copy of an internal node from which every sequence ends dead (an escape the
+        // state's language has no byte for: most, in a pattern's or an enum's strings) would only
+        // be minimised away: it is left out, and entries into it are dead. Nodes are numbered
+        // parents first, so one backward pass per state decides them.
+        let mut ids: Vec<u32> = vec![DEAD; n.saturating_sub(1) * per];
+        let mut live_at = vec![false; kids.len()];
+        let mut body_states = 1usize;
+        for s in 1..n as u32 {
+            for k in (0..kids.len()).rev() {
+                live_at[k] = leaf[k].is_none()
+                    && (k == 0 || kids[k].iter().any(|&(_, kid)| match leaf[kid as usize] {
+                        Some(b) => self.next(s, b) != DEAD,
+                        None => live_at[kid as usize],
+                    }));
+            }
+            for &k in &internal {
+                if live_at[k] {
+                    ids[(s as usize - 1) * per + slot[k] as usize] = body_states as u32;
+                    body_states += 1;
+                }
+            }
+        }
+        let id = |s: u32, k: usize| if s == DEAD { DEAD } else { ids[(s as usize - 1) * per + slot[k] as usize] };
         let total = body_states + if quote.is_some() { 2 } else { 0 };
         if total > cap.saturating_mul(8) {
             return Ok(None); // (the general construction reports the overflow)
@@ -883,6 +904,9 @@ impl Dfa {
         for s in 1..n as u32 {
             for &k in &internal {
                 let from = id(s, k) as usize;
+                if from == DEAD as usize {
+                    continue;
+                }
                 if k == 0 {
                     for (c, &r) in rep.iter().enumerate() {
                         if table[r as usize].is_none() {
