@@ -800,7 +800,8 @@ impl Dfa {
     /// [`Dfa::substitute`] built directly, for a substitution that keeps the result
     /// deterministic: sequences non-empty and prefix-free, none starting with a byte that stays
     /// itself. Then each state gets its own copy of the sequences' trie (JSON escapes: `\`,
-    /// `\u`, `\u0`, …) and no subset construction is needed; the result is minimised. With
+    /// `\u`, `\u0`, …; only the nodes from which some sequence leads the state somewhere live)
+    /// and no subset construction is needed; the result is minimised. With
     /// `quote`, the text is also wrapped in that byte (which must be substituted, so that it
     /// is free inside). `Ok(None)`: the substitution is not of that kind.
     pub fn substitute_direct(&self, subst: &dyn Fn(u8) -> Option<Vec<Vec<u8>>>, quote: Option<u8>, cap: usize) -> Result<Option<Dfa>, Overflow> {
