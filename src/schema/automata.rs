@@ -1112,6 +1112,78 @@ mod tests {
         assert!(Dfa::intersect(&a, &Dfa::literals([&b"q"[..]], 10).unwrap(), 100).unwrap().is_empty());
     }
 
+    /// A model of `Dfa::bounded_classes` written for reading, not speed: every state keyed every
+    /// round by its class, then its row's runs of live entries with their targets' classes (whole
+    /// keys in a map: no hashes, no chains), ids by first occurrence, until `depth` rounds or a
+    /// round that splits nothing.
+    fn plain_classes(dfa: &Dfa, depth: usize, extra: &[u32]) -> Vec<u32> {
+        let n = dfa.n_states();
+        let runs: Vec<Vec<(usize, usize, u32)>> = (0..n)
+            .map(|q| {
+                let mut out: Vec<(usize, usize, u32)> = Vec::new();
+                for (c, &t) in dfa.row(q as u32).iter().enumerate().filter(|&(_, &t)| t != DEAD) {
+                    match out.last_mut() {
+                        Some(run) if run.2 == t && run.1 + 1 == c => run.1 = c,
+                        _ => out.push((c, c, t)),
+                    }
+                }
+                out
+            })
+            .collect();
+        let number = |keys: Vec<Vec<u64>>| -> Vec<u32> {
+            let mut ids: StdHashMap<Vec<u64>, u32> = StdHashMap::new();
+            keys.into_iter().map(|key| { let id = ids.len() as u32; *ids.entry(key).or_insert(id) }).collect()
+        };
+        let mut cls = number((0..n).map(|q| vec![(q == DEAD as usize) as u64, dfa.accept[q] as u64, extra.get(q).copied().unwrap_or(0) as u64]).collect());
+        for _ in 0..depth {
+            let next = number((0..n).map(|q| std::iter::once(cls[q] as u64).chain(runs[q].iter().flat_map(|&(a, b, t)| [a as u64, b as u64, cls[t as usize] as u64])).collect()).collect());
+            let stable = next.iter().max() == cls.iter().max();
+            cls = next;
+            if stable {
+                break;
+            }
+        }
+        cls
+    }
+
+    /// `bounded_classes` gives the model's classes (with `extra` keys and up to six rounds), and
+    /// gives up exactly when the model ends with more than `give_up` classes.
+    #[test]
+    fn bounded_classes_equal_the_plain_refinement() {
+        let mut rnd = crate::schema::tests::xorshift(0x2545_f491_4f6c_dd1d);
+        for round in 0..400 {
+            let n = 2 + rnd(80) as usize;
+            let k = 1 + rnd(8) as usize;
+            let mut classes = [0u8; 256];
+            for (b, c) in classes.iter_mut().enumerate() {
+                *c = (b % k) as u8;
+            }
+            // Few targets per automaton make long runs and many alike states.
+            let spread = 1 + rnd(n as u64);
+            let mut trans = vec![DEAD; n * k];
+            for q in 1..n {
+                let t = rnd(spread) as u32;
+                for c in 0..k {
+                    trans[q * k + c] = if rnd(3) > 0 { t } else { rnd(spread) as u32 };
+                }
+            }
+            let accept: Vec<bool> = (0..n).map(|q| q > 0 && rnd(4) == 0).collect();
+            let extra: Vec<u32> = if round % 3 == 0 { (0..n).map(|_| rnd(3) as u32).collect() } else { Vec::new() };
+            let dfa = Dfa { classes, ncls: k, trans, accept, start: 1 };
+            let depth = round % 7;
+            let plain = plain_classes(&dfa, depth, &extra);
+            let count = *plain.iter().max().unwrap() as usize + 1;
+            let give_up = if round % 2 == 0 { n } else { rnd(n as u64) as usize };
+            match dfa.bounded_classes(depth, &extra, give_up) {
+                Some(cls) => {
+                    assert!(count <= give_up || depth == 0, "round {round}: {count} classes kept, give_up {give_up}");
+                    assert_eq!(cls, plain, "round {round}: n {n}, k {k}, depth {depth}");
+                }
+                None => assert!(count > give_up, "round {round}: gave up at {count} classes, give_up {give_up}"),
+            }
+        }
+    }
+
     /// Short-string classes put together only states that no string of at most `depth` bytes
     /// tells apart (checked string by string on random automata whose rows send runs of
     /// classes to one target).
@@ -1138,6 +1210,7 @@ mod tests {
             let dfa = Dfa { classes, ncls: k, trans, accept, start: 1 };
             let depth = 1 + round % 4;
             let Some(cls) = dfa.bounded_classes(depth, &[], n) else { continue };
+            assert_eq!(cls, plain_classes(&dfa, depth, &[]), "round {round}");
             // Every string over the classes of at most `depth` bytes, read from each state.
             let mut strings: Vec<Vec<u8>> = vec![Vec::new()];
             let mut last: Vec<Vec<u8>> = vec![Vec::new()];

@@ -34,6 +34,9 @@ pub(super) fn global_put(key: String, d: &Dfa) {
     }
 }
 
+/// Words (4 bytes) that the memos of whole automata may hold in all: 64 MiB.
+pub(super) const MEMO_WORDS: usize = 16 << 20;
+
 impl<'a> Lowerer<'a> {
     /// The sub-automaton id of `d` if it is worth calling: a container-valued language (objects,
     /// arrays or calls of them) of at least `call_min_states` states. Equal automata share an id.
@@ -136,9 +139,8 @@ impl<'a> Lowerer<'a> {
     }
 
     /// The memo behind [`Lowerer::determinize`] and [`Lowerer::encode`] (keys tagged by which):
-    /// keys and results together stay within 64 MiB.
+    /// keys and results together stay within [`MEMO_WORDS`].
     fn memoised(&mut self, key: Vec<u32>, make: impl FnOnce(&Self) -> Result<Dfa, SchemaError>) -> Result<Dfa, SchemaError> {
-        const MEMO_WORDS: usize = 16 << 20; // 64 MiB of 4-byte words
         if let Some(d) = self.det_memo.get(&key) {
             return Ok((**d).clone());
         }
@@ -153,7 +155,7 @@ impl<'a> Lowerer<'a> {
 
     /// Any string, as text.
     pub(super) fn any_string(&mut self, ptr: &str) -> Result<Dfa, SchemaError> {
-        let dec = strings::length_dfa(0, None, self.cap).map_err(self.overflow(ptr))?;
+        let dec = self.length(0, None, ptr)?;
         self.encode(&dec, ptr)
     }
 

@@ -34,6 +34,7 @@ pub(crate) use refs::resolve_uri;
 
 use assemble::{global_get, global_put};
 use literals::value_texts;
+use patterns::StringKey;
 
 const T_NULL: u8 = 1;
 const T_BOOL: u8 = 2;
@@ -235,6 +236,9 @@ pub(crate) struct Lowerer<'a> {
     /// Entries held in `refs_under` (bounded by [`refs::MAX_REACH_ENTRIES`]).
     reach_entries: usize,
     pattern_cache: HashMap<String, Rc<Dfa>>,
+    /// [`Lowerer::string_text`]'s automata by the string constraints they were built from
+    /// (counted in `det_memo_words`).
+    string_memo: HashMap<StringKey, Rc<Dfa>>,
     /// Memo of [`Lowerer::determinize`] and [`Lowerer::encode`]: whole automata to their
     /// determinised, minimal form (see [`Lowerer::memoised`]).
     det_memo: HashMap<Vec<u32>, Rc<Dfa>>,
@@ -375,6 +379,7 @@ impl<'a> Lowerer<'a> {
             refs_under: HashMap::default(),
             reach_entries: 0,
             pattern_cache: HashMap::default(),
+            string_memo: HashMap::default(),
             det_memo: HashMap::default(),
             det_memo_words: 0,
             subs: Vec::new(),
@@ -607,8 +612,7 @@ impl<'a> Lowerer<'a> {
             parts.push(d);
         }
         if types & T_STR != 0 {
-            let dec = self.string_decoded(&node, ptr)?;
-            parts.push(self.encode(&dec, ptr)?);
+            parts.push(self.string_text(&node, ptr)?);
         }
         if types & T_ARR != 0 {
             parts.push(self.lower_array(&node, ptr, any_depth)?);

@@ -7,8 +7,18 @@ use crate::schema::automata::Dfa;
 use crate::schema::strings;
 use crate::schema::SchemaError;
 
-use super::assemble::{global_get, global_put};
+use super::assemble::{global_get, global_put, MEMO_WORDS};
 use super::{Lowerer, Node};
+
+/// The string constraints of a node that [`Lowerer::string_text`] reads (patterns by text).
+#[derive(PartialEq, Eq, Hash)]
+pub(super) struct StringKey {
+    min_len: u64,
+    max_len: Option<u64>,
+    patterns: Vec<String>,
+    not_patterns: Vec<String>,
+    formats: Vec<String>,
+}
 
 impl<'a> Lowerer<'a> {
     pub(super) fn pattern(&mut self, p: &str, ptr: &str) -> Result<Rc<Dfa>, SchemaError> {
@@ -31,8 +41,44 @@ impl<'a> Lowerer<'a> {
         Ok(d)
     }
 
+    /// [`strings::length_dfa`], through the process-wide cache (it depends on the bounds only).
+    pub(super) fn length(&self, min: u64, max: Option<u64>, ptr: &str) -> Result<Dfa, SchemaError> {
+        let gkey = format!("length:{}:{min}:{max:?}", self.cap);
+        if let Some(d) = global_get(&gkey) {
+            return Ok(d);
+        }
+        let d = strings::length_dfa(min, max, self.cap).map_err(self.overflow(ptr))?;
+        global_put(gkey, &d);
+        Ok(d)
+    }
+
+    /// Text-level automaton of a node's string constraints (quotes and escapes included),
+    /// memoised by the constraints: a large schema repeats the same `maxLength`, `pattern` or
+    /// `format` on many properties, and each was built, intersected and encoded again.
+    pub(super) fn string_text(&mut self, node: &Node<'a>, ptr: &str) -> Result<Dfa, SchemaError> {
+        let texts = |v: &[(String, Rc<str>)]| v.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>();
+        let key = StringKey {
+            min_len: node.min_len,
+            max_len: node.max_len,
+            patterns: texts(&node.patterns),
+            not_patterns: texts(&node.not_patterns),
+            formats: node.formats.clone(),
+        };
+        if let Some(d) = self.string_memo.get(&key) {
+            return Ok((**d).clone());
+        }
+        let dec = self.string_decoded(node, ptr)?;
+        let d = self.encode(&dec, ptr)?;
+        let cost = d.trans.len() + d.accept.len() / 4 + 64;
+        if self.det_memo_words + cost <= MEMO_WORDS {
+            self.det_memo_words += cost;
+            self.string_memo.insert(key, Rc::new(d.clone()));
+        }
+        Ok(d)
+    }
+
     /// Decoded-level string automaton of a node's string constraints.
-    pub(super) fn string_decoded(&mut self, node: &Node<'a>, ptr: &str) -> Result<Dfa, SchemaError> {
+    fn string_decoded(&mut self, node: &Node<'a>, ptr: &str) -> Result<Dfa, SchemaError> {
         // Length counters cost one automaton state per character: a `maxLength` above the
         // bound is generated up to the bound (a subset: sound); a `minLength` above it is refused.
         let bound = self.opts.max_length_bound;
@@ -43,7 +89,7 @@ impl<'a> Lowerer<'a> {
         // minLength): a subset of the valid strings.
         let gen = self.opts.max_length_generated.max(node.min_len);
         let max_len = node.max_len.map(|m| m.min(bound).min(gen));
-        let mut d = strings::length_dfa(node.min_len, max_len, self.cap).map_err(self.overflow(ptr))?;
+        let mut d = self.length(node.min_len, max_len, ptr)?;
         for (p, pp) in node.patterns.clone() {
             let pd = self.pattern(&p, &pp)?;
             d = Dfa::intersect(&d, &pd, self.cap).map_err(self.overflow(ptr))?;
