@@ -460,38 +460,68 @@ impl Calls {
             fill[t as usize] += 1;
         }
         drop(edges);
+        // The call edges again, grouped by callee start: (caller, return state).
+        let mut coff = vec![0u32; n + 1];
+        for q in 1..n as u32 {
+            for &(s, _) in self.calls(q) {
+                coff[s as usize + 1] += 1;
+            }
+        }
+        for i in 1..=n {
+            coff[i] += coff[i - 1];
+        }
+        let mut fill = coff.clone();
+        let mut by_callee = vec![(0u32, 0u32); coff[n] as usize];
+        for q in 1..n as u32 {
+            for &(s, r) in self.calls(q) {
+                by_callee[fill[s as usize] as usize] = (q, r);
+                fill[s as usize] += 1;
+            }
+        }
+        drop(fill);
+        // One Dijkstra, backwards from the ends. A call step costs its callee's distance, the
+        // sum of two settled distances (the return state's and the callee start's): it is
+        // relaxed when the second of the two is settled, from either side. Both are at most
+        // the distance being settled, so settled distances still come in order (Knuth's
+        // generalisation of Dijkstra to superior functions).
         let mut dist = vec![u32::MAX; n];
-        // Callees' distances are needed before their callers'; iterate Dijkstra rounds until
-        // stable (rounds ≤ call depth + 1).
+        let mut settled = vec![false; n];
         let mut heap = BinaryHeap::new();
-        for _round in 0..=MAX_STACK {
-            let mut d2 = vec![u32::MAX; n];
-            for q in 1..n {
-                if dfa.accept[q] || self.ret[q] {
-                    d2[q] = 0;
-                    heap.push(Reverse((0u32, q as u32)));
-                }
+        for q in 1..n {
+            if dfa.accept[q] || self.ret[q] {
+                dist[q] = 0;
+                heap.push(Reverse((0u32, q as u32)));
             }
-            while let Some(Reverse((dq, t))) = heap.pop() {
-                if dq > d2[t as usize] {
+        }
+        let relax = |dist: &mut [u32], heap: &mut BinaryHeap<Reverse<(u32, u32)>>, q: u32, nd: u32| {
+            if nd < dist[q as usize] {
+                dist[q as usize] = nd;
+                heap.push(Reverse((nd, q)));
+            }
+        };
+        while let Some(Reverse((dt, t))) = heap.pop() {
+            if settled[t as usize] || dt > dist[t as usize] {
+                continue;
+            }
+            settled[t as usize] = true;
+            // `t` as a step's target: text steps, and calls whose callee is settled.
+            for &(q, s) in &rev[off[t as usize] as usize..off[t as usize + 1] as usize] {
+                let w = if s == TEXT {
+                    1
+                } else if settled[s as usize] {
+                    dist[s as usize]
+                } else {
                     continue;
-                }
-                for &(q, s) in &rev[off[t as usize] as usize..off[t as usize + 1] as usize] {
-                    let w = if s == TEXT { 1 } else { dist[s as usize] };
-                    if w == u32::MAX {
-                        continue;
-                    }
-                    let nd = dq.saturating_add(w);
-                    if nd < d2[q as usize] {
-                        d2[q as usize] = nd;
-                        heap.push(Reverse((nd, q)));
-                    }
+                };
+                relax(&mut dist, &mut heap, q, dt.saturating_add(w));
+            }
+            // `t` as a callee's start: calls whose return state is settled.
+            for &(q, r) in &by_callee[coff[t as usize] as usize..coff[t as usize + 1] as usize] {
+                if settled[r as usize] {
+                    let nd = dist[r as usize].saturating_add(dt);
+                    relax(&mut dist, &mut heap, q, nd);
                 }
             }
-            if d2 == dist {
-                break;
-            }
-            dist = d2;
         }
         // Largest need: a state's own distance plus, for every call it makes, the callee's
         // largest need plus the return state's distance (DAG; memoised by callee start). The
