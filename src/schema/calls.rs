@@ -500,7 +500,7 @@ impl Calls {
             }
         };
         while let Some(Reverse((dt, t))) = heap.pop() {
-            if settled[t as usize] || dt > dist[t as usize] {
+            if settled[t as usize] {
                 continue;
             }
             settled[t as usize] = true;

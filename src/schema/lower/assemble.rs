@@ -35,7 +35,7 @@ pub(super) fn global_put(key: String, d: &Dfa) {
 }
 
 /// Words (4 bytes) that the memos of whole automata may hold in all: 64 MiB.
-pub(super) const MEMO_WORDS: usize = 16 << 20;
+const MEMO_WORDS: usize = 16 << 20;
 
 impl<'a> Lowerer<'a> {
     /// The sub-automaton id of `d` if it is worth calling: a container-valued language (objects,
@@ -145,12 +145,21 @@ impl<'a> Lowerer<'a> {
             return Ok((**d).clone());
         }
         let d = make(self)?;
-        let cost = key.len() + d.trans.len() + d.accept.len() / 4 + 64;
-        if self.det_memo_words + cost <= MEMO_WORDS {
-            self.det_memo_words += cost;
+        if self.memo_room(key.len(), &d) {
             self.det_memo.insert(key, Rc::new(d.clone()));
         }
         Ok(d)
+    }
+
+    /// Whether the memos of whole automata have room for `d` under a key of `key_words`
+    /// words; if so, its words are counted as held.
+    pub(super) fn memo_room(&mut self, key_words: usize, d: &Dfa) -> bool {
+        let cost = key_words + d.trans.len() + d.accept.len() / 4 + 64;
+        let fits = self.det_memo_words + cost <= MEMO_WORDS;
+        if fits {
+            self.det_memo_words += cost;
+        }
+        fits
     }
 
     /// Any string, as text.

@@ -7,7 +7,7 @@ use crate::schema::automata::Dfa;
 use crate::schema::strings;
 use crate::schema::SchemaError;
 
-use super::assemble::{global_get, global_put, MEMO_WORDS};
+use super::assemble::{global_get, global_put};
 use super::{Lowerer, Node};
 
 /// The string constraints of a node that [`Lowerer::string_text`] reads (patterns by text).
@@ -69,9 +69,7 @@ impl<'a> Lowerer<'a> {
         }
         let dec = self.string_decoded(node, ptr)?;
         let d = self.encode(&dec, ptr)?;
-        let cost = d.trans.len() + d.accept.len() / 4 + 64;
-        if self.det_memo_words + cost <= MEMO_WORDS {
-            self.det_memo_words += cost;
+        if self.memo_room(0, &d) {
             self.string_memo.insert(key, Rc::new(d.clone()));
         }
         Ok(d)
