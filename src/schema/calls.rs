@@ -196,6 +196,25 @@ pub(crate) fn assemble(root: &Dfa, subs: &[Dfa]) -> (Dfa, Option<Calls>) {
     (dfa, Some(calls))
 }
 
+/// Items `(key, a, b)` with keys below `n`, grouped by key in CSR form: the pairs `(a, b)` of
+/// key `k` are `pairs[off[k]..off[k + 1]]`, in the items' order.
+fn grouped(n: usize, items: &[(u32, u32, u32)]) -> (Vec<u32>, Vec<(u32, u32)>) {
+    let mut off = vec![0u32; n + 1];
+    for &(k, ..) in items {
+        off[k as usize + 1] += 1;
+    }
+    for i in 1..=n {
+        off[i] += off[i - 1];
+    }
+    let mut fill = off.clone();
+    let mut pairs = vec![(0u32, 0u32); items.len()];
+    for &(k, a, b) in items {
+        pairs[fill[k as usize] as usize] = (a, b);
+        fill[k as usize] += 1;
+    }
+    (off, pairs)
+}
+
 impl Calls {
     /// Completes a table from its parts (`exit_only` is derived).
     pub fn new(dfa: &Dfa, off: Vec<u32>, to: Vec<(u32, u32)>, ret: Vec<bool>) -> Calls {
@@ -446,39 +465,11 @@ impl Calls {
             edges.extend(fwd[fwd_off[q as usize] as usize..fwd_off[q as usize + 1] as usize].iter().map(|&t| (t, q, TEXT)));
             edges.extend(self.calls(q).iter().map(|&(s, r)| (r, q, s)));
         }
-        let mut off = vec![0u32; n + 1];
-        for &(t, ..) in &edges {
-            off[t as usize + 1] += 1;
-        }
-        for i in 1..=n {
-            off[i] += off[i - 1];
-        }
-        let mut fill = off.clone();
-        let mut rev = vec![(0u32, 0u32); edges.len()];
-        for &(t, q, s) in &edges {
-            rev[fill[t as usize] as usize] = (q, s);
-            fill[t as usize] += 1;
-        }
+        let (off, rev) = grouped(n, &edges);
         drop(edges);
-        // The call edges again, grouped by callee start: (caller, return state).
-        let mut coff = vec![0u32; n + 1];
-        for q in 1..n as u32 {
-            for &(s, _) in self.calls(q) {
-                coff[s as usize + 1] += 1;
-            }
-        }
-        for i in 1..=n {
-            coff[i] += coff[i - 1];
-        }
-        let mut fill = coff.clone();
-        let mut by_callee = vec![(0u32, 0u32); coff[n] as usize];
-        for q in 1..n as u32 {
-            for &(s, r) in self.calls(q) {
-                by_callee[fill[s as usize] as usize] = (q, r);
-                fill[s as usize] += 1;
-            }
-        }
-        drop(fill);
+        // The call edges again, grouped by callee start: (callee start, caller, return state).
+        let calls: Vec<(u32, u32, u32)> = (1..n as u32).flat_map(|q| self.calls(q).iter().map(move |&(s, r)| (s, q, r))).collect();
+        let (coff, by_callee) = grouped(n, &calls);
         // One Dijkstra, backwards from the ends. A call step costs its callee's distance, the
         // sum of two settled distances (the return state's and the callee start's): it is
         // relaxed when the second of the two is settled, from either side. Both are at most
